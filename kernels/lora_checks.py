@@ -1,0 +1,74 @@
+"""Argument checks shared by every LoRA op backend: a bad call is a ValueError that names the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.segments import Segments
+
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def as_slices(name: str, stacks: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A single [num_slots, ...] stack or a sequence of them (one per fused output slice)."""
+    if isinstance(stacks, torch.Tensor):
+        return (stacks,)
+    if isinstance(stacks, Sequence) and stacks and all(isinstance(s, torch.Tensor) for s in stacks):
+        return tuple(stacks)
+    raise ValueError(f"{name}: expected a tensor or a non-empty sequence of tensors")
+
+
+def check_tensor(name: str, t, *, dim: int, dtypes=None, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != dim:
+        raise ValueError(f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name}: expected dtype in ({names}), got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def check_stacks(name: str, stacks: tuple[torch.Tensor, ...], *, dtype, device) -> None:
+    """Each slice is a contiguous [num_slots, max_rank, dim] stack sharing num_slots and max_rank."""
+    first = stacks[0]
+    for i, s in enumerate(stacks):
+        label = name if len(stacks) == 1 else f"{name}[{i}]"
+        check_tensor(label, s, dim=3, dtypes=(dtype,), device=device)
+        if s.shape[:2] != first.shape[:2]:
+            raise ValueError(
+                f"{label}: expected [num_slots, max_rank] = {tuple(first.shape[:2])} like slice 0, "
+                f"got {tuple(s.shape[:2])}"
+            )
+        if not s.is_contiguous():
+            raise ValueError(f"{label}: expected a contiguous tensor")
+
+
+def check_segments(segments, *, num_tokens: int, num_slots: int, max_rank: int, device) -> None:
+    if not isinstance(segments, Segments):
+        raise ValueError(
+            f"segments: expected Segments from build_segments, got {type(segments).__name__}"
+        )
+    if segments.num_tokens != num_tokens:
+        raise ValueError(
+            f"segments: built for {segments.num_tokens} tokens, but the input has {num_tokens}"
+        )
+    if segments.num_slots != num_slots:
+        raise ValueError(
+            f"segments: built for {segments.num_slots} slots, but the adapter stack has {num_slots}"
+        )
+    if segments.token_order.device != device:
+        raise ValueError(
+            f"segments: expected tensors on {device}, got {segments.token_order.device}"
+        )
+    top = max((g.rank for g in segments.rank_groups), default=0)
+    if top > max_rank:
+        raise ValueError(f"segments: a slot has rank {top}, above the stack's max_rank {max_rank}")

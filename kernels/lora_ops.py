@@ -1,0 +1,131 @@
+"""The two LoRA ops and their one dispatch point: Triton on CUDA, grouped torch matmuls elsewhere.
+
+A LoRA layer is  y += scale * (x @ A.T) @ B.T,  split in two so that fused
+projections share one shrink buffer:
+
+    lora_shrink:  t[s, tok] = x[tok] @ A_s[slot(tok)].T                      (no scale)
+    lora_expand:  y[tok, slice s] += scale[slot(tok)] * t[s, tok] @ B_s[slot(tok)]
+
+Slab layout: A_s is [num_slots, max_rank, in] and B_s is [num_slots, max_rank, out_s]
+(B stored transposed), so a rank-r adapter's weights are the first r rows of
+its slot in both, one contiguous block each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernels.lora_checks import (
+    ACTIVATION_DTYPES,
+    as_slices,
+    check_segments,
+    check_shape,
+    check_stacks,
+    check_tensor,
+)
+from kernels.segments import Segments
+
+FLOAT_DTYPES = (*ACTIVATION_DTYPES, torch.float64)
+
+
+def lora_shrink(
+    x: torch.Tensor,
+    lora_a: torch.Tensor | Sequence[torch.Tensor],
+    out: torch.Tensor,
+    segments: Segments,
+) -> torch.Tensor:
+    """Project each token onto its adapter's rank space.
+
+    Semantics:  out[t] = x[t] @ lora_a[slot(t)].T      (the scale is applied in lora_expand)
+
+    Tokens are visited segment by segment, so an adapter's A is read once for
+    a whole run of tokens. Tokens in slot -1 use the base model alone; their
+    rows of `out` are left untouched, as are columns past a slot's rank.
+
+    x: [num_tokens, hidden]; lora_a: [num_slots, max_rank, hidden], or a
+    sequence of them (one per fused slice); out: float32, [num_tokens, max_rank],
+    or [num_slices, num_tokens, max_rank] for a sequence. Returns out.
+    """
+    slices = as_slices("lora_a", lora_a)
+    check_tensor("x", x, dim=2, dtypes=ACTIVATION_DTYPES)
+    num_tokens, hidden = x.shape
+    check_stacks("lora_a", slices, dtype=x.dtype, device=x.device)
+    num_slots, max_rank, a_hidden = slices[0].shape
+    if a_hidden != hidden:
+        raise ValueError(f"lora_a: expected hidden size {hidden} (from x), got {a_hidden}")
+    out3 = _check_rank_buffer("out", out, slices, lora_a, num_tokens, max_rank, x.device)
+    if out.dtype != torch.float32:
+        raise ValueError(f"out: expected dtype float32, got {out.dtype}")
+    check_segments(
+        segments, num_tokens=num_tokens, num_slots=num_slots, max_rank=max_rank, device=x.device
+    )
+    if x.is_cuda:
+        from kernels.lora_shrink_triton import lora_shrink_triton
+
+        lora_shrink_triton(x, slices, out3, segments)
+    else:
+        from kernels.lora_torch import lora_shrink_torch
+
+        lora_shrink_torch(x, slices, out3, segments)
+    return out
+
+
+def lora_expand(
+    t: torch.Tensor,
+    lora_b: torch.Tensor | Sequence[torch.Tensor],
+    y: torch.Tensor,
+    segments: Segments,
+    scales: torch.Tensor,
+) -> torch.Tensor:
+    """Add each token's scaled LoRA update to the base output, in place.
+
+    Semantics:  y[t] += scales[slot(t)] * t[t] @ lora_b[slot(t)]      (lora_b is B.T per slot)
+
+    With a sequence of B stacks, slice s writes columns
+    [sum(out_0..out_{s-1}), +out_s) of y from t[s], all in one launch. Rows of
+    tokens in slot -1 are left untouched.
+
+    t: [num_tokens, max_rank] (or [num_slices, num_tokens, max_rank]), float32
+    or y's dtype; lora_b: [num_slots, max_rank, out_s], y's dtype;
+    y: [num_tokens, sum(out_s)]; scales: [num_slots]. Returns y.
+    """
+    slices = as_slices("lora_b", lora_b)
+    check_tensor("y", y, dim=2, dtypes=ACTIVATION_DTYPES)
+    num_tokens, width = y.shape
+    check_stacks("lora_b", slices, dtype=y.dtype, device=y.device)
+    num_slots, max_rank, _ = slices[0].shape
+    total = sum(b.shape[2] for b in slices)
+    if total != width:
+        raise ValueError(
+            f"y: expected {total} columns (the sum of the lora_b slice widths), got {width}"
+        )
+    t3 = _check_rank_buffer("t", t, slices, lora_b, num_tokens, max_rank, y.device)
+    if t.dtype not in (torch.float32, y.dtype):
+        raise ValueError(f"t: expected dtype float32 or {y.dtype} (y's), got {t.dtype}")
+    check_tensor("scales", scales, dim=1, dtypes=FLOAT_DTYPES, device=y.device)
+    check_shape("scales", scales, (num_slots,))
+    check_segments(
+        segments, num_tokens=num_tokens, num_slots=num_slots, max_rank=max_rank, device=y.device
+    )
+    if y.is_cuda:
+        from kernels.lora_expand_triton import lora_expand_triton
+
+        lora_expand_triton(t3, slices, y, segments, scales)
+    else:
+        from kernels.lora_torch import lora_expand_torch
+
+        lora_expand_torch(t3, slices, y, segments, scales)
+    return y
+
+
+def _check_rank_buffer(name, buf, slices, given, num_tokens, max_rank, device) -> torch.Tensor:
+    """The [num_slices, num_tokens, max_rank] view of a shrink output / expand input."""
+    if isinstance(given, torch.Tensor):
+        check_tensor(name, buf, dim=2, device=device)
+        check_shape(name, buf, (num_tokens, max_rank))
+        return buf.unsqueeze(0)
+    check_tensor(name, buf, dim=3, device=device)
+    check_shape(name, buf, (len(slices), num_tokens, max_rank))
+    return buf

@@ -1,0 +1,120 @@
+"""Triton kernel for lora_shrink: out[s, t] = x[t] @ A_s[slot(t)].T over adapter segments.
+
+Grid: (m-blocks x n-blocks of the longest segment, segments, slices). A
+program loads its segment's A tile once for BLOCK_M tokens; programs past
+their segment's length or past its rank return at once, so a rank-8 adapter
+in a rank-64 slab reads and multiplies 8 rows, not 64.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.segments import Segments
+
+
+@triton.jit
+def _lora_shrink_kernel(
+    x_ptr,  # [num_tokens, hidden]
+    a_ptr_table,  # [num_slices] int64: data_ptr of each slice's [num_slots, max_rank, hidden]
+    out_ptr,  # [num_slices, num_tokens, max_rank] float32
+    token_order_ptr,
+    seg_starts_ptr,
+    seg_slots_ptr,
+    seg_ranks_ptr,
+    hidden,
+    stride_xm,
+    stride_xk,
+    stride_os,
+    stride_om,
+    stride_on,
+    MAX_RANK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_mn = tl.program_id(0)
+    seg = tl.program_id(1)
+    slice_id = tl.program_id(2)
+    num_n_blocks: tl.constexpr = (MAX_RANK + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid_mn // num_n_blocks
+    pid_n = pid_mn % num_n_blocks
+
+    start = tl.load(seg_starts_ptr + seg)
+    end = tl.load(seg_starts_ptr + seg + 1)
+    rank = tl.load(seg_ranks_ptr + seg)
+    if start + pid_m * BLOCK_M >= end or pid_n * BLOCK_N >= rank:
+        return
+    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
+
+    offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < end
+    tokens = tl.load(token_order_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < rank
+
+    # A slices share one shape, so the strides follow from it (the stacks are contiguous).
+    a_ptr = tl.load(a_ptr_table + slice_id).to(tl.pointer_type(x_ptr.dtype.element_ty))
+    a_slot = a_ptr + slot * MAX_RANK * hidden
+
+    # float32 accumulator: bf16 partial sums over thousands of terms drift
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < hidden
+        x_tile = tl.load(
+            x_ptr + tokens[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+            mask=mask_m[:, None] & mask_k[None, :],
+            other=0.0,
+        )  # [BLOCK_M, BLOCK_K]
+        a_tile = tl.load(
+            a_slot + offs_n[None, :] * hidden + offs_k[:, None],
+            mask=mask_k[:, None] & mask_n[None, :],
+            other=0.0,
+        )  # [BLOCK_K, BLOCK_N]
+        acc += tl.dot(x_tile, a_tile, input_precision=DOT_PRECISION)
+
+    out = out_ptr + slice_id * stride_os + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+def lora_shrink_triton(
+    x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], out: torch.Tensor, segments: Segments
+) -> None:
+    """Launch the shrink kernel; arguments already checked by kernels.lora_ops."""
+    if segments.num_segments == 0:
+        return
+    hidden = x.shape[1]
+    max_rank = lora_a[0].shape[1]
+    block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
+    block_n = max(16, min(64, triton.next_power_of_2(max_rank)))
+    block_k = 64 if hidden >= 64 else max(16, triton.next_power_of_2(hidden))
+    a_table = torch.tensor([a.data_ptr() for a in lora_a], dtype=torch.int64, device=x.device)
+    grid = (
+        triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n),
+        segments.num_segments,
+        len(lora_a),
+    )
+    _lora_shrink_kernel[grid](
+        x,
+        a_table,
+        out,
+        segments.token_order,
+        segments.seg_starts,
+        segments.seg_slots,
+        segments.seg_ranks,
+        hidden,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        MAX_RANK=max_rank,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+    )

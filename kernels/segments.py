@@ -1,0 +1,158 @@
+"""Per-step segment metadata for the segmented-gather LoRA ops.
+
+A mixed batch gives every token an adapter slot (-1: base model only). The
+LoRA ops visit tokens adapter by adapter, so each adapter's weights are read
+once per step rather than once per token. This module sorts the tokens into
+those runs once per step; every LoRA layer of the step reuses the result.
+
+Example (all slots rank 16):
+    slot per token   [-1, 0, 2, 1, 0]
+    token_order      [1, 4, 3, 2]        tokens sorted by slot, slot -1 dropped
+    seg_starts       [0, 2, 3, 4]        segment i is token_order[seg_starts[i]:seg_starts[i+1]]
+    seg_slots        [0, 1, 2]
+
+Tokens are sorted by (rank, slot), so the segments of one rank are adjacent:
+the CPU path then runs one grouped matmul per distinct rank, reading only
+each adapter's first `rank` rows (rank-aware), and the GPU kernels read the
+rank of each segment to bound their loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """The adjacent segments whose slots share one rank (used by the CPU path).
+
+    Sorted tokens [start, end) belong to this group; `offs[s]` is the end of
+    slot s's tokens relative to `start` (cumulative counts, zero-length for
+    slots not in the group), the layout `torch.nn.functional.grouped_mm` takes.
+    """
+
+    rank: int
+    start: int
+    end: int
+    offs: torch.Tensor  # [num_slots] int32
+    seg_slots: tuple[int, ...]  # host copies, for the per-segment fallback
+    seg_bounds: tuple[int, ...]  # [len(seg_slots) + 1] offsets into the sorted tokens
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Which tokens use which adapter slot in one step; built by `build_segments`."""
+
+    num_tokens: int
+    num_slots: int
+    token_order: (
+        torch.Tensor
+    )  # [num_active] int64 (the index dtype of index_copy_): tokens sorted by (rank, slot)
+    token_slots: torch.Tensor  # [num_active] int32: slot of each sorted token
+    seg_starts: torch.Tensor  # [num_segments + 1] int32: offsets into token_order
+    seg_slots: torch.Tensor  # [num_segments] int32
+    seg_ranks: torch.Tensor  # [num_segments] int32
+    max_segment_len: int
+    rank_groups: tuple[RankGroup, ...]
+
+    @property
+    def num_segments(self) -> int:
+        return self.seg_slots.numel()
+
+    @property
+    def num_active(self) -> int:
+        return self.token_order.numel()
+
+
+def build_segments(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> Segments:
+    """Group tokens by adapter slot: segment i = tokens whose slot is seg_slots[i].
+
+    slot_ids: [num_tokens] integer, -1 (base only) or a slot in [0, num_slots).
+    slot_ranks: [num_slots] integer, the rank of the adapter in each slot
+        (0 for an empty slot, which no token may use).
+    The result lives on slot_ids' device, apart from the host-side ints.
+    """
+    _check(slot_ids, slot_ranks)
+    device = slot_ids.device
+    num_slots = slot_ranks.numel()
+    slots = slot_ids.to(torch.int64)
+    ranks = slot_ranks.to(device=device, dtype=torch.int64)
+
+    active = torch.nonzero(slots >= 0).squeeze(1)  # [num_active]
+    active_slots = slots[active]
+    used_ranks = ranks[active_slots]
+    if active.numel() and int(used_ranks.min()) < 1:
+        empty = int(active_slots[used_ranks < 1][0])
+        raise ValueError(
+            f"slot_ids: slot {empty} is used but slot_ranks[{empty}] is 0 (an empty slot)"
+        )
+
+    # One sort key orders by rank, then slot; stable, so a segment keeps token order.
+    key = used_ranks * num_slots + active_slots
+    _, perm = torch.sort(key, stable=True)
+    token_order = active[perm]
+    token_slots = active_slots[perm]
+
+    seg_slots, counts = torch.unique_consecutive(token_slots, return_counts=True)
+    seg_starts = torch.zeros(seg_slots.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(counts, 0, out=seg_starts[1:])
+    seg_ranks = ranks[seg_slots]
+
+    return Segments(
+        num_tokens=slot_ids.numel(),
+        num_slots=num_slots,
+        token_order=token_order,
+        token_slots=token_slots.to(torch.int32),
+        seg_starts=seg_starts.to(torch.int32),
+        seg_slots=seg_slots.to(torch.int32),
+        seg_ranks=seg_ranks.to(torch.int32),
+        max_segment_len=int(counts.max()) if counts.numel() else 0,
+        rank_groups=_rank_groups(seg_slots, seg_ranks, counts, seg_starts, num_slots),
+    )
+
+
+def _rank_groups(seg_slots, seg_ranks, counts, seg_starts, num_slots) -> tuple[RankGroup, ...]:
+    group_ranks, group_sizes = torch.unique_consecutive(seg_ranks, return_counts=True)
+    groups = []
+    first = 0
+    starts = seg_starts.tolist()
+    slots = seg_slots.tolist()
+    for rank, size in zip(group_ranks.tolist(), group_sizes.tolist()):
+        last = first + size
+        per_slot = torch.zeros(num_slots, dtype=torch.int64, device=seg_slots.device)
+        per_slot[seg_slots[first:last]] = counts[first:last]
+        offs = torch.cumsum(per_slot, 0).to(torch.int32)
+        groups.append(
+            RankGroup(
+                rank=rank,
+                start=starts[first],
+                end=starts[last],
+                offs=offs,
+                seg_slots=tuple(slots[first:last]),
+                seg_bounds=tuple(starts[first : last + 1]),
+            )
+        )
+        first = last
+    return tuple(groups)
+
+
+def _check(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> None:
+    for name, t in (("slot_ids", slot_ids), ("slot_ranks", slot_ranks)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1:
+            raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(t.shape)}")
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name}: expected an integer dtype, got {t.dtype}")
+    num_slots = slot_ranks.numel()
+    if slot_ids.numel():
+        lo, hi = int(slot_ids.min()), int(slot_ids.max())
+        if lo < -1 or hi >= num_slots:
+            bad = lo if lo < -1 else hi
+            raise ValueError(
+                f"slot_ids: slot {bad} is out of range; expected -1 or 0..{num_slots - 1}"
+            )
+    if num_slots and int(slot_ranks.min()) < 0:
+        raise ValueError("slot_ranks: ranks must be >= 0")

@@ -1,0 +1,1 @@
+"""Serving: config, model, engine, API, batch and deploy."""

@@ -1,0 +1,41 @@
+"""The `loraserve` command line."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+import typer
+
+app = typer.Typer(
+    name="loraserve",
+    help="Serve one base LLM and thousands of LoRA adapters of it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version() -> str:
+    try:
+        return version("loraserve")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"loraserve {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version_: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version and exit.",
+    ),
+) -> None:
+    """Serve one base LLM and thousands of LoRA adapters of it."""

@@ -1,0 +1,95 @@
+"""The Triton LoRA kernels against the float64 oracle.
+
+Without a GPU they run in the Triton interpreter (set in conftest), in fp32
+and fp16 only: the interpreter's tl.dot is wrong for bf16. Sizes stay small
+because every program instance runs in Python there.
+"""
+
+import pytest
+import torch
+
+from kernels import build_segments
+from kernels.lora_expand_triton import lora_expand_triton
+from kernels.lora_ops import lora_expand, lora_shrink
+from kernels.lora_shrink_triton import lora_shrink_triton
+from tests.kernels.cases import Case, sample_cases
+from tests.kernels.checking import check_expand, check_shrink
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+CASES = sample_cases(
+    40,
+    dtypes=(torch.float32, torch.float16),
+    tokens=(1, 7, 40),
+    hiddens=(16, 33, 70, 130),
+    rank_sets=(
+        ((16,) * 3, 16),
+        ((8, 3, 32, 1), 32),
+        ((128,) * 2, 128),
+    ),
+    widths=(lambda h: (h,), lambda h: (h, h // 4 + 1, h // 4 + 1)),
+    seed=99,
+)
+
+
+def _triton_shrink(x, lora_a, out, segments):
+    stacks = tuple(lora_a) if isinstance(lora_a, list) else (lora_a,)
+    out3 = out if out.dim() == 3 else out.unsqueeze(0)
+    lora_shrink_triton(x, stacks, out3, segments)
+
+
+def _triton_expand(t, lora_b, y, segments, scales):
+    stacks = tuple(lora_b) if isinstance(lora_b, list) else (lora_b,)
+    t3 = t if t.dim() == 3 else t.unsqueeze(0)
+    lora_expand_triton(t3, stacks, y, segments, scales)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_shrink(case):
+    check_shrink(case, _triton_shrink)
+
+
+def test_shrink_three_slices():
+    case = Case(torch.float32, 9, 40, (8, 16, 5), 16, "uniform", (40,), seed=5)
+    check_shrink(case, _triton_shrink, num_a_slices=3)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_expand(case):
+    check_expand(case, _triton_expand)
+
+
+@pytest.mark.slow
+def test_longer_segments():
+    """Segments longer than the largest BLOCK_M (64) span several m-blocks."""
+    case = Case(torch.float32, 150, 24, (16, 8), 16, "skewed", (24, 9), seed=11)
+    check_shrink(case, _triton_shrink)
+    check_expand(case, _triton_expand)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dispatch_on_cuda_matches_cpu(dtype):
+    """On CUDA the dispatch point runs Triton; it agrees with the torch path on the CPU."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 512, generator=gen).to(dtype)
+    a = (torch.randn(8, 32, 512, generator=gen) / 20).to(dtype)
+    b = (torch.randn(8, 32, 640, generator=gen) / 5).to(dtype)
+    slots = torch.randint(-1, 8, (300,), generator=gen)
+    ranks = torch.tensor([32, 16, 8, 4, 32, 1, 24, 16], dtype=torch.int32)
+    scales = torch.rand(8, generator=gen)
+    results = []
+    for device in ("cpu", "cuda"):
+        seg = build_segments(slots.to(device), ranks.to(device))
+        t = lora_shrink(x.to(device), a.to(device), torch.zeros(300, 32, device=device), seg)
+        y = lora_expand(
+            t,
+            b.to(device),
+            torch.zeros(300, 640, dtype=dtype, device=device),
+            seg,
+            scales.to(device),
+        )
+        results.append(y.cpu().double())
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    torch.testing.assert_close(results[1], results[0], atol=tol, rtol=tol)

@@ -69,6 +69,7 @@ def check_segments(segments, *, num_tokens: int, num_slots: int, max_rank: int, 
         raise ValueError(
             f"segments: expected tensors on {device}, got {segments.token_order.device}"
         )
-    top = max((g.rank for g in segments.rank_groups), default=0)
-    if top > max_rank:
-        raise ValueError(f"segments: a slot has rank {top}, above the stack's max_rank {max_rank}")
+    if segments.max_rank > max_rank:
+        raise ValueError(
+            f"segments: a slot has rank {segments.max_rank}, above the stack's max_rank {max_rank}"
+        )

@@ -1,10 +1,11 @@
 """The LoRA ops in plain torch: the path the CPU (and the CPU demo) runs.
 
-Each distinct rank in the step is one `grouped_mm` over the whole slab: the
-adapters' A (or B) stacks are the groups, and slots with no tokens are empty
-groups that cost nothing. So there is no per-adapter Python loop and no copy
-of adapter weights, and a rank-r adapter reads only the first r rows of its
-slot (`A[:, :r]` is a strided view, never materialized).
+A rank group (see kernels/cpu_plan.py for which way when) runs in place, one
+matmul per long run of adjacent tokens; or its shrink is one `bmm` over a
+range of the slab (padded buckets) or `grouped_mm` over the slab, and its
+expand one `embedding_bag` with B as the table. There is never a copy of
+adapter weights, and a rank-r adapter reads only the first r rows of its slot
+(`A[:, :r]` is a strided view).
 
 `grouped_mm` needs 16-byte aligned strides. Real models' widths are multiples
 of 64; for any other width the same arithmetic runs as a loop over segments.
@@ -12,12 +13,16 @@ of 64; for any other width the same arithmetic runs as a loop over segments.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.nn.functional as F
 
-from kernels.segments import RankGroup, Segments
+from kernels.cpu_plan import Bags, Padded, Part, Run
+from kernels.segments import Segments
 
 _ALIGN_BYTES = 16
+_pool: ThreadPoolExecutor | None = None
 
 
 def lora_shrink_torch(
@@ -29,17 +34,46 @@ def lora_shrink_torch(
     out: [num_slices, num_tokens, max_rank]. Columns past a slot's rank and
     rows of base-only tokens are left untouched.
     """
-    if segments.num_active == 0:
-        return
     order = segments.token_order
-    xs = x.index_select(0, order)  # [num_active, hidden], tokens in segment order
-    for group in segments.rank_groups:
-        rows = order[group.start : group.end]
-        xg = xs[group.start : group.end]
-        for s, a in enumerate(lora_a):
-            a_t = a[:, : group.rank].transpose(1, 2)  # [num_slots, hidden, r], a view of the slab
-            t = _grouped_mm(xg, a_t, group)  # [n, r]
-            out[s, :, : group.rank].index_copy_(0, rows, t.to(out.dtype))
+    for group in segments.cpu_plan.groups:
+        r = group.rank
+        if group.in_place:
+
+            def runs_shrink(runs: tuple[Run, ...], r=r) -> None:
+                for run in runs:
+                    rows = slice(run.first_token, run.first_token + run.num_tokens)
+                    for s, a in enumerate(lora_a):
+                        out[s, rows, :r] = x[rows] @ a[run.slot, :r].T
+
+            _run_parts(runs_shrink, group.runs)
+        elif group.padded is not None:
+            _shrink_padded(x, lora_a, out, order[group.start : group.end], group.padded, r)
+        else:
+            for part in group.parts:
+                rows = order[part.start : part.end]
+                xs = x.index_select(0, rows)  # [n, hidden], tokens in segment order
+                for s, a in enumerate(lora_a):
+                    # [slots of the part, hidden, r]: a view of the slab
+                    a_t = a[part.first_slot : part.end_slot, :r].transpose(1, 2)
+                    t = _grouped_mm(xs, a_t, part)  # [n, r]
+                    out[s, :, :r].index_copy_(0, rows, t.to(out.dtype))
+
+
+def _shrink_padded(x, lora_a, out, rows, padded: Padded, r: int) -> None:
+    """One bmm over slab[first_slot:end_slot]: slot i multiplies bucket i of the padded tokens."""
+    num = padded.end_slot - padded.first_slot
+    if padded.dense:  # no padding: the rows are the sorted tokens
+        xp = x.index_select(0, rows)
+    else:
+        xp = x.new_zeros(num * padded.bucket, x.shape[1])
+        xp.index_copy_(0, padded.positions, x.index_select(0, rows))
+    xp = xp.view(num, padded.bucket, x.shape[1])  # [slots in range, bucket, hidden]
+    for s, a in enumerate(lora_a):
+        a_t = a[padded.first_slot : padded.end_slot, :r].transpose(1, 2)  # [slots, hidden, r]
+        t = torch.bmm(xp, a_t).view(num * padded.bucket, r)
+        if not padded.dense:
+            t = t.index_select(0, padded.positions)
+        out[s, :, :r].index_copy_(0, rows, t.to(out.dtype))
 
 
 def lora_expand_torch(
@@ -54,40 +88,79 @@ def lora_expand_torch(
     t: [num_slices, num_tokens, max_rank]; lora_b[s]: [num_slots, max_rank, out_s];
     y: [num_tokens, sum(out_s)], the slices side by side (fused qkv / gate_up).
     """
-    if segments.num_active == 0:
+    plan = segments.cpu_plan
+    columns = _slice_columns(lora_b)
+    host_scales = scales.tolist() if any(g.in_place for g in plan.groups) else []
+    for group in plan.groups:
+        if not group.in_place:
+            continue
+
+        def runs_expand(runs: tuple[Run, ...], r=group.rank) -> None:
+            for run in runs:
+                rows = slice(run.first_token, run.first_token + run.num_tokens)
+                for s, b in enumerate(lora_b):
+                    ts = t[s, rows, :r].to(b.dtype)
+                    y[rows, columns[s]].addmm_(ts, b[run.slot, :r], alpha=host_scales[run.slot])
+
+        _run_parts(runs_expand, group.runs)
+    if plan.bags is not None:
+        _expand_bags(t, lora_b, y, plan.bags, scales, columns)
+
+
+def _expand_bags(t, lora_b, y, bags: Bags, scales, columns) -> None:
+    """y[tok, slice s] += sum_j (scale * t[s, tok, j]) * B_s[slot, j, :] as embedding_bag sums."""
+    num_slots, max_rank, _ = lora_b[0].shape
+    rows = bags.elem_slot * max_rank + bags.elem_row  # [num_elems], rows of B viewed as a table
+    weight_at = bags.elem_token * max_rank + bags.elem_row  # [num_elems], into t[s] flattened
+    elem_scale = scales.to(torch.float32).index_select(0, bags.elem_slot)
+    for s, b in enumerate(lora_b):
+        weights = (t[s].reshape(-1).index_select(0, weight_at).to(torch.float32) * elem_scale).to(
+            b.dtype
+        )
+        table = b.view(num_slots * max_rank, b.shape[2])  # [slots * max_rank, out_s]
+        delta = F.embedding_bag(rows, table, bags.offsets, mode="sum", per_sample_weights=weights)
+        target = y if len(lora_b) == 1 else y[:, columns[s]]
+        target.index_add_(0, bags.tokens, delta.to(y.dtype))
+
+
+def _slice_columns(stacks: tuple[torch.Tensor, ...]) -> list[slice]:
+    columns, col = [], 0
+    for b in stacks:
+        columns.append(slice(col, col + b.shape[2]))
+        col += b.shape[2]
+    return columns
+
+
+def _run_parts(fn, parts) -> None:
+    """fn(part) for every part; the parts write disjoint rows, so they run side by side."""
+    global _pool
+    if len(parts) == 1:
+        fn(parts[0])
         return
-    order = segments.token_order
-    # The scale is folded into t, the small side: [n, r] multiplies instead of [n, out].
-    token_scale = scales.index_select(0, segments.token_slots).to(torch.float32)[:, None]
-    for group in segments.rank_groups:
-        rows = order[group.start : group.end]
-        scale = token_scale[group.start : group.end]
-        parts = []
-        for s, b in enumerate(lora_b):
-            ts = _aligned_rows(t[s].index_select(0, rows)[:, : group.rank] * scale, b.dtype)
-            parts.append(_grouped_mm(ts, b[:, : group.rank], group))
-        delta = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # [n, sum(out_s)]
-        y.index_add_(0, rows, delta.to(y.dtype))
+    if _pool is None:
+        _pool = ThreadPoolExecutor(
+            max_workers=torch.get_num_threads(),
+            thread_name_prefix="lora",
+            # One OpenMP thread per worker: each Python thread that enters a parallel
+            # region gets its own OpenMP team, and extra teams oversubscribe the cores.
+            initializer=torch.set_num_threads,
+            initargs=(1,),
+        )
+    for future in [_pool.submit(fn, part) for part in parts]:
+        future.result()
 
 
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, group: RankGroup) -> torch.Tensor:
-    """[n, k] @ b[slot] per segment of the group -> [n, m]; b: [num_slots, k, m]."""
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, part: Part) -> torch.Tensor:
+    """[n, k] @ b[i] for the rows of slot first_slot + i -> [n, m]; b: [part's slots, k, m]."""
     if _is_aligned(a) and _is_aligned(b):
-        return F.grouped_mm(a, b, offs=group.offs)
+        return F.grouped_mm(a, b, offs=part.offs)
     out = a.new_empty(a.shape[0], b.shape[2])
-    base = group.start
-    for slot, lo, hi in zip(group.seg_slots, group.seg_bounds, group.seg_bounds[1:]):
-        torch.mm(a[lo - base : hi - base], b[slot], out=out[lo - base : hi - base])
+    lo = 0
+    for i, hi in enumerate(part.offs.tolist()):
+        if lo < hi:
+            torch.mm(a[lo:hi], b[i], out=out[lo:hi])
+        lo = hi
     return out
-
-
-def _aligned_rows(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """t [n, r] in `dtype`, as a view of a buffer whose row stride is 16-byte aligned."""
-    per = _ALIGN_BYTES // t.new_empty((), dtype=dtype).element_size()
-    width = -(-t.shape[1] // per) * per
-    buf = t.new_empty(t.shape[0], width, dtype=dtype)
-    buf[:, : t.shape[1]] = t
-    return buf[:, : t.shape[1]]
 
 
 def _is_aligned(t: torch.Tensor) -> bool:

@@ -23,22 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class RankGroup:
-    """The adjacent segments whose slots share one rank (used by the CPU path).
-
-    Sorted tokens [start, end) belong to this group; `offs[s]` is the end of
-    slot s's tokens relative to `start` (cumulative counts, zero-length for
-    slots not in the group), the layout `torch.nn.functional.grouped_mm` takes.
-    """
-
-    rank: int
-    start: int
-    end: int
-    offs: torch.Tensor  # [num_slots] int32
-    seg_slots: tuple[int, ...]  # host copies, for the per-segment fallback
-    seg_bounds: tuple[int, ...]  # [len(seg_slots) + 1] offsets into the sorted tokens
+from kernels.cpu_plan import CpuPlan, plan_cpu
 
 
 @dataclass(frozen=True)
@@ -47,15 +32,15 @@ class Segments:
 
     num_tokens: int
     num_slots: int
-    token_order: (
-        torch.Tensor
-    )  # [num_active] int64 (the index dtype of index_copy_): tokens sorted by (rank, slot)
+    # [num_active] int64 (index_copy_'s index dtype): active tokens sorted by (rank, slot)
+    token_order: torch.Tensor
     token_slots: torch.Tensor  # [num_active] int32: slot of each sorted token
     seg_starts: torch.Tensor  # [num_segments + 1] int32: offsets into token_order
     seg_slots: torch.Tensor  # [num_segments] int32
     seg_ranks: torch.Tensor  # [num_segments] int32
     max_segment_len: int
-    rank_groups: tuple[RankGroup, ...]
+    max_rank: int  # the largest rank any token uses (0 when none)
+    cpu_plan: CpuPlan | None  # how the torch path splits the work; None off the CPU
 
     @property
     def num_segments(self) -> int:
@@ -109,33 +94,11 @@ def build_segments(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> Segments
         seg_slots=seg_slots.to(torch.int32),
         seg_ranks=seg_ranks.to(torch.int32),
         max_segment_len=int(counts.max()) if counts.numel() else 0,
-        rank_groups=_rank_groups(seg_slots, seg_ranks, counts, seg_starts, num_slots),
+        max_rank=int(seg_ranks.max()) if seg_ranks.numel() else 0,
+        cpu_plan=plan_cpu(token_order, seg_starts, seg_slots, seg_ranks, torch.get_num_threads())
+        if device.type == "cpu"
+        else None,
     )
-
-
-def _rank_groups(seg_slots, seg_ranks, counts, seg_starts, num_slots) -> tuple[RankGroup, ...]:
-    group_ranks, group_sizes = torch.unique_consecutive(seg_ranks, return_counts=True)
-    groups = []
-    first = 0
-    starts = seg_starts.tolist()
-    slots = seg_slots.tolist()
-    for rank, size in zip(group_ranks.tolist(), group_sizes.tolist()):
-        last = first + size
-        per_slot = torch.zeros(num_slots, dtype=torch.int64, device=seg_slots.device)
-        per_slot[seg_slots[first:last]] = counts[first:last]
-        offs = torch.cumsum(per_slot, 0).to(torch.int32)
-        groups.append(
-            RankGroup(
-                rank=rank,
-                start=starts[first],
-                end=starts[last],
-                offs=offs,
-                seg_slots=tuple(slots[first:last]),
-                seg_bounds=tuple(starts[first : last + 1]),
-            )
-        )
-        first = last
-    return tuple(groups)
 
 
 def _check(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-POPULARITY = ("distinct", "uniform", "zipf", "identical", "skewed", "none")
+POPULARITY = ("distinct", "uniform", "zipf", "identical", "skewed", "none", "runs")
 TOLERANCE = {  # (atol, rtol) against the float64 oracle, on O(1) values
     torch.float32: (2e-4, 2e-4),
     torch.float16: (4e-2, 2e-2),
@@ -53,6 +53,13 @@ def slot_ids_for(
         ids[torch.rand(num_tokens, generator=gen) < 0.9] = 0
     elif popularity == "none":
         ids = torch.full((num_tokens,), -1)
+    elif popularity == "runs":  # prefill: each sequence's tokens adjacent, one adapter each
+        num_runs = min(num_slots, 4, num_tokens)
+        lengths = torch.full((num_runs,), num_tokens // num_runs)
+        lengths[-1] += num_tokens - int(lengths.sum())
+        run_slots = torch.randperm(num_slots, generator=gen)[:num_runs]
+        run_slots[-1] = -1 if num_runs > 2 else run_slots[-1]  # a base-only sequence too
+        return run_slots.repeat_interleave(lengths).to(torch.int32)
     else:
         raise AssertionError(popularity)
     return ids[torch.randperm(num_tokens, generator=gen)].to(torch.int32)

@@ -63,3 +63,32 @@ def test_layer_matches_peft_formula():
         torch.testing.assert_close(
             y[tok], torch.as_tensor(want).expand(40).float(), atol=1e-5, rtol=1e-5
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("widths", [(64,), (64, 17, 17)])
+def test_prefill_runs_in_place(dtype, widths):
+    """Adjacent runs of one adapter each (prefill) take the in-place path, with mixed ranks."""
+    from tests.kernels.cases import Case, make_inputs
+
+    case = Case(dtype, 300, 64, (8, 3, 16, 1, 12), 16, "runs", widths, seed=21)
+    _, _, _, _, slot_ids, ranks = make_inputs(case)
+    assert all(g.in_place for g in build_segments(slot_ids, ranks).cpu_plan.groups)
+    check_shrink(case, lora_shrink)
+    check_shrink(case, lora_shrink, num_a_slices=2)
+    check_expand(case, lora_expand)
+
+
+def test_grid_reaches_every_cpu_path():
+    """The grid above runs every way of kernels/cpu_plan.py."""
+    from tests.kernels.cases import make_inputs
+
+    seen = set()
+    for case in CASES:
+        _, _, _, _, slot_ids, ranks = make_inputs(case)
+        for g in build_segments(slot_ids, ranks).cpu_plan.groups:
+            if g.padded:
+                seen.add("dense padded" if g.padded.dense else "padded")
+            else:
+                seen.add("in place" if g.in_place else "grouped")
+    assert seen == {"in place", "dense padded", "padded", "grouped"}

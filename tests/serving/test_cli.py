@@ -4,12 +4,15 @@ import shutil
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
 
 def _run(*args):
-    exe = shutil.which("loraserve")
+    # The script pip installed beside this interpreter, whether or not its venv is activated.
+    beside = Path(sys.executable).parent / "loraserve"
+    exe = str(beside) if beside.exists() else shutil.which("loraserve")
     if exe is None:
         pytest.fail("the loraserve console script is not installed (pip install -e .)")
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=60)

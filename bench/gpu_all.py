@@ -1,0 +1,79 @@
+"""Every CUDA check in one run (at most 10 minutes), printing one table.
+
+    python -m bench.gpu_all              # on a CUDA machine
+    python -m bench.gpu_all --dry-run    # tiny shapes on the CPU, Triton interpreted: checks the script
+
+Rows:
+  correctness  the Triton LoRA kernels (bf16, fp16) and the FP8 linear against float64 references
+  lora apply   Triton shrink + expand on decode/prefill shapes, 64 adapters of rank 16, against
+               the bandwidth floor (x, each adapter's A and B once, y at the device copy bandwidth)
+               and against a dense bf16 matmul of the same FLOPs (target: <= 1.5x floor on decode)
+  fp8 linear   torch._scaled_mm FP8 against a bf16 matmul of the same shape
+  pytest -m gpu   the test suite's CUDA tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+DEADLINE_S = 540
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--dry-run", action="store_true", help="tiny shapes on the CPU (interpreter)"
+    )
+    args = parser.parse_args()
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    elif not torch.cuda.is_available():
+        sys.exit("bench/gpu_all.py: no CUDA device; use --dry-run to check the script on a CPU")
+    device = "cpu" if args.dry_run else "cuda"
+    start = time.monotonic()
+
+    from bench.gpu_checks import correctness_rows, fp8_rows, lora_rows
+
+    print(
+        f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; torch {torch.__version__}\n"
+    )
+    print("| check | shape | result | ratio | target | ok |")
+    print("|---|---|---|---:|---|:-:|")
+    rows = [*correctness_rows(device, args.dry_run)]
+    rows += lora_rows(device, args.dry_run)
+    rows += fp8_rows(device, args.dry_run)
+    if not args.dry_run and time.monotonic() - start < DEADLINE_S - 120:
+        rows.append(_pytest_gpu_row())
+    failed = 0
+    for row in rows:
+        failed += row[-1] == "no"
+        print("| " + " | ".join(row) + " |", flush=True)
+    print(f"\n{len(rows)} checks, {failed} missed, {time.monotonic() - start:.0f} s")
+
+
+def _pytest_gpu_row() -> tuple[str, ...]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return (
+        "pytest -m gpu",
+        "tests/",
+        last,
+        "",
+        "all pass",
+        "yes" if done.returncode == 0 else "no",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The checks bench/gpu_all.py runs: each returns table rows (check, shape, result, ratio, target, ok)."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.timing import copier, interleaved_seconds
+from kernels import build_segments, fp8_linear, lora_expand, lora_shrink, quantize_fp8
+from kernels.fp8 import dequantize_fp8
+from kernels.lora_expand_triton import lora_expand_triton
+from kernels.lora_shrink_triton import lora_shrink_triton
+from tests.kernels.oracle import expand_oracle, shrink_oracle
+
+RANK = 16
+NUM_SLOTS = 64
+
+
+def correctness_rows(device: str, dry_run: bool):
+    dtypes = (torch.float16, torch.float32) if dry_run else (torch.bfloat16, torch.float16)
+    shapes = [(7, 48, 40)] if dry_run else [(64, 4096, 4096), (2048, 4096, 4096 + 2 * 1024)]
+    rows = []
+    for dtype in dtypes:
+        for tokens, hidden, width in shapes:
+            err = _lora_error(tokens, hidden, width, dtype, device)
+            tol = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-5}[dtype]
+            rows.append(
+                (
+                    f"lora vs float64 ({str(dtype)[6:]})",
+                    f"T{tokens} H{hidden} out{width}, mixed ranks",
+                    f"max rel err {err:.1e}",
+                    "",
+                    f"<= {tol:.0e}",
+                    _ok(err <= tol),
+                )
+            )
+    w = torch.randn(512, 256) / 16
+    w_q, scale = quantize_fp8(w.to(device))
+    x = torch.randn(64, 256, device=device, dtype=torch.bfloat16 if not dry_run else torch.float32)
+    y = fp8_linear(x, w_q, scale).double()
+    ref = x.double() @ dequantize_fp8(w_q, scale, torch.float64).T
+    rel = float((y - ref).norm() / ref.norm())
+    rows.append(
+        (
+            "fp8 linear vs float64",
+            "64x256 @ 256x512",
+            f"rel err {rel:.1e}",
+            "",
+            "<= 5e-02",
+            _ok(rel <= 5e-2),
+        )
+    )
+    return rows
+
+
+def _lora_error(tokens, hidden, width, dtype, device) -> float:
+    gen = torch.Generator().manual_seed(tokens + hidden)
+    num_slots, max_rank = 8, 32
+    ranks = torch.tensor([32, 16, 8, 4, 32, 1, 24, 16], dtype=torch.int32)
+    slots = torch.randint(-1, num_slots, (tokens,), generator=gen).to(torch.int32)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    a = (torch.randn(num_slots, max_rank, hidden, generator=gen) / hidden**0.5).to(dtype)
+    b = (torch.randn(num_slots, max_rank, width, generator=gen) / 4).to(dtype)
+    scales = torch.rand(num_slots, generator=gen) + 0.5
+    seg = build_segments(slots.to(device), ranks.to(device))
+    t = torch.zeros(tokens, max_rank, device=device)
+    y = torch.zeros(tokens, width, dtype=dtype, device=device)
+    if device == "cuda":  # through the dispatch point, which picks Triton on CUDA
+        lora_shrink(x.to(device), a.to(device), t, seg)
+        lora_expand(t, b.to(device), y, seg, scales.to(device))
+    else:  # dry run: the same Triton kernels, interpreted
+        lora_shrink_triton(x, (a,), t[None], seg)
+        lora_expand_triton(t[None], (b,), y, seg, scales)
+    want_t = shrink_oracle(x, [a], slots, ranks)
+    want = expand_oracle(
+        torch.zeros(tokens, width), want_t.nan_to_num(0.0), [b], slots, ranks, scales
+    )
+    return float((y.cpu().double() - want).abs().max() / want.abs().max().clamp(min=1e-12))
+
+
+def lora_rows(device: str, dry_run: bool):
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    shapes = [(8, 64, 8)] if dry_run else [(64, 4096, 64), (256, 4096, 64), (2048, 4096, 64)]
+    copy = copier(device, nbytes=(8 if dry_run else 1024) * 2**20)
+    rows = []
+    for tokens, hidden, num_adapters in shapes:
+        rows += _lora_case(tokens, hidden, num_adapters, dtype, device, copy)
+    return rows
+
+
+def _lora_case(tokens, hidden, num_adapters, dtype, device, copy):
+    copy_fn, copy_bytes = copy
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype).to(device)
+    a = (torch.randn(NUM_SLOTS, RANK, hidden, generator=gen) / 64).to(dtype).to(device)
+    b = (torch.randn(NUM_SLOTS, RANK, hidden, generator=gen) / 4).to(dtype).to(device)
+    dense = (torch.randn(hidden, 2 * RANK, generator=gen) / 64).to(dtype).to(device)
+    slots = (torch.arange(tokens) % num_adapters).to(torch.int32).to(device)
+    seg = build_segments(slots, torch.full((NUM_SLOTS,), RANK, dtype=torch.int32, device=device))
+    t = torch.zeros(tokens, RANK, device=device)
+    y = torch.zeros(tokens, hidden, dtype=dtype, device=device)
+    scales = torch.ones(NUM_SLOTS, device=device)
+
+    def apply():
+        lora_shrink(x, a, t, seg)
+        lora_expand(t, b, y, seg, scales)
+
+    s = interleaved_seconds({"lora": apply, "dense": lambda: x @ dense, "copy": copy_fn}, rounds=3)
+    size = x.element_size()
+    floor_bytes = 2 * tokens * hidden * size + num_adapters * 2 * RANK * hidden * size
+    floor = floor_bytes / (copy_bytes / s["copy"])
+    decode = tokens <= 256 and device == "cuda"  # a dry run's timings mean nothing
+    shape = f"T{tokens} H{hidden} {num_adapters} adapters r{RANK}"
+    return [
+        (
+            "lora apply / bandwidth floor",
+            shape,
+            f"{s['lora'] * 1e6:.0f} us (floor {floor * 1e6:.0f} us)",
+            f"{s['lora'] / floor:.2f}x",
+            "<= 1.5x" if decode else "(report)",
+            _ok(s["lora"] <= 1.5 * floor) if decode else "-",
+        ),
+        (
+            "lora apply / dense same FLOPs",
+            shape,
+            f"dense {s['dense'] * 1e6:.0f} us",
+            f"{s['lora'] / s['dense']:.2f}x",
+            "(report)",
+            "-",
+        ),
+    ]
+
+
+def fp8_rows(device: str, dry_run: bool):
+    return [] if dry_run else [_fp8_case(tokens, device) for tokens in (64, 2048)]
+
+
+def _fp8_case(tokens, device):
+    x = torch.randn(tokens, 4096, device=device, dtype=torch.bfloat16)
+    w = torch.randn(4096 * 3, 4096, device=device) / 64
+    w_q, scale = quantize_fp8(w)
+    w_bf16 = w.to(torch.bfloat16)
+    s = interleaved_seconds(
+        {"fp8": lambda: fp8_linear(x, w_q, scale), "bf16": lambda: x @ w_bf16.T}, rounds=3
+    )
+    return (
+        "fp8 linear / bf16 matmul",
+        f"T{tokens} 4096 -> 12288",
+        f"{s['fp8'] * 1e6:.0f} us vs {s['bf16'] * 1e6:.0f} us",
+        f"{s['fp8'] / s['bf16']:.2f}x",
+        "(report)",
+        "-",
+    )
+
+
+def _ok(passed: bool) -> str:
+    return "yes" if passed else "no"

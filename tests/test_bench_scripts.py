@@ -1,0 +1,30 @@
+"""The benchmark scripts run: the CUDA one in its CPU dry run, the CPU one on its smallest case."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args):
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_gpu_all_dry_run_checks_the_triton_kernels():
+    out = _run("bench.gpu_all", "--dry-run")
+    rows = [line for line in out.splitlines() if line.startswith("| lora vs float64")]
+    assert len(rows) == 2 and all(line.endswith("| yes |") for line in rows), out
+    assert "fp8 linear vs float64" in out
+
+
+@pytest.mark.slow
+def test_kernels_bench_quick():
+    out = _run("bench.kernels", "--quick")
+    assert out.count("\n| 64 | 2048 |") == 3, out

@@ -12,9 +12,10 @@ Example (all slots rank 16):
     seg_slots        [0, 1, 2]
 
 Tokens are sorted by (rank, slot), so the segments of one rank are adjacent:
-the CPU path then runs one grouped matmul per distinct rank, reading only
-each adapter's first `rank` rows (rank-aware), and the GPU kernels read the
-rank of each segment to bound their loops.
+the CPU path plans each rank's work once here (kernels/cpu_plan.py) and reads
+only each adapter's first `rank` rows; the GPU kernels read the rank of each
+segment to bound their loops. Either way a rank-8 adapter in a rank-64 slab
+costs what rank 8 costs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""What an adapter must fit: the layers and linear shapes of a Llama-family base model.
+
+Read from the base model's config.json (Llama, Mistral, Qwen2: GQA, optional head_dim).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters.errors import AdapterError
+
+# module -> (input width, output width) in terms of the config's dimensions
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """The base model's LoRA-targetable linears: name -> (in_features, out_features)."""
+
+    num_layers: int
+    shapes: dict[str, tuple[int, int]]
+
+    @staticmethod
+    def from_config(config: dict) -> BaseModelSpec:
+        try:
+            hidden = int(config["hidden_size"])
+            inter = int(config["intermediate_size"])
+            heads = int(config["num_attention_heads"])
+            kv_heads = int(config.get("num_key_value_heads") or heads)
+            head_dim = int(config.get("head_dim") or hidden // heads)
+            layers = int(config["num_hidden_layers"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdapterError(f"base model config.json: missing or bad field {exc}") from None
+        q, kv = heads * head_dim, kv_heads * head_dim
+        shapes = {
+            "q_proj": (hidden, q),
+            "k_proj": (hidden, kv),
+            "v_proj": (hidden, kv),
+            "o_proj": (q, hidden),
+            "gate_proj": (hidden, inter),
+            "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden),
+        }
+        return BaseModelSpec(num_layers=layers, shapes=shapes)
+
+    @staticmethod
+    def from_dir(model_dir: str | Path) -> BaseModelSpec:
+        path = Path(model_dir) / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise AdapterError(f"base model: {path} not found") from None
+        except (OSError, ValueError) as exc:
+            raise AdapterError(f"base model: cannot read {path}: {exc}") from None
+        return BaseModelSpec.from_config(config)
+
+
+def module_group(module: str) -> str:
+    """'self_attn' or 'mlp', the parent of a module in a Llama decoder layer."""
+    return "self_attn" if module in _ATTN else "mlp"

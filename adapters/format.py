@@ -1,0 +1,228 @@
+"""A validated PEFT LoRA adapter, exactly as PEFT writes it.
+
+    adapter_config.json        peft_type LORA, r, lora_alpha, target_modules, use_rslora ...
+    adapter_model.safetensors  ...layers.{i}.{self_attn|mlp}.{module}.lora_A.weight  [r, in]
+                               ...layers.{i}.{self_attn|mlp}.{module}.lora_B.weight  [out, r]
+
+Every check that fails raises AdapterError naming the problem; nothing is
+stored by this module. The digest is sha256 over the config and the tensor
+file (and the draft companion's digest), so identical uploads are one version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_safetensors
+
+from adapters.base_model import BaseModelSpec
+from adapters.errors import AdapterError
+from adapters.safetensors_check import check_header
+from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
+
+TENSOR_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)\.lora_(A|B)\.weight$")
+_UNSUPPORTED = (  # config key, the value PEFT writes when the feature is off, what to call it
+    ("use_dora", False, "DoRA (use_dora)"),
+    ("modules_to_save", None, "modules_to_save"),
+    ("layers_pattern", None, "layer patterns (layers_pattern)"),
+    ("rank_pattern", {}, "per-layer rank patterns (rank_pattern)"),
+    ("alpha_pattern", {}, "per-layer alpha patterns (alpha_pattern)"),
+    ("fan_in_fan_out", False, "fan_in_fan_out weights"),
+    ("lora_bias", False, "a bias on lora_B (lora_bias)"),
+    ("use_qalora", False, "QA-LoRA (use_qalora)"),
+    ("layer_replication", None, "layer_replication"),
+    ("trainable_token_indices", None, "trainable_token_indices"),
+    ("target_parameters", None, "target_parameters"),
+)
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """One adapted linear: delta_W = scale * b @ a."""
+
+    layer: int
+    module: str
+    a: torch.Tensor  # [r, in]
+    b: torch.Tensor  # [out, r]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A validated LoRA adapter (and, optionally, its draft-model companion)."""
+
+    config_bytes: bytes
+    weights_bytes: bytes
+    rank: int
+    alpha: float
+    scale: float  # alpha / r, or alpha / sqrt(r) with use_rslora
+    target_modules: tuple[str, ...]  # sorted module names present in the tensors
+    modules: Mapping[tuple[int, str], LoraModule]
+    digest: str  # sha256 hex
+    base_model_name: str | None = None
+    draft: Adapter | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def num_bytes(self) -> int:
+        own = len(self.config_bytes) + len(self.weights_bytes)
+        return own + (self.draft.num_bytes if self.draft else 0)
+
+
+def load_adapter(
+    source: str | Path | Mapping[str, bytes],
+    *,
+    draft: str | Path | Mapping[str, bytes] | None = None,
+    base: BaseModelSpec | None = None,
+    base_name: str | None = None,
+    max_rank: int = 64,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Adapter:
+    """Read and validate an adapter from a folder, an archive or {file name: bytes}.
+
+    With `base`, shapes, layers and modules are checked against the base model;
+    `base_name` (the served model's name) only turns a different
+    base_model_name_or_path into a warning.
+    """
+    draft_adapter = None
+    if draft is not None:
+        draft_adapter = parse_adapter(read_adapter_files(draft, max_bytes), max_rank=max_rank, label="draft")
+    files = read_adapter_files(source, max_bytes)
+    return parse_adapter(
+        files, base=base, base_name=base_name, max_rank=max_rank, draft=draft_adapter
+    )
+
+
+def parse_adapter(
+    files: Mapping[str, bytes],
+    *,
+    base: BaseModelSpec | None = None,
+    base_name: str | None = None,
+    max_rank: int = 64,
+    draft: Adapter | None = None,
+    label: str = "adapter",
+) -> Adapter:
+    """Validate {file name: bytes} as a PEFT LoRA adapter."""
+    if CONFIG not in files:
+        raise AdapterError(f"{label}: {CONFIG} is missing")
+    if WEIGHTS not in files:
+        if PICKLE_WEIGHTS in files:
+            raise AdapterError(
+                f"{label}: {PICKLE_WEIGHTS} is pickle and is refused; save with "
+                "model.save_pretrained(dir, safe_serialization=True) or convert it with "
+                "safetensors.torch.save_file(torch.load(path, weights_only=True), "
+                f"'{WEIGHTS}')"
+            )
+        raise AdapterError(f"{label}: {WEIGHTS} is missing")
+    config = _parse_config(files[CONFIG], label, max_rank)
+    rank, alpha = config["r"], float(config["lora_alpha"])
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    modules = _parse_weights(files[WEIGHTS], label, rank, base)
+    warnings = []
+    trained_on = config.get("base_model_name_or_path")
+    if base_name and trained_on and trained_on != base_name:
+        warnings.append(
+            f"{label}: trained on {trained_on!r}, served with {base_name!r}; its shapes fit"
+        )
+    return Adapter(
+        config_bytes=bytes(files[CONFIG]),
+        weights_bytes=bytes(files[WEIGHTS]),
+        rank=rank,
+        alpha=alpha,
+        scale=scale,
+        target_modules=tuple(sorted({m for _, m in modules})),
+        modules=modules,
+        digest=_digest(files[CONFIG], files[WEIGHTS], draft),
+        base_model_name=trained_on,
+        draft=draft,
+        warnings=tuple(warnings),
+    )
+
+
+def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
+    try:
+        config = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise AdapterError(f"{label}: {CONFIG} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{label}: {CONFIG} is not a JSON object")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise AdapterError(f"{label}: peft_type {peft_type} is not supported; only LORA adapters are")
+    for key, off, what in _UNSUPPORTED:
+        value = config.get(key, off)
+        if value not in (off, None, {}, [], False):
+            raise AdapterError(f"{label}: {what} is not supported")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(f"{label}: bias {config['bias']!r} is not supported; only bias 'none' is")
+    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise AdapterError(f"{label}: r must be a positive integer, got {rank!r}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise AdapterError(f"{label}: lora_alpha must be a number, got {alpha!r}")
+    if rank > max_rank:
+        raise AdapterError(f"{label}: rank {rank} is above lora.max_lora_rank ({max_rank})")
+    config["lora_alpha"] = alpha
+    return config
+
+
+def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | None):
+    header = check_header(data, f"{label}: {WEIGHTS}")
+    names = {}
+    for name in header:
+        m = TENSOR_RE.search(name)
+        if m is None:
+            raise AdapterError(f"{label}: tensor {name!r} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)")
+        names[name] = (int(m.group(1)), m.group(2), m.group(3))
+    if not names:
+        raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
+    tensors = load_safetensors(data)
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, (layer, module, which) in names.items():
+        t = tensors[name]
+        if not torch.isfinite(t).all():
+            raise AdapterError(f"{label}: tensor {name!r} contains NaN or Inf")
+        pairs.setdefault((layer, module), {})[which] = t
+    modules = {}
+    for (layer, module), ab in sorted(pairs.items()):
+        where = f"{label}: layer {layer} {module}"
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(f"{where}: has lora_{''.join(ab)} without its pair")
+        a, b = ab["A"], ab["B"]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise AdapterError(
+                f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit rank {rank} "
+                "(expected [r, in] and [out, r])"
+            )
+        if base is not None:
+            _check_against_base(where, layer, module, a, b, base)
+        modules[(layer, module)] = LoraModule(layer, module, a, b)
+    return modules
+
+
+def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None:
+    if module not in base.shapes:
+        known = ", ".join(base.shapes)
+        raise AdapterError(f"{where}: the base model has no module {module!r} (it has {known})")
+    if layer >= base.num_layers:
+        raise AdapterError(f"{where}: layer {layer} is out of range; the base model has {base.num_layers}")
+    fan_in, fan_out = base.shapes[module]
+    if a.shape[1] != fan_in or b.shape[0] != fan_out:
+        raise AdapterError(
+            f"{where}: shapes lora_A {tuple(a.shape)}, lora_B {tuple(b.shape)} do not fit the base "
+            f"model's {module} [{fan_out}, {fan_in}]"
+        )
+
+
+def _digest(config: bytes, weights: bytes, draft: Adapter | None) -> str:
+    h = hashlib.sha256()
+    for part in (config, weights, (draft.digest if draft else "").encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()

@@ -27,7 +27,9 @@ from adapters.errors import AdapterError
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 
-TENSOR_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)\.lora_(A|B)\.weight$")
+TENSOR_RE = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)\.lora_(A|B)\.weight$"
+)
 _UNSUPPORTED = (  # config key, the value PEFT writes when the feature is off, what to call it
     ("use_dora", False, "DoRA (use_dora)"),
     ("modules_to_save", None, "modules_to_save"),
@@ -92,7 +94,9 @@ def load_adapter(
     """
     draft_adapter = None
     if draft is not None:
-        draft_adapter = parse_adapter(read_adapter_files(draft, max_bytes), max_rank=max_rank, label="draft")
+        draft_adapter = parse_adapter(
+            read_adapter_files(draft, max_bytes), max_rank=max_rank, label="draft"
+        )
     files = read_adapter_files(source, max_bytes)
     return parse_adapter(
         files, base=base, base_name=base_name, max_rank=max_rank, draft=draft_adapter
@@ -154,13 +158,17 @@ def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
         raise AdapterError(f"{label}: {CONFIG} is not a JSON object")
     peft_type = str(config.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
-        raise AdapterError(f"{label}: peft_type {peft_type} is not supported; only LORA adapters are")
+        raise AdapterError(
+            f"{label}: peft_type {peft_type} is not supported; only LORA adapters are"
+        )
     for key, off, what in _UNSUPPORTED:
         value = config.get(key, off)
         if value not in (off, None, {}, [], False):
             raise AdapterError(f"{label}: {what} is not supported")
     if config.get("bias", "none") != "none":
-        raise AdapterError(f"{label}: bias {config['bias']!r} is not supported; only bias 'none' is")
+        raise AdapterError(
+            f"{label}: bias {config['bias']!r} is not supported; only bias 'none' is"
+        )
     rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise AdapterError(f"{label}: r must be a positive integer, got {rank!r}")
@@ -178,7 +186,9 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
     for name in header:
         m = TENSOR_RE.search(name)
         if m is None:
-            raise AdapterError(f"{label}: tensor {name!r} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)")
+            raise AdapterError(
+                f"{label}: tensor {name!r} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)"
+            )
         names[name] = (int(m.group(1)), m.group(2), m.group(3))
     if not names:
         raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
@@ -211,7 +221,9 @@ def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None
         known = ", ".join(base.shapes)
         raise AdapterError(f"{where}: the base model has no module {module!r} (it has {known})")
     if layer >= base.num_layers:
-        raise AdapterError(f"{where}: layer {layer} is out of range; the base model has {base.num_layers}")
+        raise AdapterError(
+            f"{where}: layer {layer} is out of range; the base model has {base.num_layers}"
+        )
     fan_in, fan_out = base.shapes[module]
     if a.shape[1] != fan_in or b.shape[0] != fan_out:
         raise AdapterError(

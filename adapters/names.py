@@ -37,5 +37,7 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     if not sep:
         return name, None
     if not DIGEST_RE.match(digest):
-        raise AdapterError(f"invalid version {digest!r} in {ref!r}: expected 64 hex digits (sha256)")
+        raise AdapterError(
+            f"invalid version {digest!r} in {ref!r}: expected 64 hex digits (sha256)"
+        )
     return name, digest

@@ -15,8 +15,23 @@ import struct
 
 from adapters.errors import AdapterError
 
-ITEM_SIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4,
-             "I64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+ITEM_SIZE = {
+    "F16": 2,
+    "BF16": 2,
+    "F32": 4,
+    "F64": 8,
+    "I8": 1,
+    "U8": 1,
+    "I16": 2,
+    "I32": 4,
+    "I64": 8,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 SUPPORTED = {"F16", "BF16", "F32"}
 MAX_HEADER_BYTES = 16 * 2**20
 
@@ -24,10 +39,14 @@ MAX_HEADER_BYTES = 16 * 2**20
 def check_header(data: bytes, label: str) -> dict[str, dict]:
     """The header's tensor entries {name: {dtype, shape, data_offsets}}, all verified."""
     if len(data) < 8:
-        raise AdapterError(f"{label}: not a safetensors file (shorter than its 8-byte header length)")
+        raise AdapterError(
+            f"{label}: not a safetensors file (shorter than its 8-byte header length)"
+        )
     (n,) = struct.unpack("<Q", data[:8])
     if n > MAX_HEADER_BYTES or 8 + n > len(data):
-        raise AdapterError(f"{label}: safetensors header claims {n} bytes, the file has {len(data) - 8}")
+        raise AdapterError(
+            f"{label}: safetensors header claims {n} bytes, the file has {len(data) - 8}"
+        )
     try:
         header = json.loads(data[8 : 8 + n])
     except (UnicodeDecodeError, ValueError):

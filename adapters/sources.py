@@ -22,7 +22,9 @@ DEFAULT_MAX_BYTES = 2 * 2**30
 _ARCHIVES = (".tar.gz", ".tgz", ".tar", ".zip")
 
 
-def read_adapter_files(source: str | Path | Mapping[str, bytes], max_bytes: int = DEFAULT_MAX_BYTES):
+def read_adapter_files(
+    source: str | Path | Mapping[str, bytes], max_bytes: int = DEFAULT_MAX_BYTES
+):
     """{file name: bytes} of an adapter's files (config, weights, or refused pickle weights)."""
     if isinstance(source, Mapping):
         files = {k: bytes(v) for k, v in source.items() if k in WANTED}
@@ -36,7 +38,9 @@ def read_adapter_files(source: str | Path | Mapping[str, bytes], max_bytes: int 
         return _from_archive(path, max_bytes)
     if not path.exists():
         raise AdapterError(f"{path}: no such file or folder")
-    raise AdapterError(f"{path}: expected a folder, a .tar.gz or a .zip holding {CONFIG} and {WEIGHTS}")
+    raise AdapterError(
+        f"{path}: expected a folder, a .tar.gz or a .zip holding {CONFIG} and {WEIGHTS}"
+    )
 
 
 def _from_dir(path: Path, max_bytes: int) -> dict[str, bytes]:

@@ -6,6 +6,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
+from adapters.cli import app as adapters_app
+
 app = typer.Typer(
     name="loraserve",
     help="Serve one base LLM and thousands of LoRA adapters of it.",
@@ -39,3 +41,6 @@ def main(
     ),
 ) -> None:
     """Serve one base LLM and thousands of LoRA adapters of it."""
+
+
+app.add_typer(adapters_app, name="adapters")

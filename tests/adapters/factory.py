@@ -25,8 +25,15 @@ TINY_BASE = {
     "vocab_size": 100,
 }
 TINY_SPEC = BaseModelSpec.from_config(TINY_BASE)
-GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-         "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+GROUP = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
 
 
 def peft_config(rank=8, alpha=16, modules=("q_proj", "v_proj"), **extra) -> dict:
@@ -64,9 +71,13 @@ def peft_tensors(rank=8, modules=("q_proj", "v_proj"), spec=TINY_SPEC, seed=0, d
     return tensors
 
 
-def peft_adapter_files(rank=8, alpha=16, modules=("q_proj", "v_proj"), seed=0, **extra) -> dict[str, bytes]:
+def peft_adapter_files(
+    rank=8, alpha=16, modules=("q_proj", "v_proj"), seed=0, **extra
+) -> dict[str, bytes]:
     """{adapter_config.json, adapter_model.safetensors} bytes of a random LoRA for TINY_BASE."""
     return {
-        "adapter_config.json": json.dumps(peft_config(rank, alpha, modules, **extra), indent=2).encode(),
+        "adapter_config.json": json.dumps(
+            peft_config(rank, alpha, modules, **extra), indent=2
+        ).encode(),
         "adapter_model.safetensors": save(peft_tensors(rank, modules, seed=seed)),
     }

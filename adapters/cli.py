@@ -1,0 +1,163 @@
+"""`loraserve adapters ...`: upload, list, show and delete adapters in a registry.
+
+Every failure prints one line naming the problem and exits with status 1;
+nothing is written to the registry unless the adapter validated completely.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+from rich.table import Table
+
+from adapters.base_model import BaseModelSpec
+from adapters.errors import AdapterError
+from adapters.format import load_adapter
+from adapters.names import validate_name
+from adapters.registry import Registry
+
+app = typer.Typer(help="Upload, list, show and delete LoRA adapters.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+RegistryOption = Annotated[
+    str | None,
+    typer.Option(
+        "--registry", help="Registry URI (file:///path, s3://bucket/prefix, or a folder)."
+    ),
+]
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        help="A loraserve server (default http://127.0.0.1:8000); key from LORASERVE_API_KEY.",
+    ),
+]
+NameArgument = Annotated[str, typer.Argument(help="Adapter name.")]
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def _registry(registry: str | None, server: str | None) -> Registry:
+    if registry is None:
+        target = server or "http://127.0.0.1:8000"
+        _fail(
+            f"managing adapters through a server ({target}) is not available here; give --registry URI"
+        )
+    try:
+        return Registry(registry)
+    except AdapterError as exc:
+        _fail(str(exc))
+    except (OSError, ValueError, ImportError) as exc:
+        _fail(f"cannot open registry {registry}: {exc}")
+
+
+@app.command()
+def upload(
+    path: Path = typer.Argument(..., help="Adapter folder, .tar.gz or .zip (PEFT's files)."),
+    name: str = typer.Option(..., "--name", help="The adapter's name."),
+    draft: Path | None = typer.Option(None, "--draft", help="A LoRA for the draft model."),
+    base: Path | None = typer.Option(
+        None, "--base", help="Base model folder to check shapes against."
+    ),
+    registry: RegistryOption = None,
+    server: ServerOption = None,
+) -> None:
+    """Validate an adapter locally, then publish it; prints name@digest."""
+    reg = _registry(registry, server)
+    try:
+        validate_name(name)
+        spec = BaseModelSpec.from_dir(base) if base else None
+        with _progress() as progress:
+            task = progress.add_task("validating", total=None)
+            adapter = load_adapter(
+                path, draft=draft, base=spec, base_name=base.name if base else None
+            )
+            progress.update(
+                task, description=f"publishing {name}", total=adapter.num_bytes, completed=0
+            )
+            version = reg.publish(name, adapter)
+            progress.update(task, completed=adapter.num_bytes)
+    except AdapterError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"registry write failed: {exc}")
+    for warning in adapter.warnings:
+        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    out.print(f"{version.ref}", highlight=False)
+
+
+@app.command("list")
+def list_(
+    registry: RegistryOption = None,
+    server: ServerOption = None,
+) -> None:
+    """List adapters: name, version, owner, rank, modules, size."""
+    reg = _registry(registry, server)
+    table = Table("name", "version", "owner", "rank", "modules", "bytes", box=None)
+    for e in reg.list():
+        table.add_row(
+            e.name,
+            e.digest[:12],
+            e.owner,
+            str(e.rank),
+            ",".join(e.target_modules),
+            str(e.num_bytes),
+        )
+    out.print(table)
+
+
+@app.command()
+def show(
+    name: NameArgument,
+    registry: RegistryOption = None,
+    server: ServerOption = None,
+) -> None:
+    """Show one adapter and its version history."""
+    reg = _registry(registry, server)
+    try:
+        entry = reg.show(name)
+    except AdapterError as exc:
+        _fail(str(exc))
+    for label, value in _fields(entry):
+        out.print(f"{label:<10} {value}", highlight=False)
+
+
+@app.command()
+def delete(
+    name: NameArgument,
+    registry: RegistryOption = None,
+    server: ServerOption = None,
+) -> None:
+    """Delete a name (its versions stay readable to replicas that loaded them)."""
+    reg = _registry(registry, server)
+    try:
+        reg.delete(name)
+    except AdapterError as exc:
+        _fail(str(exc))
+    out.print(f"deleted {name}", highlight=False)
+
+
+def _fields(entry):
+    yield "name", entry.name
+    yield "version", entry.digest
+    yield "owner", entry.owner
+    yield "rank", entry.rank
+    yield "modules", ", ".join(entry.target_modules)
+    yield "bytes", entry.num_bytes
+    yield "updated", entry.updated
+    for digest in getattr(entry, "history", ()):
+        yield "history", digest
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=err, transient=True
+    )

@@ -1,0 +1,279 @@
+"""The adapter slab: one model replica's device-resident LoRA weights, one slot per adapter.
+
+For every layer and targetable module the slab holds the stacks the LoRA kernels read
+(kernels/lora_ops.py), preallocated once:
+
+    A[num_slots, max_rank, in]    a rank-r adapter's lora_A ([r, in]) in rows :r of its slot
+    B[num_slots, max_rank, out]   its lora_B TRANSPOSED ([out, r] -> [r, out]) in rows :r
+    scales[num_slots] float32     ranks[num_slots] int32 (0: an empty slot)
+
+Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
+`acquire` pins a version in a slot for as long as a request uses it and `release` unpins
+it; only unpinned slots are evicted, least recently used first. One lock guards the
+bookkeeping; registry fetches and tensor copies run outside it, into a slot reserved for
+that load, which no reader touches until the load marks it resident.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from adapters.base_model import BaseModelSpec
+from adapters.format import Adapter
+from adapters.host_cache import HostCache, check_fits
+
+Key = tuple[int, str]  # (layer, module)
+
+
+class SlabFull(RuntimeError):
+    """Every slot is pinned or loading, so no slot can take another adapter now."""
+
+
+@dataclass(frozen=True)
+class SlabStats:
+    """Counters since the slab was built, and how many versions are resident now."""
+
+    loads: int  # slots filled, from the host tier or the registry
+    failed_loads: int
+    evictions: int  # versions evicted from a slot
+    slot_hits: int  # acquires that found their version already resident
+    host_hits: int  # loads served by the host tier
+    registry_hits: int  # loads fetched through the loader
+    host_evictions: int  # adapters dropped from the host tier
+    load_seconds: float  # total wall time of the successful loads
+    resident: int
+
+
+_COUNTED = ("loads", "failed_loads", "evictions", "slot_hits", "host_hits", "registry_hits")
+
+
+class AdapterSlab:
+    """Fixed device slots of LoRA weights for one model replica, filled on demand."""
+
+    def __init__(
+        self,
+        spec: BaseModelSpec,
+        *,
+        num_slots: int,
+        max_rank: int,
+        max_cpu_loras: int,
+        loader: Callable[[str], Adapter],
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        modules: Sequence[str] | None = None,
+        prefetch_workers: int = 2,
+    ) -> None:
+        if num_slots < 1 or max_rank < 1:
+            raise ValueError(f"num_slots and max_rank must be >= 1, got {num_slots}, {max_rank}")
+        self.spec, self.num_slots, self.max_rank, self.dtype = spec, num_slots, max_rank, dtype
+        self.device = torch.device(device)
+        self.modules = tuple(spec.shapes if modules is None else modules)
+        unknown = sorted(set(self.modules) - set(spec.shapes))
+        if unknown:
+            raise ValueError(f"modules {unknown} are not in the base model ({list(spec.shapes)})")
+        like = {"dtype": dtype, "device": self.device}
+        self._a: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, in]
+        self._b: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, out]
+        for layer in range(spec.num_layers):
+            for m in self.modules:
+                fan_in, fan_out = spec.shapes[m]
+                self._a[layer, m] = torch.zeros(num_slots, max_rank, fan_in, **like)
+                self._b[layer, m] = torch.zeros(num_slots, max_rank, fan_out, **like)
+        self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
+        self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
+        self._lock = threading.Lock()
+        check = partial(check_fits, spec=spec, modules=self.modules, max_rank=max_rank)
+        # Pinned host memory only pays off when the copies go to a GPU.
+        pin = self.device.type == "cuda"
+        self._host = HostCache(max_cpu_loras, loader, check, lock=self._lock, pin=pin)
+        self._slot_version: list[str | None] = [None] * num_slots  # resident or loading
+        self._pins = [0] * num_slots
+        self._resident: OrderedDict[str, int] = OrderedDict()  # version -> slot, LRU first
+        self._loading: dict[str, tuple[int, Future[int]]] = {}  # version -> (slot, its load)
+        self._counts: Counter[str] = Counter()
+        self._load_seconds = 0.0
+        self._closed = False
+        self._executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="slab-prefetch")
+
+    # -- what the model runtime reads ---------------------------------------------------
+
+    def lora_a(self, layer: int, module: str) -> torch.Tensor:
+        """The A stack of (layer, module): [num_slots, max_rank, in]."""
+        return self._a[layer, module]
+
+    def lora_b(self, layer: int, module: str) -> torch.Tensor:
+        """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
+        return self._b[layer, module]
+
+    def slot_of(self, version: str) -> int | None:
+        """The slot holding `version` if it is resident (fully loaded), else None."""
+        with self._lock:
+            return self._resident.get(version)
+
+    def residents(self) -> dict[str, int]:
+        """{version: slot} of the resident versions, least recently used first."""
+        with self._lock:
+            return dict(self._resident)
+
+    def stats(self) -> SlabStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return SlabStats(
+                **{name: self._counts[name] for name in _COUNTED},
+                host_evictions=self._host.evictions,
+                load_seconds=self._load_seconds,
+                resident=len(self._resident),
+            )
+
+    # -- pinning and loading -------------------------------------------------------------
+
+    def acquire(self, version: str) -> int:
+        """Pin `version` in a slot and return the slot, loading it first if needed (blocks).
+
+        Raises SlabFull when every slot is pinned or loading, or the load's error.
+        """
+        with self._lock:
+            slot = self._resident.get(version)
+            if slot is not None:
+                self._pins[slot] += 1
+                self._resident.move_to_end(version)
+                self._counts["slot_hits"] += 1
+                return slot
+            slot, load, started = self._join_or_start(version)
+            # Pin now, not after the wait: once the load lands, the slot is evictable the
+            # moment the lock drops. A failed load clears these pins with the slot.
+            self._pins[slot] += 1
+        if started:
+            self._load(version, slot, load)
+        return load.result()
+
+    def prefetch(self, version: str) -> Future[int]:
+        """Start loading `version` on a background thread, without pinning it.
+
+        The future gives the slot, or the load's error, or SlabFull if no slot is free.
+        """
+        with self._lock:
+            slot = self._resident.get(version)
+            if slot is not None:
+                self._resident.move_to_end(version)
+                return _settled(result=slot)
+            try:
+                slot, load, started = self._join_or_start(version)
+            except SlabFull as exc:
+                return _settled(error=exc)
+            if started:
+                self._executor.submit(self._load, version, slot, load)
+        return load
+
+    def release(self, version: str) -> None:
+        """Drop one pin of `version`; a ValueError if it holds none."""
+        with self._lock:
+            slot = self._resident.get(version)
+            if slot is None or self._pins[slot] == 0:
+                raise ValueError(f"release({version!r}): it is not pinned; acquire it first")
+            self._pins[slot] -= 1
+            # Used until now, so it is the most recently used.
+            self._resident.move_to_end(version)
+
+    def close(self) -> None:
+        """Refuse new loads and wait for the background ones to settle (queued ones fail)."""
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=True)
+
+    # -- slot bookkeeping (under the lock) -----------------------------------------------
+
+    def _join_or_start(self, version: str) -> tuple[int, Future[int], bool]:
+        """(slot, load, started): the running load of `version`, or a new one on a claimed slot."""
+        if version in self._loading:
+            return (*self._loading[version], False)
+        if self._closed:
+            raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
+        slot = self._claim_slot(version)
+        load: Future[int] = Future()
+        load.set_running_or_notify_cancel()  # shared by every waiter: nobody may cancel it
+        self._loading[version] = (slot, load)
+        return slot, load, True
+
+    def _claim_slot(self, version: str) -> int:
+        """Reserve a free slot, else evict the least recently used unpinned one."""
+        slot = next((s for s, v in enumerate(self._slot_version) if v is None), None)
+        if slot is None:
+            slot = next((s for s in self._resident.values() if self._pins[s] == 0), None)
+            if slot is None:
+                raise SlabFull(
+                    f"cannot load {version!r}: all {self.num_slots} adapter slots are pinned "
+                    "or loading; release one first"
+                )
+            del self._resident[self._slot_version[slot]]
+            self._counts["evictions"] += 1
+            self._free(slot)
+        self._slot_version[slot] = version
+        return slot
+
+    def _free(self, slot: int) -> None:
+        """Mark `slot` empty: rank 0, no version, no pins."""
+        self._slot_version[slot] = None
+        self._pins[slot] = 0
+        self.ranks[slot] = 0
+        self.scales[slot] = 0.0
+
+    # -- one load (outside the lock, into its reserved slot) -----------------------------
+
+    def _load(self, version: str, slot: int, load: Future[int]) -> None:
+        """Fill the reserved `slot` with `version`; settle `load` with the slot or the error."""
+        start = time.perf_counter()
+        try:
+            if self._closed:
+                raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
+            adapter, tier = self._host.fetch(version)
+            self._write(slot, adapter)
+        except BaseException as exc:  # every waiter must wake, whatever went wrong
+            with self._lock:
+                del self._loading[version]
+                self._free(slot)
+                self._counts["failed_loads"] += 1
+            load.set_exception(exc)
+            return
+        with self._lock:
+            del self._loading[version]
+            self.ranks[slot] = adapter.rank  # last: the kernels read the slot from here on
+            self._resident[version] = slot
+            self._counts["loads"] += 1
+            self._counts[f"{tier}_hits"] += 1
+            self._load_seconds += time.perf_counter() - start
+        load.set_result(slot)
+
+    def _write(self, slot: int, adapter: Adapter) -> None:
+        """A[slot, :r] = a; B[slot, :r] = b.T; rows :r zeroed where the adapter has no module."""
+        r = adapter.rank
+        # Plain copies on the current stream: they queue behind kernels still reading this
+        # slot's previous tenant, so an eviction never races a step already launched.
+        for key, a_stack in self._a.items():
+            b_stack = self._b[key]
+            mod = adapter.modules.get(key)
+            if mod is None:  # untargeted: its update must be exactly 0, not stale rows
+                a_stack[slot, :r].zero_()
+                b_stack[slot, :r].zero_()
+            else:
+                a_stack[slot, :r].copy_(mod.a)  # [r, in]
+                b_stack[slot, :r].copy_(mod.b.T)  # [out, r] -> [r, out]
+        self.scales[slot] = adapter.scale
+
+
+def _settled(*, result: int | None = None, error: BaseException | None = None) -> Future[int]:
+    """A future that is already done, with `result` or `error`."""
+    done: Future[int] = Future()
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
+    return done

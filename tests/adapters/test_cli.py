@@ -1,0 +1,132 @@
+"""`loraserve adapters ...` against a registry folder, as a user runs it."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from serving.cli import app
+from tests.adapters.factory import TINY_BASE, peft_adapter_files
+from tests.adapters.test_format import MALFORMED
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def base_dir(tmp_path):
+    path = tmp_path / "base"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(TINY_BASE))
+    return path
+
+
+def write(folder, files):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def snapshot(root):
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def cli(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_upload_list_show_delete(tmp_path, base_dir):
+    reg = f"file://{tmp_path / 'reg'}"
+    adapter = write(tmp_path / "a", peft_adapter_files(seed=1))
+    done = cli(
+        "adapters",
+        "upload",
+        str(adapter),
+        "--name",
+        "support-bot",
+        "--base",
+        str(base_dir),
+        "--registry",
+        reg,
+    )
+    assert done.exit_code == 0, done.output
+    ref = done.stdout.strip().splitlines()[-1]
+    assert ref.startswith("support-bot@") and len(ref.split("@")[1]) == 64
+
+    again = cli("adapters", "upload", str(adapter), "--name", "support-bot", "--registry", reg)
+    assert again.stdout.strip().splitlines()[-1] == ref  # identical content: the same version
+
+    listed = cli("adapters", "list", "--registry", reg)
+    assert "support-bot" in listed.stdout and ref.split("@")[1][:12] in listed.stdout
+    shown = cli("adapters", "show", "support-bot", "--registry", reg)
+    assert ref.split("@")[1] in shown.stdout and "q_proj, v_proj" in shown.stdout
+
+    assert cli("adapters", "delete", "support-bot", "--registry", reg).exit_code == 0
+    gone = cli("adapters", "show", "support-bot", "--registry", reg)
+    assert gone.exit_code == 1 and "unknown adapter 'support-bot'" in gone.stderr
+
+
+def test_upload_with_draft_and_archive(tmp_path):
+    import tarfile
+
+    reg = f"file://{tmp_path / 'reg'}"
+    folder = write(tmp_path / "a", peft_adapter_files(seed=4))
+    with tarfile.open(tmp_path / "a.tar.gz", "w:gz") as t:
+        t.add(folder, arcname="a")
+    draft = write(tmp_path / "d", peft_adapter_files(rank=4, seed=5))
+    done = cli(
+        "adapters",
+        "upload",
+        str(tmp_path / "a.tar.gz"),
+        "--name",
+        "x",
+        "--draft",
+        str(draft),
+        "--registry",
+        reg,
+    )
+    assert done.exit_code == 0, done.output
+    from adapters.registry import Registry
+
+    loaded = Registry(reg).load("x")
+    assert loaded.draft is not None and loaded.draft.rank == 4
+
+
+@pytest.mark.parametrize(
+    ("files", "message"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
+)
+def test_malformed_upload_fails_in_one_line_and_stores_nothing(tmp_path, base_dir, files, message):
+    import re
+
+    reg_dir = tmp_path / "reg"
+    reg = f"file://{reg_dir}"
+    ok = write(tmp_path / "ok", peft_adapter_files(seed=9))
+    assert cli("adapters", "upload", str(ok), "--name", "kept", "--registry", reg).exit_code == 0
+    before = snapshot(reg_dir)
+
+    bad = write(tmp_path / "bad", files())
+    done = cli(
+        "adapters", "upload", str(bad), "--name", "new", "--base", str(base_dir), "--registry", reg
+    )
+    assert done.exit_code == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert re.search(message, " ".join(done.stderr.split())), done.stderr
+    assert "Traceback" not in done.output
+    assert snapshot(reg_dir) == before
+
+
+@pytest.mark.parametrize("name", ["Bad", "../up", "a:b", "x" * 65, "base", ""])
+def test_bad_names_are_refused(tmp_path, name):
+    reg_dir = tmp_path / "reg"
+    folder = write(tmp_path / "a", peft_adapter_files())
+    done = cli("adapters", "upload", str(folder), "--name", name, "--registry", f"file://{reg_dir}")
+    assert done.exit_code == 1 and "invalid adapter name" in done.stderr
+    assert not snapshot(reg_dir) if reg_dir.exists() else True
+
+
+def test_no_registry_is_one_clear_line():
+    done = cli("adapters", "list")
+    assert done.exit_code == 1 and "give --registry URI" in done.stderr

@@ -15,12 +15,12 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load as load_safetensors
 
 from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError
@@ -30,6 +30,12 @@ from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS,
 TENSOR_RE = re.compile(
     r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)\.lora_(A|B)\.weight$"
 )
+_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+_EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
+    torch.float16: (torch.int16, 0x7C00),
+    torch.bfloat16: (torch.int16, 0x7F80),
+    torch.float32: (torch.int32, 0x7F800000),
+}
 _UNSUPPORTED = (  # config key, the value PEFT writes when the feature is off, what to call it
     ("use_dora", False, "DoRA (use_dora)"),
     ("modules_to_save", None, "modules_to_save"),
@@ -111,8 +117,15 @@ def parse_adapter(
     max_rank: int = 64,
     draft: Adapter | None = None,
     label: str = "adapter",
+    stored_digest: str | None = None,
 ) -> Adapter:
-    """Validate {file name: bytes} as a PEFT LoRA adapter."""
+    """Validate {file name: bytes} as a PEFT LoRA adapter.
+
+    `stored_digest` is for a version read back from the registry, which validated
+    it whole when it was published: the structure, shapes and safetensors header
+    are checked again, the value scan and the hash are not (they cost more than
+    reading the file).
+    """
     if CONFIG not in files:
         raise AdapterError(f"{label}: {CONFIG} is missing")
     if WEIGHTS not in files:
@@ -127,11 +140,11 @@ def parse_adapter(
     config = _parse_config(files[CONFIG], label, max_rank)
     rank, alpha = config["r"], float(config["lora_alpha"])
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    modules = _parse_weights(files[WEIGHTS], label, rank, base)
-    warnings = []
+    modules = _parse_weights(files[WEIGHTS], label, rank, base, scan=stored_digest is None)
+    notes = []
     trained_on = config.get("base_model_name_or_path")
     if base_name and trained_on and trained_on != base_name:
-        warnings.append(
+        notes.append(
             f"{label}: trained on {trained_on!r}, served with {base_name!r}; its shapes fit"
         )
     return Adapter(
@@ -142,10 +155,10 @@ def parse_adapter(
         scale=scale,
         target_modules=tuple(sorted({m for _, m in modules})),
         modules=modules,
-        digest=_digest(files[CONFIG], files[WEIGHTS], draft),
+        digest=stored_digest or _digest(files[CONFIG], files[WEIGHTS], draft),
         base_model_name=trained_on,
         draft=draft,
-        warnings=tuple(warnings),
+        warnings=tuple(notes),
     )
 
 
@@ -180,7 +193,7 @@ def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
     return config
 
 
-def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | None):
+def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | None, scan: bool):
     header = check_header(data, f"{label}: {WEIGHTS}")
     names = {}
     for name in header:
@@ -192,11 +205,11 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
         names[name] = (int(m.group(1)), m.group(2), m.group(3))
     if not names:
         raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
-    tensors = load_safetensors(data)
+    tensors = _tensor_views(data, header)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, (layer, module, which) in names.items():
         t = tensors[name]
-        if not torch.isfinite(t).all():
+        if scan and _has_nonfinite(t):
             raise AdapterError(f"{label}: tensor {name!r} contains NaN or Inf")
         pairs.setdefault((layer, module), {})[which] = t
     modules = {}
@@ -214,6 +227,31 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
             _check_against_base(where, layer, module, a, b, base)
         modules[(layer, module)] = LoraModule(layer, module, a, b)
     return modules
+
+
+def _tensor_views(data: bytes, header: dict) -> dict[str, torch.Tensor]:
+    """Read-only tensors over `data` itself (no copy); the header was verified against it."""
+    start = 8 + int.from_bytes(data[:8], "little")
+    views = {}
+    with warnings.catch_warnings():  # the bytes are immutable; nothing here writes to them
+        warnings.simplefilter("ignore", UserWarning)
+        for name, entry in header.items():
+            begin, end = entry["data_offsets"]
+            dtype = _DTYPES[entry["dtype"]]
+            count = (end - begin) // dtype.itemsize
+            flat = (
+                torch.frombuffer(data, dtype=dtype, count=count, offset=start + begin)
+                if count
+                else torch.empty(0, dtype=dtype)
+            )
+            views[name] = flat.reshape(entry["shape"])
+    return views
+
+
+def _has_nonfinite(t: torch.Tensor) -> bool:
+    """NaN or Inf anywhere: an all-ones exponent, tested on the bits (faster than isfinite)."""
+    bits, mask = _EXPONENT[t.dtype]
+    return bool(((t.view(bits) & mask) == mask).any())
 
 
 def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None:

@@ -131,8 +131,20 @@ class Registry:
             raise AdapterError(f"adapter {name}@{digest} is incomplete and cannot be served")
         return _version(name, pointer["owner"], meta)
 
-    def load(self, ref: str, *, base: BaseModelSpec | None = None, max_rank: int = 64) -> Adapter:
-        """The validated Adapter that ref resolves to, checked against its stored digest."""
+    def load(
+        self,
+        ref: str,
+        *,
+        base: BaseModelSpec | None = None,
+        max_rank: int = 64,
+        verify: bool = True,
+    ) -> Adapter:
+        """The Adapter that ref resolves to.
+
+        verify=True re-validates it whole and checks its files hash to the stored digest;
+        verify=False (a replica's hot path) trusts what publish validated, re-checking only
+        the structure, shapes and safetensors header, never the values or the hash.
+        """
         version = self.resolve(ref)
         label = f"{version.name}@{version.digest[:12]}"
         draft = None
@@ -140,7 +152,10 @@ class Registry:
             draft_files = self._version_files(version, DRAFT)
             draft = parse_adapter(draft_files, max_rank=max_rank, label=f"{label} draft")
         files = self._version_files(version, "")
-        adapter = parse_adapter(files, base=base, max_rank=max_rank, draft=draft, label=label)
+        trusted = None if verify else version.digest
+        adapter = parse_adapter(
+            files, base=base, max_rank=max_rank, draft=draft, label=label, stored_digest=trusted
+        )
         if adapter.digest != version.digest:
             raise AdapterError(
                 f"adapter {version.ref} is corrupted: its files hash to {adapter.digest}"

@@ -28,3 +28,9 @@ def test_gpu_all_dry_run_checks_the_triton_kernels():
 def test_kernels_bench_quick():
     out = _run("bench.kernels", "--quick")
     assert out.count("\n| 64 | 2048 |") == 3, out
+
+
+@pytest.mark.slow
+def test_adapters_bench():
+    out = _run("bench.adapters")
+    assert "| cold load, registry -> slab" in out and "| host-tier hit -> slab |" in out

@@ -249,6 +249,11 @@ def test_corrupted_version_is_refused(uri):
     fs.pipe_file(config, fs.cat_file(config).replace(b'"lora_alpha": 16', b'"lora_alpha": 17'))
     with pytest.raises(AdapterError, match="corrupted"):
         reg.load("a")
+    # The trusted hot path skips the hash, but not the structure: a truncated file fails.
+    weights = f"{root}/versions/{version.digest}/adapter_model.safetensors"
+    fs.pipe_file(weights, fs.cat_file(weights)[:-10])
+    with pytest.raises(AdapterError, match="lies about its offsets"):
+        reg.load("a", verify=False)
 
 
 def test_unopenable_registry():

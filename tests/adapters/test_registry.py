@@ -1,75 +1,25 @@
-"""The adapter registry on file:// and memory://: round trips, names, owners, errors, races."""
+"""The adapter registry on file:// and memory://: round trips, versions, owners, delete,
+refusals that change nothing, incomplete and corrupted versions."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import threading
-import uuid
 
 import fsspec
 import pytest
-import torch
 from fsspec.core import url_to_fs
 
 from adapters.errors import AdapterError
 from adapters.format import parse_adapter
 from adapters.registry import Entry, Registry, Version
 from tests.adapters.factory import peft_adapter_files
+from tests.adapters.registry_helpers import (
+    assert_same_adapter,
+    make_adapter,
+    snapshot,
+)
 
 BAD_NAMES = ["Bad", "../x", "a:b", "", "x" * 65, "base", "a/b"]
-
-
-def make_adapter(seed=0, rank=8, draft_seed=None):
-    """A parsed adapter for the tiny base; with draft_seed, a draft companion too."""
-    draft = None
-    if draft_seed is not None:
-        draft = parse_adapter(peft_adapter_files(rank=4, seed=draft_seed), label="draft")
-    return parse_adapter(peft_adapter_files(rank=rank, seed=seed), draft=draft)
-
-
-@pytest.fixture(params=["file", "memory"])
-def uri(request, tmp_path):
-    """A fresh registry URL: a folder under tmp_path, or a unique memory:// root."""
-    if request.param == "file":
-        yield f"file://{tmp_path / 'registry'}"
-        return
-    root = f"memory://registry-test-{uuid.uuid4().hex}"
-    yield root
-    fs, path = url_to_fs(root)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
-
-
-def snapshot(uri: str) -> dict[str, bytes]:
-    """Every file under the registry's root with its bytes."""
-    fs, root = url_to_fs(uri)
-    return {p[len(root) :]: fs.cat_file(p) for p in fs.find(root)}
-
-
-def assert_consistent(uri: str) -> None:
-    """Every pointer parses and names a complete version that loads; no partial files remain."""
-    reg = Registry(uri)
-    files = snapshot(uri)
-    assert not [p for p in files if "/.tmp-" in p]
-    versions = {p.split("/")[2] for p in files if p.startswith("/versions/")}
-    assert {v for v in versions if f"/versions/{v}/meta.json" in files} == versions
-    for path, data in files.items():
-        if path.endswith("/latest.json"):
-            pointer = json.loads(data)
-            assert pointer["digest"] in versions
-            assert f"/names/{pointer['name']}/history/{pointer['digest']}" in files
-            assert reg.load(pointer["name"]).digest == pointer["digest"]
-
-
-def assert_same_adapter(got, want):
-    """Same bytes, digest, rank, scale and tensors."""
-    assert got.config_bytes == want.config_bytes
-    assert got.weights_bytes == want.weights_bytes
-    assert (got.digest, got.rank, got.scale) == (want.digest, want.rank, want.scale)
-    assert got.modules.keys() == want.modules.keys()
-    for key, m in want.modules.items():
-        assert torch.equal(got.modules[key].a, m.a) and torch.equal(got.modules[key].b, m.b)
 
 
 def test_plain_folder_is_a_local_registry(tmp_path):
@@ -259,90 +209,6 @@ def test_corrupted_version_is_refused(uri):
 def test_unopenable_registry():
     with pytest.raises(AdapterError, match="cannot open"):
         Registry("nosuchprotocol://x")
-
-
-def _worker_jobs(i: int) -> list[tuple[str, int]]:
-    """(name, seed) pairs: one name for all with different content, one's own, shared content."""
-    return [("shared", 100 + i), (f"own-{i}", 200 + i), ("common", 7), ("shared", 300 + i)]
-
-
-def _publish_jobs(uri: str, i: int, barrier) -> None:
-    """Wait for every worker, then publish worker i's jobs. Runs in threads and processes."""
-    reg = Registry(uri)
-    adapters = [(name, make_adapter(seed=seed)) for name, seed in _worker_jobs(i)]
-    barrier.wait()
-    for name, adapter in adapters:
-        reg.publish(name, adapter)
-
-
-def _check_after_race(uri: str, workers: int) -> None:
-    """The registry is consistent and holds exactly what the workers published."""
-    assert_consistent(uri)
-    reg = Registry(uri)
-    seeds = {seed for i in range(workers) for _, seed in _worker_jobs(i)}
-    digest = {seed: make_adapter(seed=seed).digest for seed in seeds}
-    names = ["common", "shared", *(f"own-{i}" for i in range(workers))]
-    assert [e.name for e in reg.list()] == sorted(names)
-    shared = {digest[s] for i in range(workers) for name, s in _worker_jobs(i) if name == "shared"}
-    entry = reg.show("shared")
-    assert entry.digest in shared and set(entry.history) == shared
-    assert reg.show("common").history == (digest[7],)
-    fs, root = url_to_fs(uri)
-    stored = {p.rstrip("/").rsplit("/", 1)[1] for p in fs.ls(f"{root}/versions", detail=False)}
-    assert stored == set(digest.values())
-
-
-def test_concurrent_threads(uri):
-    workers, readers = 8, 2
-    barrier = threading.Barrier(workers + readers)
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def guarded(fn, *args):
-        try:
-            fn(*args)
-        except Exception as exc:
-            errors.append(exc)
-
-    def read():
-        # Readers racing the publishers see a whole version or no name, never half a file.
-        reg = Registry(uri)
-        barrier.wait()
-        while not done.is_set():
-            try:
-                reg.load("shared")
-            except AdapterError as exc:  # until the first publish lands
-                assert "unknown adapter 'shared'" in str(exc)
-            reg.list()
-
-    threads = [
-        threading.Thread(target=guarded, args=(_publish_jobs, uri, i, barrier))
-        for i in range(workers)
-    ]
-    threads += [threading.Thread(target=guarded, args=(read,)) for _ in range(readers)]
-    for t in threads:
-        t.start()
-    for t in threads[:workers]:
-        t.join()
-    done.set()
-    for t in threads[workers:]:
-        t.join()
-    assert not errors
-    _check_after_race(uri, workers)
-
-
-def test_concurrent_processes(tmp_path):
-    uri = f"file://{tmp_path / 'registry'}"
-    workers = 4
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(workers)
-    procs = [ctx.Process(target=_publish_jobs, args=(uri, i, barrier)) for i in range(workers)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=60)
-    assert [proc.exitcode for proc in procs] == [0] * workers
-    _check_after_race(uri, workers)
 
 
 def test_memory_roots_are_cleaned_up():

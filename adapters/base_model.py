@@ -30,10 +30,21 @@ class BaseModelSpec:
             inter = int(config["intermediate_size"])
             heads = int(config["num_attention_heads"])
             kv_heads = int(config.get("num_key_value_heads") or heads)
-            head_dim = int(config.get("head_dim") or hidden // heads)
+            head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
             layers = int(config["num_hidden_layers"])
         except (KeyError, TypeError, ValueError) as exc:
             raise AdapterError(f"base model config.json: missing or bad field {exc}") from None
+        sizes = {
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "num_hidden_layers": layers,
+        }
+        for key, value in sizes.items():
+            if value < 1:
+                raise AdapterError(f"base model config.json: {key} must be positive, got {value}")
         q, kv = heads * head_dim, kv_heads * head_dim
         shapes = {
             "q_proj": (hidden, q),

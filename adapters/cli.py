@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -41,7 +42,8 @@ NameArgument = Annotated[str, typer.Argument(help="Adapter name.")]
 
 
 def _fail(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    one_line = " ".join(message.split())  # library messages may span lines; ours never do
+    err.print(f"[red]error:[/red] {escape(one_line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -90,7 +92,7 @@ def upload(
     except OSError as exc:
         _fail(f"registry write failed: {exc}")
     for warning in adapter.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     out.print(f"{version.ref}", highlight=False)
 
 
@@ -101,8 +103,12 @@ def list_(
 ) -> None:
     """List adapters: name, version, owner, rank, modules, size."""
     reg = _registry(registry, server)
+    try:
+        entries = reg.list()
+    except AdapterError as exc:
+        _fail(str(exc))
     table = Table("name", "version", "owner", "rank", "modules", "bytes", box=None)
-    for e in reg.list():
+    for e in entries:
         table.add_row(
             e.name,
             e.digest[:12],

@@ -22,13 +22,15 @@ from pathlib import Path
 
 import torch
 
-from adapters.base_model import BaseModelSpec
+from adapters.base_model import BaseModelSpec, module_group
 from adapters.errors import AdapterError
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 
+GROUPED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TENSOR_RE = re.compile(
-    r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)\.lora_(A|B)\.weight$"
+    r"(?:^|\.)layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
+    r"\.lora_(?P<which>A|B)\.weight$"
 )
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 _EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
@@ -195,14 +197,22 @@ def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
 
 def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | None, scan: bool):
     header = check_header(data, f"{label}: {WEIGHTS}")
-    names = {}
+    names, seen = {}, set()
     for name in header:
         m = TENSOR_RE.search(name)
         if m is None:
             raise AdapterError(
                 f"{label}: tensor {name!r} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)"
             )
-        names[name] = (int(m.group(1)), m.group(2), m.group(3))
+        key = (int(m["layer"]), m["module"], m["which"])
+        if key in seen:
+            raise AdapterError(
+                f"{label}: tensor {name!r} repeats layer {key[0]} {key[1]} lora_{key[2]}"
+            )
+        if key[1] in GROUPED and m["block"] != module_group(key[1]):
+            raise AdapterError(f"{label}: tensor {name!r} puts {key[1]} under {m['block']}")
+        seen.add(key)
+        names[name] = key
     if not names:
         raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
     tensors = _tensor_views(data, header)

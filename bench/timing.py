@@ -49,14 +49,6 @@ def copier(device: str = "cpu", nbytes: int = 256 * 2**20) -> tuple[Callable[[],
     return (lambda: dst.copy_(src)), 2 * nbytes
 
 
-def copy_bandwidth(device: str = "cpu", nbytes: int = 256 * 2**20) -> float:
-    """Bytes moved per second (read + write) by a large tensor copy, well beyond the caches."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), min_time=0.3, max_reps=30)
-    return 2 * nbytes / seconds
-
-
 def machine() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()

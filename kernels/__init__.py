@@ -1,7 +1,17 @@
-"""Compute kernels: segmented-gather LoRA ops and FP8 linears. Imports nothing else of loraserve."""
+"""Compute kernels: segmented-gather LoRA ops, FP8 linears and paged attention. Imports nothing else of loraserve."""
 
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_ops import lora_expand, lora_shrink
+from kernels.paged_attention import paged_attention, write_kv
 from kernels.segments import Segments, build_segments
 
-__all__ = ["Segments", "build_segments", "fp8_linear", "lora_expand", "lora_shrink", "quantize_fp8"]
+__all__ = [
+    "Segments",
+    "build_segments",
+    "fp8_linear",
+    "lora_expand",
+    "lora_shrink",
+    "paged_attention",
+    "quantize_fp8",
+    "write_kv",
+]

@@ -21,6 +21,7 @@ def as_slices(name: str, stacks: torch.Tensor | Sequence[torch.Tensor]) -> tuple
 
 
 def check_tensor(name: str, t, *, dim: int, dtypes=None, device=None) -> None:
+    """t is a tensor of `dim` dimensions, of one of `dtypes`, on `device` (each when given)."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != dim:
@@ -33,6 +34,7 @@ def check_tensor(name: str, t, *, dim: int, dtypes=None, device=None) -> None:
 
 
 def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """t.shape == expected."""
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(t.shape)}")
 
@@ -53,6 +55,7 @@ def check_stacks(name: str, stacks: tuple[torch.Tensor, ...], *, dtype, device) 
 
 
 def check_segments(segments, *, num_tokens: int, num_slots: int, max_rank: int, device) -> None:
+    """segments were built for this many tokens and slots, on this device, within max_rank."""
     if not isinstance(segments, Segments):
         raise ValueError(
             f"segments: expected Segments from build_segments, got {type(segments).__name__}"

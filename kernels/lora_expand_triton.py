@@ -8,10 +8,13 @@ loop over the rank stops at the segment's own rank.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
+from kernels.device_tables import device_table
 from kernels.segments import Segments
 
 
@@ -103,9 +106,9 @@ def lora_expand_triton(
     widths = [b.shape[2] for b in lora_b]
     offsets = [sum(widths[:i]) for i in range(len(widths))]
     device = y.device
-    b_table = torch.tensor([b.data_ptr() for b in lora_b], dtype=torch.int64, device=device)
-    width_table = torch.tensor(widths, dtype=torch.int32, device=device)
-    offset_table = torch.tensor(offsets, dtype=torch.int32, device=device)
+    b_table = device_table(tuple(b.data_ptr() for b in lora_b), torch.int64, device)
+    width_table = device_table(tuple(widths), torch.int32, device)
+    offset_table = device_table(tuple(offsets), torch.int32, device)
     block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
     block_n = min(128, max(16, triton.next_power_of_2(max(widths))))
     block_k = 16 if max_rank <= 16 else 32
@@ -115,26 +118,28 @@ def lora_expand_triton(
         segments.num_segments,
         len(lora_b),
     )
-    _lora_expand_kernel[grid](
-        t,
-        b_table,
-        width_table,
-        offset_table,
-        y,
-        scales,
-        segments.token_order,
-        segments.seg_starts,
-        segments.seg_slots,
-        segments.seg_ranks,
-        t.stride(0),
-        t.stride(1),
-        t.stride(2),
-        y.stride(0),
-        y.stride(1),
-        MAX_RANK=max_rank,
-        NUM_N_BLOCKS=num_n_blocks,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        DOT_PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
-    )
+    # Launch on y's GPU, whichever is current.
+    with torch.cuda.device(device) if y.is_cuda else contextlib.nullcontext():
+        _lora_expand_kernel[grid](
+            t,
+            b_table,
+            width_table,
+            offset_table,
+            y,
+            scales,
+            segments.token_order,
+            segments.seg_starts,
+            segments.seg_slots,
+            segments.seg_ranks,
+            t.stride(0),
+            t.stride(1),
+            t.stride(2),
+            y.stride(0),
+            y.stride(1),
+            MAX_RANK=max_rank,
+            NUM_N_BLOCKS=num_n_blocks,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            DOT_PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
+        )

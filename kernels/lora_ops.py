@@ -52,9 +52,11 @@ def lora_shrink(
     check_tensor("x", x, dim=2, dtypes=ACTIVATION_DTYPES)
     num_tokens, hidden = x.shape
     check_stacks("lora_a", slices, dtype=x.dtype, device=x.device)
-    num_slots, max_rank, a_hidden = slices[0].shape
-    if a_hidden != hidden:
-        raise ValueError(f"lora_a: expected hidden size {hidden} (from x), got {a_hidden}")
+    num_slots, max_rank, _ = slices[0].shape
+    for i, a in enumerate(slices):
+        if a.shape[2] != hidden:
+            label = "lora_a" if len(slices) == 1 else f"lora_a[{i}]"
+            raise ValueError(f"{label}: expected hidden size {hidden} (from x), got {a.shape[2]}")
     out3 = _check_rank_buffer("out", out, slices, lora_a, num_tokens, max_rank, x.device)
     if out.dtype != torch.float32:
         raise ValueError(f"out: expected dtype float32, got {out.dtype}")

@@ -8,10 +8,13 @@ in a rank-64 slab reads and multiplies 8 rows, not 64.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
+from kernels.device_tables import device_table
 from kernels.segments import Segments
 
 
@@ -92,29 +95,31 @@ def lora_shrink_triton(
     block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
     block_n = max(16, min(64, triton.next_power_of_2(max_rank)))
     block_k = 64 if hidden >= 64 else max(16, triton.next_power_of_2(hidden))
-    a_table = torch.tensor([a.data_ptr() for a in lora_a], dtype=torch.int64, device=x.device)
+    a_table = device_table(tuple(a.data_ptr() for a in lora_a), torch.int64, x.device)
     grid = (
         triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n),
         segments.num_segments,
         len(lora_a),
     )
-    _lora_shrink_kernel[grid](
-        x,
-        a_table,
-        out,
-        segments.token_order,
-        segments.seg_starts,
-        segments.seg_slots,
-        segments.seg_ranks,
-        hidden,
-        x.stride(0),
-        x.stride(1),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
-        MAX_RANK=max_rank,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-    )
+    # Launch on x's GPU, whichever is current.
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _lora_shrink_kernel[grid](
+            x,
+            a_table,
+            out,
+            segments.token_order,
+            segments.seg_starts,
+            segments.seg_slots,
+            segments.seg_ranks,
+            hidden,
+            x.stride(0),
+            x.stride(1),
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            MAX_RANK=max_rank,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        )

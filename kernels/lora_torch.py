@@ -13,6 +13,7 @@ of 64; for any other width the same arithmetic runs as a loop over segments.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -23,6 +24,7 @@ from kernels.segments import Segments
 
 _ALIGN_BYTES = 16
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def lora_shrink_torch(
@@ -137,17 +139,22 @@ def _run_parts(fn, parts) -> None:
     if len(parts) == 1:
         fn(parts[0])
         return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(
-            max_workers=torch.get_num_threads(),
-            thread_name_prefix="lora",
-            # One OpenMP thread per worker: each Python thread that enters a parallel
-            # region gets its own OpenMP team, and extra teams oversubscribe the cores.
-            initializer=torch.set_num_threads,
-            initargs=(1,),
-        )
+    with _pool_lock:
+        if _pool is None:
+            _pool = _new_pool()
     for future in [_pool.submit(fn, part) for part in parts]:
         future.result()
+
+
+def _new_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(
+        max_workers=torch.get_num_threads(),
+        thread_name_prefix="lora",
+        # One OpenMP thread per worker: each Python thread that enters a parallel
+        # region gets its own OpenMP team, and extra teams oversubscribe the cores.
+        initializer=torch.set_num_threads,
+        initargs=(1,),
+    )
 
 
 def _grouped_mm(a: torch.Tensor, b: torch.Tensor, part: Part) -> torch.Tensor:

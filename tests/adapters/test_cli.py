@@ -1,6 +1,7 @@
 """`loraserve adapters ...` against a registry folder, as a user runs it."""
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -98,8 +99,6 @@ def test_upload_with_draft_and_archive(tmp_path):
     ("files", "message"), [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED]
 )
 def test_malformed_upload_fails_in_one_line_and_stores_nothing(tmp_path, base_dir, files, message):
-    import re
-
     reg_dir = tmp_path / "reg"
     reg = f"file://{reg_dir}"
     ok = write(tmp_path / "ok", peft_adapter_files(seed=9))
@@ -130,3 +129,30 @@ def test_bad_names_are_refused(tmp_path, name):
 def test_no_registry_is_one_clear_line():
     done = cli("adapters", "list")
     assert done.exit_code == 1 and "give --registry URI" in done.stderr
+
+
+def test_corrupted_registry_listing_is_one_line(tmp_path):
+    reg_dir = tmp_path / "reg"
+    folder = write(tmp_path / "a", peft_adapter_files())
+    assert (
+        cli("adapters", "upload", str(folder), "--name", "a", "--registry", str(reg_dir)).exit_code
+        == 0
+    )
+    (reg_dir / "names" / "a" / "latest.json").write_text("{not json")
+    done = cli("adapters", "list", "--registry", str(reg_dir))
+    assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1, done.output
+
+
+def test_garbage_archive_is_one_line(tmp_path):
+    (tmp_path / "a.tar.gz").write_bytes(b"\x1f\x8b garbage")
+    done = cli(
+        "adapters",
+        "upload",
+        str(tmp_path / "a.tar.gz"),
+        "--name",
+        "a",
+        "--registry",
+        str(tmp_path / "r"),
+    )
+    assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1, done.output
+    assert "not a readable archive" in done.stderr

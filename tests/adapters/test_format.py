@@ -261,3 +261,23 @@ def test_archive_without_weights_and_garbage_archive(tmp_path, archive):
 def test_missing_path():
     with pytest.raises(AdapterError, match="no such file or folder"):
         load_adapter("/nonexistent/adapter")
+
+
+def test_duplicate_and_misplaced_tensors_are_refused():
+    t = peft_tensors()
+    name = next(k for k in t if "q_proj.lora_A" in k)
+    dup = {**t, name.replace("base_model.model.", ""): t[name].clone()}
+    with pytest.raises(AdapterError, match="repeats layer 0 q_proj lora_A"):
+        parse_adapter(_with_tensors(dup))
+    moved = {k.replace("self_attn.q_proj", "mlp.q_proj"): v for k, v in t.items()}
+    with pytest.raises(AdapterError, match="puts q_proj under mlp"):
+        parse_adapter(_with_tensors(moved))
+
+
+@pytest.mark.parametrize("field", ["num_attention_heads", "hidden_size", "num_hidden_layers"])
+def test_base_config_sizes_must_be_positive(field):
+    from adapters.base_model import BaseModelSpec
+    from tests.adapters.factory import TINY_BASE
+
+    with pytest.raises(AdapterError, match=f"{field} must be positive"):
+        BaseModelSpec.from_config({**TINY_BASE, field: 0})

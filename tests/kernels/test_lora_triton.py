@@ -5,6 +5,8 @@ and fp16 only: the interpreter's tl.dot is wrong for bf16. Sizes stay small
 because every program instance runs in Python there.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -33,16 +35,29 @@ CASES = sample_cases(
 )
 
 
+def _on_device(segments):
+    """The same segments with their tensors on DEVICE (the launchers read them there)."""
+    fields = ("token_order", "token_slots", "seg_starts", "seg_slots", "seg_ranks")
+    moved = {f: getattr(segments, f).to(DEVICE) for f in fields}
+    return dataclasses.replace(segments, **moved, cpu_plan=None)
+
+
+def _stacks(stacks):
+    return tuple(s.to(DEVICE) for s in (stacks if isinstance(stacks, list) else [stacks]))
+
+
 def _triton_shrink(x, lora_a, out, segments):
-    stacks = tuple(lora_a) if isinstance(lora_a, list) else (lora_a,)
-    out3 = out if out.dim() == 3 else out.unsqueeze(0)
-    lora_shrink_triton(x, stacks, out3, segments)
+    """The launcher on DEVICE (the interpreter without CUDA); the result lands in `out`."""
+    out3 = (out if out.dim() == 3 else out.unsqueeze(0)).to(DEVICE)
+    lora_shrink_triton(x.to(DEVICE), _stacks(lora_a), out3, _on_device(segments))
+    out.copy_(out3.view(out.shape).cpu())
 
 
 def _triton_expand(t, lora_b, y, segments, scales):
-    stacks = tuple(lora_b) if isinstance(lora_b, list) else (lora_b,)
-    t3 = t if t.dim() == 3 else t.unsqueeze(0)
-    lora_expand_triton(t3, stacks, y, segments, scales)
+    t3 = (t if t.dim() == 3 else t.unsqueeze(0)).to(DEVICE)
+    y_dev = y.to(DEVICE)
+    lora_expand_triton(t3, _stacks(lora_b), y_dev, _on_device(segments), scales.to(DEVICE))
+    y.copy_(y_dev.cpu())
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

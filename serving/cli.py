@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import typer
 
@@ -44,3 +45,20 @@ def main(
 
 
 app.add_typer(adapters_app, name="adapters")
+
+
+@app.command()
+def quantize(
+    src: Path = typer.Argument(..., help="A Hugging Face model folder."),
+    dst: Path = typer.Argument(..., help="Where to write the FP8 checkpoint (new or empty)."),
+) -> None:
+    """Write an FP8 checkpoint (per-channel e4m3 linears) that loads without quantizing again."""
+    from serving.model.errors import ModelLoadError
+    from serving.model.quantize import quantize_checkpoint
+
+    try:
+        count = quantize_checkpoint(src, dst)
+    except ModelLoadError as exc:
+        typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {dst} ({count} linears in FP8)")

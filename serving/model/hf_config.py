@@ -1,0 +1,254 @@
+"""The served model's shape and numerics, read from a Hugging Face folder's config.json.
+
+Llama, Mistral and Qwen2 only: the Llama family this runtime implements. Both layouts of the
+RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
+"rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
+dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
+or `dtype` (5.x). Precedence follows transformers 5 reading either layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serving.model.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
+_DEFAULT_ROPE_THETA = 10000.0
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE frequencies are stretched past the pretraining context (computed in rope.py)."""
+
+    type: str  # one of SUPPORTED_ROPE_TYPES
+    factor: float
+    low_freq_factor: float | None = None  # llama3
+    high_freq_factor: float | None = None  # llama3
+    original_max_position_embeddings: int | None = None  # llama3, yarn
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dimensions
+    attention_factor: float = 1.0  # multiplies cos and sin; only yarn sets it
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the forward pass needs to know about the base model's architecture."""
+
+    architecture: str  # a key of SUPPORTED_ARCHITECTURES
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q_proj, k_proj, v_proj carry a bias (Qwen2; Llama's attention_bias)
+    o_proj_bias: bool  # o_proj carries a bias (Llama's attention_bias only)
+    mlp_bias: bool  # gate/up/down carry a bias (Llama's mlp_bias)
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    torch_dtype: torch.dtype  # the checkpoint's dtype
+    sliding_window: int | None  # attention window of the layers in sliding_window_layers
+    sliding_window_layers: tuple[int, ...]  # empty when sliding_window is None
+    eos_token_ids: tuple[int, ...]  # generation stops at any of them
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read and check config.json (and generation_config.json for the stop tokens)."""
+    path = Path(model_dir) / "config.json"
+    raw = _read_json(path, required=True)
+    return parse_model_config(raw, where=str(path), eos_token_ids=read_eos_token_ids(model_dir))
+
+
+def read_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """Stop tokens: generation_config.json's eos_token_id, else config.json's; maybe none."""
+    for name in ("generation_config.json", "config.json"):
+        raw = _read_json(Path(model_dir) / name, required=False)
+        value = (raw or {}).get("eos_token_id")
+        if value is not None:
+            ids = value if isinstance(value, list) else [value]
+            if all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                return tuple(ids)
+            raise ModelLoadError(f"{Path(model_dir) / name}: eos_token_id {value!r} is not ints")
+    return ()
+
+
+def parse_model_config(
+    raw: dict[str, Any], where: str = "config.json", eos_token_ids: tuple[int, ...] = ()
+) -> ModelConfig:
+    """A ModelConfig from a parsed config.json; `where` names the source in error messages."""
+    arch = _architecture(raw, where)
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
+    if raw.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelLoadError(f"{where}: partial_rotary_factor other than 1.0 is not supported")
+    hidden = _int(raw, "hidden_size", where)
+    heads = _int(raw, "num_attention_heads", where)
+    kv_heads = _int(raw, "num_key_value_heads", where, default=heads)
+    head_dim = _int(raw, "head_dim", where, default=hidden // heads)
+    if heads % kv_heads:
+        raise ModelLoadError(f"{where}: {heads} attention heads is not a multiple of {kv_heads}")
+    if head_dim % 2:
+        raise ModelLoadError(f"{where}: head_dim {head_dim} is odd; RoPE needs it even")
+    num_layers = _int(raw, "num_hidden_layers", where)
+    max_pos = _int(raw, "max_position_embeddings", where)
+    theta, scaling = _rope(raw, max_pos, where)
+    window, window_layers = _sliding_window(raw, arch, num_layers, where)
+    llama_bias = arch == "LlamaForCausalLM" and bool(raw.get("attention_bias", False))
+    return ModelConfig(
+        architecture=arch,
+        hidden_size=hidden,
+        intermediate_size=_int(raw, "intermediate_size", where),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=_int(raw, "vocab_size", where),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=arch == "Qwen2ForCausalLM" or llama_bias,
+        o_proj_bias=llama_bias,
+        mlp_bias=arch == "LlamaForCausalLM" and bool(raw.get("mlp_bias", False)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        torch_dtype=_dtype(raw, where),
+        sliding_window=window,
+        sliding_window_layers=window_layers,
+        eos_token_ids=tuple(eos_token_ids),
+    )
+
+
+def _read_json(path: Path, required: bool) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if required:
+            raise ModelLoadError(f"{path} not found") from None
+        return None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data
+
+
+def _architecture(raw: dict[str, Any], where: str) -> str:
+    names = raw.get("architectures") or []
+    if not names:  # a bare config.save_pretrained writes no architectures; use model_type
+        by_type = {t: a for a, t in SUPPORTED_ARCHITECTURES.items()}
+        names = [by_type.get(raw.get("model_type"), f"model_type {raw.get('model_type')!r}")]
+    if names[0] not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise ModelLoadError(
+            f"{where}: architecture {names[0]} is not supported; supported: {supported}"
+        )
+    return names[0]
+
+
+def _int(raw: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = raw.get(key)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        shown = "missing" if value is None else repr(value)
+        raise ModelLoadError(f"{where}: {key} must be a positive integer, got {shown}")
+    return value
+
+
+def _dtype(raw: dict[str, Any], where: str) -> torch.dtype:
+    name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    dtype = _DTYPES.get(str(name).removeprefix("torch."))
+    if dtype is None:
+        raise ModelLoadError(f"{where}: dtype {name!r} is not one of {', '.join(_DTYPES)}")
+    return dtype
+
+
+def _sliding_window(
+    raw: dict[str, Any], arch: str, num_layers: int, where: str
+) -> tuple[int | None, tuple[int, ...]]:
+    window = raw.get("sliding_window")
+    if arch == "LlamaForCausalLM" or window is None:
+        return None, ()
+    if arch == "Qwen2ForCausalLM":
+        if not raw.get("use_sliding_window", False):
+            return None, ()  # Qwen2 writes a window it does not use unless use_sliding_window
+        types = raw.get("layer_types")
+        if types is None:  # transformers' rule: layers from max_window_layers on slide
+            start = raw.get("max_window_layers", 28)
+            types = [
+                "sliding_attention" if i >= start else "full_attention" for i in range(num_layers)
+            ]
+        layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    else:
+        layers = tuple(range(num_layers))
+    return _int(raw, "sliding_window", where), layers
+
+
+def _rope(raw: dict[str, Any], max_pos: int, where: str) -> tuple[float, RopeScaling | None]:
+    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        raise ModelLoadError(f"{where}: RoPE parameters {params!r} are not one flat object")
+    theta = float(params.get("rope_theta", raw.get("rope_theta", _DEFAULT_ROPE_THETA)))
+    rtype = params.get("rope_type", params.get("type", "default"))
+    if rtype == "default":
+        return theta, None
+    if rtype not in SUPPORTED_ROPE_TYPES:
+        supported = ", ".join(SUPPORTED_ROPE_TYPES)
+        raise ModelLoadError(
+            f"{where}: RoPE scaling {rtype!r} is not supported; supported: {supported}"
+        )
+    # a top-level original_max_position_embeddings wins, as in transformers
+    original = raw.get("original_max_position_embeddings") or params.get(
+        "original_max_position_embeddings", max_pos
+    )
+    try:
+        if rtype in ("linear", "dynamic"):
+            return theta, RopeScaling(rtype, float(params["factor"]))
+        if rtype == "llama3":
+            low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+            return theta, RopeScaling(rtype, float(params["factor"]), low, high, int(original))
+        return theta, _yarn(params, max_pos, int(original))
+    except KeyError as exc:
+        raise ModelLoadError(f"{where}: RoPE scaling {rtype!r} needs {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: bad RoPE scaling {params!r}: {exc}") from None
+
+
+def _yarn(params: dict[str, Any], max_pos: int, original: int) -> RopeScaling:
+    factor = params.get("factor")
+    factor = float(factor) if factor is not None else max_pos / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = params.get("attention_factor")
+    if attention is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return RopeScaling(
+        "yarn",
+        factor,
+        original_max_position_embeddings=original,
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=float(attention),
+    )

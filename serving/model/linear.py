@@ -1,0 +1,105 @@
+"""The base model's linears: FP8 or high-precision weights, plus each token's LoRA adapter.
+
+A projection may be fused (q|k|v, gate|up): one base matmul over the concatenated
+weight, then the LoRA of every slice in one shrink and one multi-slice expand,
+each token using its own adapter slot (see kernels/lora_ops.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kernels import Segments, fp8_linear, lora_expand, lora_shrink, quantize_fp8
+
+
+@dataclass(frozen=True)
+class Linear:
+    """y = x @ W.T (+ bias); W stored either as-is or as FP8 with per-output-channel scales."""
+
+    weight: torch.Tensor  # [out, in]: the dtype of the model, or float8_e4m3fn
+    scale: torch.Tensor | None  # [out] float32 when weight is FP8
+    bias: torch.Tensor | None  # [out]
+
+    @staticmethod
+    def make(weight: torch.Tensor, bias: torch.Tensor | None, *, fp8: bool) -> Linear:
+        if not fp8:
+            return Linear(weight, None, bias)
+        w_q, scale = quantize_fp8(weight)
+        return Linear(w_q, scale, bias)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is not None:
+            return fp8_linear(x, self.weight, self.scale, self.bias)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+@dataclass(frozen=True)
+class LoraStacks:
+    """One projection's slab stacks, a slice per fused part: A_s [slots, r, in], B_s [slots, r, out_s]."""
+
+    a: tuple[torch.Tensor, ...]
+    b: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class StepLora:
+    """What every LoRA layer of one step shares: the token segments and the slab's scales."""
+
+    segments: Segments
+    scales: torch.Tensor  # [num_slots]
+    max_rank: int
+
+
+def lora_linear(
+    x: torch.Tensor, base: Linear, stacks: LoraStacks | None, lora: StepLora | None
+) -> torch.Tensor:
+    """y[t] = base(x)[t] + scale(slot t) * (x[t] @ A[slot t].T) @ B[slot t].T, per fused slice."""
+    y = base(x)  # [T, sum(out_s)]
+    if stacks is None or lora is None or lora.segments.num_active == 0:
+        return y
+    num = len(stacks.a)
+    t = torch.zeros(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
+    lora_shrink(
+        x, list(stacks.a) if num > 1 else stacks.a[0], t if num > 1 else t[0], lora.segments
+    )
+    b = list(stacks.b) if num > 1 else stacks.b[0]
+    lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales)
+    return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, with the statistics in float32."""
+    x32 = x.to(torch.float32)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class LinearPart:
+    """A checkpoint's linear: weight [out, in] (FP8 when scale is set), scale [out], bias [out]."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    bias: torch.Tensor | None
+
+
+def concat_linears(parts: Sequence[LinearPart], *, fp8: bool) -> Linear:
+    """One Linear over [W_0; W_1; ...] (rows stacked), biases concatenated when present.
+
+    Pre-quantized parts stay FP8 (per-row scales concatenate); others are quantized
+    here when fp8 is asked for.
+    """
+    biases = [p.bias for p in parts]
+    bias = torch.cat(biases) if all(b is not None for b in biases) else None
+    if all(p.scale is not None for p in parts):
+        weight = torch.cat([p.weight.view(torch.uint8) for p in parts]).view(parts[0].weight.dtype)
+        return Linear(weight, torch.cat([p.scale for p in parts]), bias)
+    weight = torch.cat([p.weight for p in parts], dim=0)
+    return Linear.make(weight, bias, fp8=fp8)

@@ -1,0 +1,210 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) over a flat varlen batch and a paged KV cache.
+
+Every row of a step may use a different LoRA adapter: q/k/v and gate/up are fused
+linears whose adapters apply through one shrink and one multi-slice expand; o and
+down are single. Linear weights may be FP8; the embeddings, the norms and the LM
+head stay in the checkpoint dtype, because they are a small share of the bytes and
+the embedding/LM-head rows are where quantization error shows most in the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import build_segments, paged_attention, write_kv
+from serving.model.errors import ModelLoadError
+from serving.model.hf_config import ModelConfig
+from serving.model.linear import (
+    Linear,
+    LinearPart,
+    LoraStacks,
+    StepLora,
+    concat_linears,
+    lora_linear,
+    rms_norm,
+)
+from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj")
+MLP_MODULES = ("gate_proj", "up_proj")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One forward step: the new tokens of every scheduled sequence, concatenated."""
+
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, each token's position in its sequence
+    slot_mapping: torch.Tensor  # [T] int64, KV cache slot (block * block_size + offset)
+    block_tables: torch.Tensor  # [S, max_blocks] int32
+    context_lens: torch.Tensor  # [S] int32, cached + new tokens per sequence
+    query_start_loc: torch.Tensor  # [S + 1] int32, cumulative new-token counts
+    logits_indices: torch.Tensor  # [K] int64, the rows whose logits are wanted
+    adapter_slots: torch.Tensor | None = None  # [T] int32 slab slot per token, -1 = base only
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: Linear  # [q + 2 kv, hidden]
+    o: Linear  # [hidden, q]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: Linear  # [2 inter, hidden]
+    down: Linear  # [hidden, inter]
+
+
+class LlamaModel:
+    """Weights and forward; the KV cache and the adapter slab are passed in, never owned."""
+
+    def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], *, fp8: bool, dtype):
+        self.config = config
+        self.dtype = dtype
+        self.fp8 = fp8
+        get = _Weights(state, dtype)
+        vocab_hidden = (config.vocab_size, config.hidden_size)
+        self.embed = get("model.embed_tokens.weight", vocab_hidden)  # [vocab, hidden]
+        self.norm = get("model.norm.weight", (config.hidden_size,))
+        tied = config.tie_word_embeddings or "lm_head.weight" not in state
+        self.lm_head = self.embed if tied else get("lm_head.weight", vocab_hidden)
+        self.layers = [self._layer(get, i, fp8) for i in range(config.num_layers)]
+        self.inv_freq = rope_inv_freq(config)
+        self.rope_factor = rope_attention_factor(config)  # yarn scales cos/sin; 1.0 otherwise
+        self.scale = config.head_dim**-0.5
+        # Attention here is full causal: a sliding window (Mistral, some Qwen2) only matters past
+        # its length, so the context a sequence may reach is capped at the window instead.
+        window = config.sliding_window or config.max_position_embeddings
+        self.max_context = min(config.max_position_embeddings, window)
+
+    def _layer(self, get: _Weights, i: int, fp8: bool) -> LayerWeights:
+        c, p = self.config, f"model.layers.{i}."
+        q, kv, hidden, inter = (
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+            c.hidden_size,
+            c.intermediate_size,
+        )
+        bias = c.attention_bias
+        attn = f"{p}self_attn."
+        mlp = f"{p}mlp."
+        return LayerWeights(
+            input_norm=get(f"{p}input_layernorm.weight", (hidden,)),
+            qkv=concat_linears(
+                [
+                    get.linear(f"{attn}q_proj", (q, hidden), bias),
+                    get.linear(f"{attn}k_proj", (kv, hidden), bias),
+                    get.linear(f"{attn}v_proj", (kv, hidden), bias),
+                ],
+                fp8=fp8,
+            ),
+            o=concat_linears([get.linear(f"{attn}o_proj", (hidden, q), c.o_proj_bias)], fp8=fp8),
+            post_norm=get(f"{p}post_attention_layernorm.weight", (hidden,)),
+            gate_up=concat_linears(
+                [
+                    get.linear(f"{mlp}gate_proj", (inter, hidden), False),
+                    get.linear(f"{mlp}up_proj", (inter, hidden), False),
+                ],
+                fp8=fp8,
+            ),
+            down=concat_linears(
+                [get.linear(f"{mlp}down_proj", (hidden, inter), c.mlp_bias)], fp8=fp8
+            ),
+        )
+
+    def forward(self, step: StepInputs, kv_caches, slab=None) -> torch.Tensor:
+        """logits [K, vocab] float32 of step.logits_indices; writes the step's K/V into the cache.
+
+        kv_caches: per layer (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
+        slab: the adapter slab (lora_a/lora_b/scales/ranks), when any token has an adapter.
+        """
+        c = self.config
+        lora = self._step_lora(step, slab)
+        h = self.embed[step.token_ids]  # [T, hidden]
+        cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
+            qkv = lora_linear(x, layer.qkv, _stacks(slab, i, ATTN_MODULES, lora), lora)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            q = apply_rope(q.reshape(-1, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.reshape(-1, c.num_kv_heads, c.head_dim), cos, sin)
+            v = v.reshape(-1, c.num_kv_heads, c.head_dim)
+            k_cache, v_cache = kv_caches[i]
+            write_kv(k, v, k_cache, v_cache, step.slot_mapping)
+            attn = paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                step.block_tables,
+                step.context_lens,
+                step.query_start_loc,
+                self.scale,
+            )  # [T, heads, head_dim]
+            o = lora_linear(
+                attn.reshape(-1, q_size), layer.o, _stacks(slab, i, ("o_proj",), lora), lora
+            )
+            h = h + o
+            x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
+            gu = lora_linear(x, layer.gate_up, _stacks(slab, i, MLP_MODULES, lora), lora)
+            gate, up = gu.chunk(2, dim=-1)
+            act = torch.nn.functional.silu(gate) * up
+            h = h + lora_linear(act, layer.down, _stacks(slab, i, ("down_proj",), lora), lora)
+        out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)
+        return (out @ self.lm_head.T).to(torch.float32)
+
+    def allocate_kv(self, num_blocks: int, block_size: int, device="cpu"):
+        """Zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, Hkv, D]."""
+        shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+        return [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=device),
+                torch.zeros(shape, dtype=self.dtype, device=device),
+            )
+            for _ in self.layers
+        ]
+
+    def _step_lora(self, step: StepInputs, slab) -> StepLora | None:
+        if slab is None or step.adapter_slots is None:
+            return None
+        segments = build_segments(step.adapter_slots, slab.ranks)
+        return StepLora(segments=segments, scales=slab.scales, max_rank=slab.max_rank)
+
+
+def _stacks(slab, layer: int, modules, lora: StepLora | None) -> LoraStacks | None:
+    if lora is None:
+        return None
+    return LoraStacks(
+        a=tuple(slab.lora_a(layer, m) for m in modules),
+        b=tuple(slab.lora_b(layer, m) for m in modules),
+    )
+
+
+class _Weights:
+    """Checkpoint tensors by name, checked against the shapes the config implies."""
+
+    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype):
+        self.state, self.dtype = state, dtype
+
+    def __call__(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        return self.raw(name, shape).to(self.dtype)
+
+    def raw(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        if name not in self.state:
+            raise ModelLoadError(f"checkpoint: tensor {name!r} is missing")
+        t = self.state[name]
+        if shape is not None and tuple(t.shape) != shape:
+            raise ModelLoadError(
+                f"checkpoint: {name} has shape {tuple(t.shape)}, the config implies {shape}"
+            )
+        return t
+
+    def linear(self, prefix: str, shape: tuple[int, int], bias: bool) -> LinearPart:
+        """A linear as stored: FP8 with its scale when pre-quantized, else in the model dtype."""
+        scale_name = f"{prefix}.weight_scale"
+        b = self(f"{prefix}.bias", (shape[0],)) if bias else None
+        if scale_name in self.state:
+            scale = self.raw(scale_name, (shape[0],)).to(torch.float32)
+            return LinearPart(self.raw(f"{prefix}.weight", shape), scale, b)
+        return LinearPart(self(f"{prefix}.weight", shape), None, b)

@@ -1,0 +1,80 @@
+"""`loraserve quantize SRC DST`: write an FP8 copy of a Hugging Face checkpoint that loads as is.
+
+Each linear of the decoder (q/k/v/o, gate/up/down) becomes `<name>.weight` in
+float8_e4m3fn plus `<name>.weight_scale`, float32 [out] (per output channel);
+everything else (embeddings, norms, LM head, biases) keeps its dtype. config.json
+gains a `quantization_config` that the loader recognises, so it never quantizes twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+from safetensors.torch import save_file
+
+from kernels import quantize_fp8
+from serving.model.checkpoint import load_state_dict
+from serving.model.errors import ModelLoadError
+
+QUANT_METHOD = "loraserve-fp8"
+SCALE_SUFFIX = ".weight_scale"
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_COPIED = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+def is_quantized_linear(name: str) -> bool:
+    """Whether `name` is a decoder linear's weight, the tensors quantize writes in FP8."""
+    return name.endswith(".weight") and name.rsplit(".", 2)[-2] in LINEARS
+
+
+def quantize_checkpoint(src: str | Path, dst: str | Path, *, show_progress: bool = True) -> int:
+    """Write DST from SRC with FP8 linears; returns the number of tensors quantized."""
+    src, dst = Path(src), Path(dst)
+    config = json.loads(_read(src / "config.json"))
+    if config.get("quantization_config"):
+        method = config["quantization_config"].get("quant_method")
+        raise ModelLoadError(f"{src}: already quantized ({method}); quantize the original weights")
+    state = load_state_dict(src)
+    if dst.exists() and any(dst.iterdir()):
+        raise ModelLoadError(f"{dst}: exists and is not empty")
+    dst.mkdir(parents=True, exist_ok=True)
+    out: dict[str, torch.Tensor] = {}
+    count = 0
+    with Progress(disable=not show_progress, transient=True) as progress:
+        task = progress.add_task("quantizing", total=len(state))
+        for name, tensor in state.items():
+            if is_quantized_linear(name):
+                w_q, scale = quantize_fp8(tensor)
+                out[name], out[name[: -len(".weight")] + SCALE_SUFFIX] = w_q, scale
+                count += 1
+            else:
+                out[name] = tensor.contiguous()
+            progress.advance(task)
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config["quantization_config"] = {
+        "quant_method": QUANT_METHOD,
+        "weight_dtype": "float8_e4m3fn",
+        "scale": "per output channel, float32, <linear>.weight_scale",
+    }
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in _COPIED:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    return count
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: not found") from None

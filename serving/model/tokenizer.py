@@ -1,0 +1,228 @@
+"""A model's tokenizer, read from its Hugging Face folder without transformers.
+
+tokenizer.json (the `tokenizers` library's file) does the encoding and decoding;
+tokenizer_config.json names the special tokens and may carry the chat template, which
+chat_template.jinja overrides; generation_config.json may add stop tokens. The choices follow
+transformers 5 (`TokenizersBackend`), so ids and text match `AutoTokenizer`: tokenizer.json's
+post-processor alone decides what add_special_tokens adds, and clean_up_tokenization_spaces is
+ignored for BPE models as transformers 5 ignores it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import tokenizers
+
+from serving.model.chat_template import compile_chat_template, render_chat_template
+from serving.model.errors import ChatTemplateError, ModelLoadError
+from serving.model.hf_config import read_eos_token_ids
+
+# the named special tokens transformers exposes to chat templates
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                       "cls_token", "mask_token")  # fmt: skip
+_REPLACEMENT = "\ufffd"  # what decoding yields for an incomplete UTF-8 sequence
+_CLEANUP_HOLD = 8  # characters a streamed clean-up holds back: the longest rule, chained
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template and stop tokens."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        special_tokens: Mapping[str, str],
+        chat_template: str | None = None,
+        extra_eos_token_ids: Sequence[int] = (),
+        clean_up_spaces: bool = False,
+    ) -> None:
+        self._backend = backend
+        self._backend.no_truncation()  # a tokenizer.json may carry a training-time limit
+        self._backend.no_padding()
+        missing = [t for t in special_tokens.values() if backend.token_to_id(t) is None]
+        if missing:  # transformers adds named special tokens that tokenizer.json lacks
+            self._backend.add_special_tokens(
+                [tokenizers.AddedToken(t, special=True) for t in missing]
+            )
+        self.special_tokens = dict(special_tokens)
+        self.chat_template = chat_template
+        # transformers 5 ignores the setting for BPE, where it would remove real spaces
+        self.cleans_up_spaces = clean_up_spaces and type(backend.model).__name__ != "BPE"
+        bos, eos = special_tokens.get("bos_token"), special_tokens.get("eos_token")
+        self.bos_token_id: int | None = backend.token_to_id(bos) if bos else None
+        eos_ids = [backend.token_to_id(eos)] if eos else []
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys([*eos_ids, *extra_eos_token_ids]))
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> Tokenizer:
+        """The tokenizer of a model folder (see load_tokenizer)."""
+        return load_tokenizer(model_dir)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of text; add_special_tokens adds what the post-processor adds (e.g. BOS)."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of ids; incomplete UTF-8 at either end decodes to U+FFFD."""
+        text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return _clean_up(text) if self.cleans_up_spaces else text
+
+    def decode_stream(self, skip_special_tokens: bool = True) -> DecodeStream:
+        """A fresh incremental decoder for one generated sequence."""
+        return DecodeStream(self, skip_special_tokens)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """The prompt text for a chat, rendered as transformers renders it (not tokenized)."""
+        if self.chat_template is None:
+            raise ChatTemplateError("this model has no chat template; send a raw prompt instead")
+        return render_chat_template(
+            self.chat_template,
+            list(messages),
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.special_tokens,
+            **kwargs,
+        )
+
+
+class DecodeStream:
+    """Decode ids one at a time for streaming; the pieces join to exactly decode(all ids).
+
+    Each step decodes a short window: a few already-emitted ids for context (so word-leading
+    spaces and merges come out as in the whole text), then the new ids. A piece that would
+    end inside a multi-byte character (decoded as U+FFFD) is held back until the ids that
+    complete it arrive; finish() releases whatever is still held. One honest exception:
+    ids whose bytes are not valid UTF-8 (a model may generate a stray byte token) can come
+    out with U+FFFD counted differently from the whole decode, as with tokenizers' own
+    DecodeStream: text already sent cannot be taken back. A tokenizer that cleans up spaces
+    (" ." -> ".") holds back the last few characters too, since the next id may remove one.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # window start: context ids before _read, already emitted
+        self._read = 0  # ids before this are emitted
+        self._prefix_text = ""  # decode(ids[_prefix:_read]), before any clean-up
+        self._raw = ""  # all text so far before clean-up, kept only when cleaning up
+        self._released = 0  # characters of the cleaned text returned so far
+
+    def step(self, token_id: int) -> str:
+        """The new text that token_id completes; "" while nothing new can be shown yet."""
+        self._ids.append(token_id)
+        text = self._decode(self._ids[self._prefix :])
+        if len(text) <= len(self._prefix_text) or text.endswith(_REPLACEMENT):
+            return ""
+        return self._release(self._emit(text), final=False)
+
+    def finish(self) -> str:
+        """Whatever text is still held back (a trailing U+FFFD included), at end of sequence."""
+        text = self._decode(self._ids[self._prefix :])
+        piece = self._emit(text) if len(text) > len(self._prefix_text) else ""
+        return self._release(piece, final=True)
+
+    def _release(self, piece: str, final: bool) -> str:
+        if not self._tokenizer.cleans_up_spaces:
+            return piece
+        # Clean-up only deletes a space before punctuation or a contraction, so text more
+        # than _CLEANUP_HOLD characters from the end can no longer change.
+        self._raw += piece
+        text = _clean_up(self._raw)
+        end = len(text) if final else max(len(text) - _CLEANUP_HOLD, self._released)
+        out, self._released = text[self._released : end], end
+        return out
+
+    def _emit(self, text: str) -> str:
+        piece = text[len(self._prefix_text) :]
+        # The emitted ids become the next window's context, unless they decode to nothing
+        # alone (skipped special tokens): a window must start with visible text, or a
+        # decoder that strips the text's first space would strip the next word's.
+        context = self._decode(self._ids[self._read :])
+        if context:
+            self._prefix, self._prefix_text = self._read, context
+        else:
+            self._prefix_text = text
+        self._read = len(self._ids)
+        return piece
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer._backend.decode(ids, skip_special_tokens=self._skip)
+
+
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a model folder; ModelLoadError if tokenizer.json is missing or bad."""
+    folder = Path(model_dir)
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{folder}: tokenizer.json not found (only fast tokenizers are read)")
+    try:
+        backend = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust side raises plain Exception
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    config = _read_json(folder / "tokenizer_config.json")
+    named = {k: config[k] for k in SPECIAL_TOKEN_NAMES if config.get(k) is not None}
+    if "added_tokens_decoder" not in config:  # legacy: special_tokens_map.json overrides
+        legacy = _read_json(folder / "special_tokens_map.json")
+        named |= {k: legacy[k] for k in SPECIAL_TOKEN_NAMES if legacy.get(k) is not None}
+    special = {k: v["content"] if isinstance(v, dict) else str(v) for k, v in named.items()}
+    template = _chat_template(folder, config)
+    return Tokenizer(
+        backend,
+        special,
+        chat_template=template,
+        extra_eos_token_ids=read_eos_token_ids(folder),
+        clean_up_spaces=bool(config.get("clean_up_tokenization_spaces", False)),
+    )
+
+
+def _chat_template(folder: Path, config: dict[str, Any]) -> str | None:
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    else:
+        template = config.get("chat_template")
+        if isinstance(template, list):  # [{"name": ..., "template": ...}]: use "default"
+            by_name = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = by_name.get("default")
+    if template is None:
+        return None
+    try:
+        compile_chat_template(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ModelLoadError(f"{folder}: chat template does not parse: {exc}") from None
+    return template
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return data
+
+
+def _clean_up(text: str) -> str:
+    """transformers' clean_up_tokenization: no space before punctuation and contractions."""
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                          (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
+                          (" 're", "'re")):  # fmt: skip
+        text = text.replace(before, after)
+    return text

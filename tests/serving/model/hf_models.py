@@ -1,0 +1,73 @@
+"""Tiny random Llama, Mistral and Qwen2 checkpoints written by transformers' save_pretrained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+COMMON = {"vocab_size": 211, "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
+CONFIGS = {
+    # GQA 4/2, untied
+    "llama": lambda: LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **COMMON,
+    ),
+    # llama3 RoPE scaling, tied embeddings, heads not a power of two (6 / 3 kv, head_dim 8)
+    "llama3-tied": lambda: LlamaConfig(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        **COMMON,
+    ),
+    "mistral": lambda: MistralConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        sliding_window=None,
+        **COMMON,
+    ),
+    # attention bias on q/k/v, 6 heads / 2 kv heads
+    "qwen2": lambda: Qwen2Config(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        **COMMON,
+    ),
+}
+
+
+def save_tiny(kind: str, path: Path, seed: int = 0, **overrides) -> tuple[Path, torch.nn.Module]:
+    """Save a random model of `kind` (float32) to path; returns (path, the transformers model)."""
+    torch.manual_seed(seed)
+    config = CONFIGS[kind]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # random biases too, so a dropped bias shows
+        for name, p in model.named_parameters():
+            if name.endswith(".bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.eval()
+    model.save_pretrained(path)
+    return path, model

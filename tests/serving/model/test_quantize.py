@@ -1,0 +1,53 @@
+"""`loraserve quantize` writes an FP8 checkpoint that loads as FP8 without quantizing again."""
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from serving.cli import app
+from serving.model.checkpoint import load_state_dict
+from serving.model.hf_config import load_model_config
+from serving.model.llama import LlamaModel
+from tests.serving.model.hf_models import save_tiny
+from tests.serving.model.steps import BlockPool, Seq, step_for
+
+
+def test_quantized_checkpoint_loads_as_the_same_fp8_model(tmp_path):
+    src, _ = save_tiny("qwen2", tmp_path / "src")
+    done = CliRunner().invoke(app, ["quantize", str(src), str(tmp_path / "dst")])
+    assert done.exit_code == 0, done.output
+    dst = tmp_path / "dst"
+    config = json.loads((dst / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "loraserve-fp8"
+    state = load_state_dict(dst)
+    assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
+    assert state["model.layers.0.self_attn.q_proj.weight_scale"].shape == (48,)
+    assert state["model.embed_tokens.weight"].dtype == torch.float32  # stays high precision
+    assert state["model.layers.0.self_attn.q_proj.bias"].dtype == torch.float32
+
+    prequantized = LlamaModel(load_model_config(dst), state, fp8=True, dtype=torch.float32)
+    on_the_fly = LlamaModel(
+        load_model_config(src), load_state_dict(src), fp8=True, dtype=torch.float32
+    )
+    assert torch.equal(
+        prequantized.layers[1].qkv.weight.view(torch.uint8),
+        on_the_fly.layers[1].qkv.weight.view(torch.uint8),
+    )
+    logits = []
+    for model in (prequantized, on_the_fly):
+        seqs = [Seq([3, 1, 4, 1, 5, 9, 2, 6])]
+        logits.append(model.forward(step_for(seqs, 4, BlockPool(8)), model.allocate_kv(8, 4)))
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+
+
+def test_quantize_refuses_twice_and_a_non_empty_destination(tmp_path):
+    src, _ = save_tiny("llama", tmp_path / "src")
+    runner = CliRunner()
+    assert runner.invoke(app, ["quantize", str(src), str(tmp_path / "q")]).exit_code == 0
+    again = runner.invoke(app, ["quantize", str(tmp_path / "q"), str(tmp_path / "q2")])
+    assert again.exit_code == 1 and "already quantized" in again.stderr
+    busy = runner.invoke(app, ["quantize", str(src), str(tmp_path / "q")])
+    assert busy.exit_code == 1 and "is not empty" in busy.stderr
+    missing = runner.invoke(app, ["quantize", str(tmp_path / "nope"), str(tmp_path / "q3")])
+    assert missing.exit_code == 1 and "not found" in missing.stderr

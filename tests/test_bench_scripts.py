@@ -34,3 +34,8 @@ def test_kernels_bench_quick():
 def test_adapters_bench():
     out = _run("bench.adapters")
     assert "| cold load, registry -> slab" in out and "| host-tier hit -> slab |" in out
+
+
+def test_model_bench_tiny():
+    out = _run("bench.model", "--shape", "tiny")
+    assert "| decoder linears (+ scales) |" in out and "| decode, 8 seqs at context 128 |" in out

@@ -86,3 +86,16 @@ def test_fp8_against_fp32(tmp_path):
     top1 = float((a.argmax(-1) == b.argmax(-1)).float().mean())
     assert 0.005 < rel < 0.05, rel  # a lower bound too: FP8 that changes nothing is not FP8
     assert top1 > 0.9, top1
+
+
+def test_missing_or_misshapen_weights_are_clear_errors(tmp_path):
+    from serving.model.errors import ModelLoadError
+
+    path, _ = save_tiny("llama", tmp_path / "m")
+    config, state = load_model_config(path), load_state_dict(path)
+    missing = {k: v for k, v in state.items() if "layers.1.mlp.up_proj" not in k}
+    with pytest.raises(ModelLoadError, match="'model.layers.1.mlp.up_proj.weight' is missing"):
+        LlamaModel(config, missing, fp8=False, dtype=torch.float32)
+    bad = {**state, "model.layers.0.self_attn.k_proj.weight": torch.zeros(16, 64)}
+    with pytest.raises(ModelLoadError, match=r"k_proj.weight has shape \(16, 64\), the config implies \(32, 64\)"):
+        LlamaModel(config, bad, fp8=False, dtype=torch.float32)

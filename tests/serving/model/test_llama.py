@@ -94,8 +94,12 @@ def test_missing_or_misshapen_weights_are_clear_errors(tmp_path):
     path, _ = save_tiny("llama", tmp_path / "m")
     config, state = load_model_config(path), load_state_dict(path)
     missing = {k: v for k, v in state.items() if "layers.1.mlp.up_proj" not in k}
-    with pytest.raises(ModelLoadError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' is missing"):
+    with pytest.raises(
+        ModelLoadError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' is missing"
+    ):
         LlamaModel(config, missing, fp8=False, dtype=torch.float32)
     bad = {**state, "model.layers.0.self_attn.k_proj.weight": torch.zeros(16, 64)}
-    with pytest.raises(ModelLoadError, match=r"k_proj.weight has shape \(16, 64\), the config implies \(32, 64\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"k_proj.weight has shape \(16, 64\), the config implies \(32, 64\)"
+    ):
         LlamaModel(config, bad, fp8=False, dtype=torch.float32)

@@ -155,6 +155,17 @@ class AdapterSlab:
             self._load(version, slot, load)
         return load.result()
 
+    def try_acquire(self, version: str) -> int | None:
+        """Pin `version` and return its slot if it is resident now; else None (nothing changes)."""
+        with self._lock:
+            slot = self._resident.get(version)
+            if slot is None:
+                return None
+            self._pins[slot] += 1
+            self._resident.move_to_end(version)
+            self._counts["slot_hits"] += 1
+            return slot
+
     def prefetch(self, version: str) -> Future[int]:
         """Start loading `version` on a background thread, without pinning it.
 

@@ -1,0 +1,1 @@
+"""The engine: continuous batching of mixed-adapter requests over the model runtime."""

@@ -1,0 +1,69 @@
+"""What a caller asks the engine for, and what comes back: plain frozen dataclasses."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Priority(enum.IntEnum):
+    """Lower runs first: interactive requests before batch items."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. temperature 0 is greedy."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    repetition_penalty: float = 1.0  # 1: off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n log-probabilities per generated token, None: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation: prompt token ids, sampling, the adapter version (name@digest) or None."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None  # "name@digest": the version, so a re-upload is another adapter
+    priority: Priority = Priority.INTERACTIVE
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # the top-n (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One increment of a request's stream; `finished` on the last one."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
+    error: str | None = None

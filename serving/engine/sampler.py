@@ -1,0 +1,173 @@
+"""Pick the next token of every running sequence from one step's logits.
+
+The steps follow vLLM and Hugging Face's logits processors, in their order:
+
+    logits -> repetition penalty (prompt + output) -> frequency / presence penalties (output)
+           -> [logprobs are read here] -> temperature -> top-k -> top-p -> draw
+
+Repetition penalty is CTRL's (Keskar et al. 2019) as HF applies it: a seen token's logit is
+divided by the penalty when positive, multiplied when negative. Frequency and presence
+penalties are OpenAI's: logit -= frequency * count + presence * (count > 0), over generated
+tokens only. Top-p is the nucleus of Holtzman et al. 2019, taken after top-k has renormalized.
+
+Each random row draws with its own torch.Generator (seeded from SamplingParams.seed), on the
+CPU, so a seeded request gets the same tokens whatever else shares its batch. Greedy rows
+(temperature 0) take the argmax of the penalized logits. Simplified: the token counts for the
+penalties are rebuilt from the id lists every step rather than kept incrementally on device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from serving.engine.request import SamplingParams, TokenLogprob
+
+
+@dataclass
+class SamplingState:
+    """One sequence's sampling inputs: its params, its generator and the tokens seen so far."""
+
+    params: SamplingParams
+    generator: torch.Generator | None  # None: draw from the sampler's default generator
+    prompt_ids: list[int]
+    output_ids: list[int]  # the engine appends each sampled token
+
+    @staticmethod
+    def make(params: SamplingParams, prompt_ids: list[int]) -> SamplingState:
+        """A fresh state; a CPU generator seeded from params.seed when one is given."""
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        return SamplingState(params, generator, list(prompt_ids), [])
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprob | None]  # None for rows whose params.logprobs is None
+
+
+def sample(
+    logits: torch.Tensor,
+    states: list[SamplingState],
+    *,
+    default_generator: torch.Generator | None = None,
+) -> SampleResult:
+    """Pick one token per row of logits [B, vocab] (float32) under each row's params.
+
+    default_generator (a CPU generator; None: torch's global one) serves unseeded rows.
+    """
+    if logits.dim() != 2 or logits.shape[0] != len(states):
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} states")
+    # float32 throughout (a no-op when it already is): bf16 logprobs and cumsums are coarse
+    logits = apply_penalties(logits.float(), states)
+    token_ids = [0] * len(states)
+
+    greedy = [i for i, s in enumerate(states) if s.params.greedy]
+    if len(greedy) == len(states):  # the common case: one argmax, no copy
+        token_ids = logits.argmax(dim=-1).tolist()
+    elif greedy:
+        for i, t in zip(greedy, logits[greedy].argmax(dim=-1).tolist()):
+            token_ids[i] = t
+
+    rows = [i for i, s in enumerate(states) if not s.params.greedy]
+    if rows:
+        probs = _sampling_probs(logits[rows], [states[i].params for i in rows]).cpu()
+        for j, i in enumerate(rows):
+            own = states[i].generator
+            gen = own if own is not None else default_generator
+            token_ids[i] = int(torch.multinomial(probs[j], 1, generator=gen))
+
+    return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+
+
+def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
+    """The logits after repetition, then frequency and presence penalties (a copy if any apply)."""
+    rows = [i for i, s in enumerate(states) if _has_penalty(s.params)]
+    if not rows:
+        return logits
+    params = [states[i].params for i in rows]
+    vocab, device = logits.shape[1], logits.device
+    sub = logits[rows]  # [R, V], a copy
+
+    rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
+    if (rep != 1.0).any():
+        seen = _counts([states[i].prompt_ids + states[i].output_ids for i in rows], vocab, device)
+        penalized = torch.where(sub > 0, sub / rep, sub * rep)
+        sub = torch.where(seen > 0, penalized, sub)
+
+    freq = torch.tensor([p.frequency_penalty for p in params], device=device)[:, None]
+    presence = torch.tensor([p.presence_penalty for p in params], device=device)[:, None]
+    if (freq != 0.0).any() or (presence != 0.0).any():
+        counts = _counts([states[i].output_ids for i in rows], vocab, device)
+        sub = sub - freq * counts - presence * (counts > 0).float()
+
+    out = logits.clone()
+    out[rows] = sub
+    return out
+
+
+def _has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
+def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """How often each id occurs in each list: [R, vocab] float32."""
+    width = max(map(len, token_lists), default=0)
+    # pad with the id `vocab`, an extra column dropped after the scatter
+    padded = torch.full((len(token_lists), width), vocab, dtype=torch.long)
+    for r, ids in enumerate(token_lists):
+        padded[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    padded = padded.to(device)
+    counts = torch.zeros(len(token_lists), vocab + 1, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
+    return counts[:, :vocab]
+
+
+def _sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """softmax(logits / T) restricted to the top-k, then to the top-p nucleus: [R, V]."""
+    device = logits.device
+    temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+    scaled = logits / temperature
+    vocab = scaled.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+    if all(k == vocab for k in top_k) and bool((top_p >= 1.0).all()):
+        return scaled.softmax(dim=-1)
+
+    # stable: tied tokens keep id order, so a row's result does not depend on its batch
+    ordered, order = scaled.sort(dim=-1, descending=True, stable=True)  # [R, V]
+    # top-k: drop what is below the k-th largest logit; ties with it stay, as in HF
+    kth = ordered.gather(1, torch.tensor(top_k, device=device)[:, None] - 1)
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    # top-p: keep a token while the mass ranked strictly above it is still short of top_p;
+    # that is the smallest set reaching top_p, and always the first token
+    probs = ordered.softmax(dim=-1)
+    above = probs.cumsum(dim=-1) - probs
+    drop = (above >= top_p) & (top_p < 1.0)  # top_p 1: no cut, whatever cumsum's rounding
+    drop[:, 0] = False
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    filtered = torch.full_like(scaled, float("-inf")).scatter(1, order, ordered)
+    return filtered.softmax(dim=-1)
+
+
+def _logprobs(
+    logits: torch.Tensor, states: list[SamplingState], token_ids: list[int]
+) -> list[TokenLogprob | None]:
+    """The sampled token's and the top-n log-probabilities under the penalized logits."""
+    out: list[TokenLogprob | None] = [None] * len(states)
+    rows = [i for i, s in enumerate(states) if s.params.logprobs is not None]
+    if not rows:
+        return out
+    # before temperature and truncation: the model's own distribution, as vLLM reports it
+    lp = torch.log_softmax(logits[rows], dim=-1)  # [R, V]
+    chosen = torch.tensor([token_ids[i] for i in rows], device=lp.device)[:, None]
+    chosen_lp = lp.gather(1, chosen)[:, 0].tolist()
+    n_max = min(max(states[i].params.logprobs or 0 for i in rows), lp.shape[1])
+    top_lp, top_ids = lp.topk(n_max, dim=-1) if n_max else (lp[:, :0], lp[:, :0].long())
+    top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    for j, i in enumerate(rows):
+        n = states[i].params.logprobs or 0
+        top = tuple(zip(top_ids[j][:n], top_lp[j][:n]))
+        out[i] = TokenLogprob(token_ids[i], chosen_lp[j], top)
+    return out

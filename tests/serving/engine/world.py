@@ -1,0 +1,113 @@
+"""A tiny served world for engine tests: a random Llama with a real tokenizer, PEFT adapters
+made by peft itself, the loaded slab, and PEFT's own model as the reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from adapters.base_model import BaseModelSpec
+from adapters.format import Adapter, load_adapter
+from adapters.slab import AdapterSlab
+from serving.engine.engine import Engine, EngineConfig
+from serving.model.checkpoint import load_state_dict
+from serving.model.hf_config import load_model_config
+from serving.model.llama import LlamaModel
+from serving.model.tokenizer import load_tokenizer
+from tests.serving.model.hf_folders import save_tokenizer
+
+FIELDS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)  # fmt: skip
+ADAPTERS = {  # name: rank, target modules, rsLoRA
+    "upper": (8, ("q_proj", "v_proj"), False),
+    "rot13": (
+        4,
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        True,
+    ),
+    "mlp": (16, ("gate_proj", "up_proj", "down_proj"), False),
+    "qk": (2, ("q_proj", "k_proj"), False),
+    "ov": (8, ("v_proj", "o_proj"), True),
+    "down": (1, ("down_proj",), False),
+}
+
+
+def base_model(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**FIELDS)).eval()
+
+
+@dataclass
+class World:
+    root: Path
+    base_dir: Path
+    adapters: dict[str, Adapter]  # version ("name@digest") -> Adapter
+    versions: dict[str, str]  # name -> version
+    peft: PeftModel
+    tokenizer: object
+
+    def engine(self, *, num_slots=8, **config) -> Engine:
+        model = LlamaModel(
+            load_model_config(self.base_dir),
+            load_state_dict(self.base_dir),
+            fp8=False,
+            dtype=torch.float32,
+        )
+        slab = AdapterSlab(
+            BaseModelSpec.from_dir(self.base_dir),
+            num_slots=num_slots,
+            max_rank=16,
+            max_cpu_loras=0,
+            loader=self.adapters.__getitem__,
+        )
+        cfg = {"block_size": 4, "num_blocks": 256, "max_model_len": 256, **config}
+        return Engine(model, self.tokenizer, EngineConfig(**cfg), slab=slab)
+
+    def reference(self, prompt: list[int], name: str | None, max_new: int) -> list[int]:
+        """Greedy tokens of transformers + PEFT generating this request alone."""
+        ids = torch.tensor([prompt])
+        # An explicit mask: generate() would otherwise mask every token equal to pad_token_id.
+        kw = {"attention_mask": torch.ones_like(ids), "max_new_tokens": max_new,
+              "do_sample": False, "eos_token_id": None, "pad_token_id": 0}  # fmt: skip
+        with torch.no_grad():
+            if name is None:
+                with self.peft.disable_adapter():
+                    out = self.peft.generate(ids, **kw)
+            else:
+                self.peft.set_adapter(name)
+                out = self.peft.generate(ids, **kw)
+        return out[0, len(prompt) :].tolist()
+
+
+def build_world(root: Path) -> World:
+    base_dir = root / "base"
+    base_model().save_pretrained(base_dir)
+    save_tokenizer(base_dir, "byte_level_bpe")
+    spec = BaseModelSpec.from_dir(base_dir)
+    adapters, versions, peft = {}, {}, None
+    for i, (name, (rank, modules, rslora)) in enumerate(ADAPTERS.items()):
+        model = get_peft_model(
+            base_model(),
+            LoraConfig(
+                r=rank, lora_alpha=2 * rank, target_modules=list(modules), use_rslora=rslora
+            ),
+        )
+        gen = torch.Generator().manual_seed(100 + i)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "lora_" in pname:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        model.save_pretrained(root / name)
+        adapter = load_adapter(root / name, base=spec)
+        version = f"{name}@{adapter.digest}"
+        adapters[version], versions[name] = adapter, version
+        if peft is None:
+            peft = PeftModel.from_pretrained(base_model(), root / name, adapter_name=name)
+        else:
+            peft.load_adapter(root / name, adapter_name=name)
+    peft.eval()
+    return World(root, base_dir, adapters, versions, peft, load_tokenizer(base_dir))

@@ -142,7 +142,14 @@ def _run_parts(fn, parts) -> None:
     with _pool_lock:
         if _pool is None:
             _pool = _new_pool()
-    for future in [_pool.submit(fn, part) for part in parts]:
+    # Inference and grad modes are per thread: the workers take the caller's.
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    def call(part) -> None:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            fn(part)
+
+    for future in [_pool.submit(call, part) for part in parts]:
         future.result()
 
 

@@ -65,7 +65,8 @@ def lora_linear(
     if stacks is None or lora is None or lora.segments.num_active == 0:
         return y
     num = len(stacks.a)
-    t = torch.zeros(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
+    # Uninitialised: the expand reads only active rows and columns below each rank.
+    t = torch.empty(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
     lora_shrink(
         x, list(stacks.a) if num > 1 else stacks.a[0], t if num > 1 else t[0], lora.segments
     )

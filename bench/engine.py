@@ -134,15 +134,24 @@ def main() -> None:
         "| vs HF+PEFT | vs vLLM | same tokens as HF |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|:-:|")
-    # (rank, prompt counts, with vLLM): vLLM's ~25 s start-up per run bounds what fits in one run
-    plan = [(8, (32,), True)] if args.quick else [(8, (32, 128), True), (16, (32,), False)]
+    # (model, its shape, rank, prompt counts, adapter counts, with vLLM); vLLM's ~25 s start-up
+    # per run bounds what fits in one run
+    tiny, medium = {"num_adapters": 32}, {"num_adapters": 4, "hidden": 768, "layers": 12,
+                                          "heads": 12, "kv_heads": 4, "vocab": 8192}  # fmt: skip
+    plan = [("tiny (hidden 256)", tiny, 8, (32,), (0, 4, 32), True)]
+    if not args.quick:
+        plan = [
+            ("tiny (hidden 256)", tiny, 8, (32, 128), (0, 4, 32), True),
+            ("tiny (hidden 256)", tiny, 16, (32,), (0, 4, 32), False),
+            ("medium (hidden 768)", medium, 8, (32,), (0, 4), True),
+        ]
     base_only: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for rank, sizes, with_vllm in plan:
-            world = build(Path(tmp) / f"r{rank}", num_adapters=32, rank=rank)
+        for label, shape, rank, sizes, counts, with_vllm in plan:
+            world = build(Path(tmp) / f"{label[:4]}{rank}", rank=rank, **shape)
             names = sorted(world["adapters"])
             for num_prompts in sizes:
-                for count in (0, 4, 32):
+                for count in counts:
                     items = workload(num_prompts, names[:count])
                     ours = loraserve_run(world, items, count)
                     hf = peer_run("hf", world, items, count)
@@ -152,7 +161,7 @@ def main() -> None:
                         base_only[num_prompts] = tok_s(ours)
                     same = "yes" if hf and hf["outputs"] == ours["outputs"] else "no"
                     print(
-                        f"| tiny (hidden 256) | {num_prompts} | {count} | {rank} | {fmt(tok_s(ours))} "
+                        f"| {label} | {num_prompts} | {count} | {rank} | {fmt(tok_s(ours))} "
                         f"| {fmt(tok_s(hf))} | {fmt(tok_s(vllm))} "
                         f"| {fmt(tok_s(ours) / tok_s(hf) if hf else None, '.2f', 'x')} "
                         f"| {fmt(tok_s(ours) / tok_s(vllm) if vllm else None, '.2f', 'x')} | {same} |",

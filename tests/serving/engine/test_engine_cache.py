@@ -122,3 +122,12 @@ def test_adapter_evicted_and_reloaded_mid_run(world):
             list(r.prompt_token_ids), n, r.sampling.max_tokens
         )
     assert engine.slab.stats().evictions > 0
+
+
+def test_unknown_adapter_finishes_with_a_clear_error(world):
+    engine = world.engine()
+    got = run(engine, [GenerateRequest("u", PROMPT, greedy(3), "ghost@" + "0" * 64),
+                       GenerateRequest("ok", PROMPT, greedy(3), world.versions["qk"])])  # fmt: skip
+    assert got.done["u"].finish_reason == "error" and "ghost@" in got.done["u"].error
+    assert got.done["ok"].finish_reason == "length"  # the others are not held back
+    assert engine.blocks.num_free_blocks == engine.config.num_blocks

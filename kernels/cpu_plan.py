@@ -19,7 +19,7 @@ weighted by t's shrink output (see `Bags`).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -98,6 +98,17 @@ class Bags:
     elem_token: torch.Tensor  # [num_elems] int64
     elem_slot: torch.Tensor  # [num_elems] int64
     elem_row: torch.Tensor  # [num_elems] int64, in [0, rank)
+    # max_rank -> (table rows, positions in t flattened): the same for every layer of the step
+    _index: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def index(self, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows of B viewed as [slots * max_rank, out], positions in t[s] viewed flat)."""
+        if max_rank not in self._index:
+            self._index[max_rank] = (
+                self.elem_slot * max_rank + self.elem_row,
+                self.elem_token * max_rank + self.elem_row,
+            )
+        return self._index[max_rank]
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,9 @@ class CpuPlan:
     bags: Bags | None  # None when every group runs in place
 
 
-def plan_cpu(token_order, seg_starts, seg_slots, seg_ranks, num_threads: int) -> CpuPlan:
+def plan_cpu(
+    token_order, token_slots, seg_starts, seg_slots, seg_ranks, num_threads: int
+) -> CpuPlan:
     """The plan for one step, from build_segments' tensors (all on the CPU)."""
     starts = seg_starts.tolist()
     slots = seg_slots.tolist()
@@ -131,7 +144,7 @@ def plan_cpu(token_order, seg_starts, seg_slots, seg_ranks, num_threads: int) ->
                 parts = _parts(start, end, g_slots, g_counts)
         groups.append(RankGroup(rank, start, end, runs, padded, parts))
         lo = hi
-    return CpuPlan(groups=tuple(groups), bags=_bags(token_order, seg_starts, seg_slots, groups))
+    return CpuPlan(groups=tuple(groups), bags=_bags(token_order, token_slots, groups))
 
 
 def _padded(slots: list[int], counts: list[int]) -> Padded | None:
@@ -178,11 +191,11 @@ def _deal_runs(slots, firsts, bounds, num_threads) -> tuple[tuple[Run, ...], ...
     return tuple(tuple(runs) for runs in lists if runs)
 
 
-def _bags(token_order, seg_starts, seg_slots, groups) -> Bags | None:
+def _bags(token_order, token_slots, groups) -> Bags | None:
     picked = [(g.start, g.end, g.rank) for g in groups if not g.in_place]
     if not picked:
         return None
-    sorted_slots = seg_slots.long().repeat_interleave((seg_starts[1:] - seg_starts[:-1]).long())
+    sorted_slots = token_slots.long()
     tokens = torch.cat([token_order[a:b] for a, b, _ in picked])
     slots = torch.cat([sorted_slots[a:b] for a, b, _ in picked])
     ranks = torch.cat([torch.full((b - a,), r, dtype=torch.int64) for a, b, r in picked])

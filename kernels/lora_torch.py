@@ -112,8 +112,7 @@ def lora_expand_torch(
 def _expand_bags(t, lora_b, y, bags: Bags, scales, columns) -> None:
     """y[tok, slice s] += sum_j (scale * t[s, tok, j]) * B_s[slot, j, :] as embedding_bag sums."""
     num_slots, max_rank, _ = lora_b[0].shape
-    rows = bags.elem_slot * max_rank + bags.elem_row  # [num_elems], rows of B viewed as a table
-    weight_at = bags.elem_token * max_rank + bags.elem_row  # [num_elems], into t[s] flattened
+    rows, weight_at = bags.index(max_rank)  # [num_elems] each, built once per step
     elem_scale = scales.to(torch.float32).index_select(0, bags.elem_slot)
     for s, b in enumerate(lora_b):
         weights = (t[s].reshape(-1).index_select(0, weight_at).to(torch.float32) * elem_scale).to(

@@ -96,7 +96,9 @@ def build_segments(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> Segments
         seg_ranks=seg_ranks.to(torch.int32),
         max_segment_len=int(counts.max()) if counts.numel() else 0,
         max_rank=int(seg_ranks.max()) if seg_ranks.numel() else 0,
-        cpu_plan=plan_cpu(token_order, seg_starts, seg_slots, seg_ranks, torch.get_num_threads())
+        cpu_plan=plan_cpu(
+            token_order, token_slots, seg_starts, seg_slots, seg_ranks, torch.get_num_threads()
+        )
         if device.type == "cpu"
         else None,
     )

@@ -8,6 +8,7 @@ only shared state is the intake and abort queues behind one lock.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -48,6 +49,10 @@ class _Tracked:
 class Engine:
     def __init__(self, model, tokenizer, config: EngineConfig, *, slab=None):
         self.model, self.tokenizer, self.config, self.slab = model, tokenizer, config, slab
+        # Attention is full causal, so a model with a sliding window serves up to its window.
+        self.max_model_len = min(
+            config.max_model_len, getattr(model, "max_context", config.max_model_len)
+        )
         self.kv = model.allocate_kv(config.num_blocks, config.block_size)
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
@@ -70,11 +75,11 @@ class Engine:
 
     def validate(self, request: GenerateRequest) -> None:
         """Raise ValueError for a request that can never run."""
-        n, limit = len(request.prompt_token_ids), self.config.max_model_len
+        n, limit = len(request.prompt_token_ids), self.max_model_len
         if n == 0:
             raise ValueError("the prompt is empty")
         if n >= limit:
-            raise ValueError(f"the prompt has {n} tokens; model.max_model_len is {limit}")
+            raise ValueError(f"the prompt has {n} tokens; the model serves at most {limit}")
         if request.sampling.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {request.sampling.max_tokens}")
         if request.adapter and self.slab is None:
@@ -177,7 +182,7 @@ class Engine:
         prompt = list(request.prompt_token_ids)
         key = request.adapter.partition("@")[2] or request.adapter if request.adapter else None
         seq = Sequence(request=request, token_ids=prompt, adapter_key=key)
-        room = self.config.max_model_len - len(prompt)
+        room = self.max_model_len - len(prompt)
         stop = StopChecker(
             params=request.sampling,
             eos_token_ids=tuple(self.tokenizer.eos_token_ids),
@@ -217,8 +222,7 @@ class Engine:
         self._unpin(t)
         self._tracked.pop(t.seq.request.request_id, None)
         if not emitted:
-            out = self._output(t, (), "", reason)
-            t.sink(RequestOutput(**{**out.__dict__, "error": error}))
+            t.sink(dataclasses.replace(self._output(t, (), "", reason), error=error))
 
     # ---- adapters ----
 

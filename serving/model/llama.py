@@ -61,7 +61,6 @@ class LlamaModel:
     def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], *, fp8: bool, dtype):
         self.config = config
         self.dtype = dtype
-        self.fp8 = fp8
         get = _Weights(state, dtype)
         vocab_hidden = (config.vocab_size, config.hidden_size)
         self.embed = get("model.embed_tokens.weight", vocab_hidden)  # [vocab, hidden]

@@ -82,7 +82,7 @@ def test_async_stream_and_usage(world):
 @pytest.mark.parametrize(
     ("prompt", "params", "message"),
     [
-        ((1,) * 256, greedy(4), "the prompt has 256 tokens; model.max_model_len is 256"),
+        ((1,) * 256, greedy(4), "the prompt has 256 tokens; the model serves at most 256"),
         ((1, 2), greedy(0), "max_tokens must be at least 1"),
         ((), greedy(4), "the prompt is empty"),
     ],
@@ -90,6 +90,18 @@ def test_async_stream_and_usage(world):
 def test_bad_requests(world, prompt, params, message):
     with pytest.raises(ValueError, match=message):
         world.engine().submit(GenerateRequest("x", prompt, params), lambda out: None)
+
+
+def test_a_sliding_window_caps_the_length(world):
+    engine = world.engine()
+    engine.model.max_context = 40  # as a Mistral with sliding_window 40 would have
+    engine = type(engine)(engine.model, engine.tokenizer, engine.config, slab=engine.slab)
+    with pytest.raises(ValueError, match="the prompt has 40 tokens; the model serves at most 40"):
+        engine.submit(GenerateRequest("w", tuple(range(1, 41)), greedy(2)), lambda out: None)
+    got = Collector()
+    engine.submit(GenerateRequest("v", tuple(range(1, 37)), greedy(100)), got.sink)
+    engine.run_until_idle()
+    assert len(got.tokens["v"]) == 4
 
 
 def test_max_tokens_is_capped_to_the_model_length(world):

@@ -54,6 +54,12 @@ def test_prefill_then_decode_match_transformers(tmp_path, kind):
             )
 
 
+def test_sliding_window_caps_the_context(tmp_path):
+    path, _ = save_tiny("mistral", tmp_path / "m", sliding_window=64)
+    assert ours(path).max_context == 64
+    assert ours(save_tiny("llama", tmp_path / "l")[0]).max_context == 256  # max positions
+
+
 def test_cached_prefix_equals_recompute(tmp_path):
     path, hf = save_tiny("qwen2", tmp_path / "m")
     model = ours(path)

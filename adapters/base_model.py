@@ -14,6 +14,7 @@ from adapters.errors import AdapterError
 # module -> (input width, output width) in terms of the config's dimensions
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
+LINEARS = _ATTN + _MLP  # every linear of a Llama decoder layer, which LoRA may target
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 
-from adapters.base_model import BaseModelSpec, module_group
+from adapters.base_model import LINEARS, BaseModelSpec, module_group
 from adapters.errors import AdapterError
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 
-GROUPED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TENSOR_RE = re.compile(
     r"(?:^|\.)layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
     r"\.lora_(?P<which>A|B)\.weight$"
@@ -209,7 +208,7 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
             raise AdapterError(
                 f"{label}: tensor {name!r} repeats layer {key[0]} {key[1]} lora_{key[2]}"
             )
-        if key[1] in GROUPED and m["block"] != module_group(key[1]):
+        if key[1] in LINEARS and m["block"] != module_group(key[1]):
             raise AdapterError(f"{label}: tensor {name!r} puts {key[1]} under {m['block']}")
         seen.add(key)
         names[name] = key

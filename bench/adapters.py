@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from safetensors.torch import save
 
-from adapters.base_model import BaseModelSpec
+from adapters.base_model import BaseModelSpec, module_group
 from adapters.format import parse_adapter
 from adapters.registry import Registry
 from adapters.slab import AdapterSlab
@@ -33,15 +33,6 @@ LLAMA_8B = {
     "num_key_value_heads": 8,
 }
 RANK = 16
-GROUP = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
 
 
 def adapter_files(spec: BaseModelSpec, seed: int) -> dict[str, bytes]:
@@ -50,7 +41,7 @@ def adapter_files(spec: BaseModelSpec, seed: int) -> dict[str, bytes]:
     tensors = {}
     for layer in range(spec.num_layers):
         for module, (fan_in, fan_out) in spec.shapes.items():
-            prefix = f"base_model.model.model.layers.{layer}.{GROUP[module]}.{module}"
+            prefix = f"base_model.model.model.layers.{layer}.{module_group(module)}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = (
                 torch.randn(RANK, fan_in, generator=gen) / 64
             ).bfloat16()

@@ -12,7 +12,7 @@ import json
 import torch
 from safetensors.torch import save
 
-from adapters.base_model import BaseModelSpec
+from adapters.base_model import BaseModelSpec, module_group
 
 TINY_BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -25,15 +25,6 @@ TINY_BASE = {
     "vocab_size": 100,
 }
 TINY_SPEC = BaseModelSpec.from_config(TINY_BASE)
-GROUP = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
 
 
 def peft_config(rank=8, alpha=16, modules=("q_proj", "v_proj"), **extra) -> dict:
@@ -65,7 +56,7 @@ def peft_tensors(rank=8, modules=("q_proj", "v_proj"), spec=TINY_SPEC, seed=0, d
     for layer in range(spec.num_layers):
         for m in modules:
             fan_in, fan_out = spec.shapes[m]
-            prefix = f"base_model.model.model.layers.{layer}.{GROUP[m]}.{m}"
+            prefix = f"base_model.model.model.layers.{layer}.{module_group(m)}.{m}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen).to(dtype)
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen).to(dtype)
     return tensors

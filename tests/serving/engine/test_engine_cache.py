@@ -131,3 +131,14 @@ def test_unknown_adapter_finishes_with_a_clear_error(world):
     assert got.done["u"].finish_reason == "error" and "ghost@" in got.done["u"].error
     assert got.done["ok"].finish_reason == "length"  # the others are not held back
     assert engine.blocks.num_free_blocks == engine.config.num_blocks
+
+
+def test_logprobs_reach_the_stream(world):
+    engine, outs = world.engine(), []
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=2)
+    engine.submit(GenerateRequest("l", PROMPT, params, world.versions["ov"]), outs.append)
+    engine.run_until_idle()
+    for out in outs:
+        (lp,) = out.logprobs
+        assert lp.token_id == out.new_token_ids[0] and len(lp.top) == 2
+        assert lp.top[0][0] == lp.token_id and lp.logprob <= 0  # greedy: the best token

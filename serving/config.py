@@ -1,0 +1,288 @@
+"""The server's configuration: one YAML file, validated by pydantic, every default documented here.
+
+Unknown keys are errors at every level, so a typo never silently falls back to a default.
+Relative paths, file:// and sqlite:/// URIs resolve against the working directory (or the
+base_dir given) once, at load time; other fsspec URIs (s3://, memory://, ...) stay as written.
+A bad file raises ConfigError, one paragraph naming the file and each bad field as a dotted path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MODEL_ID_RULE = "use 1-64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit (no ':')"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and every bad field."""
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    """The folder relative paths resolve against: the caller's base_dir, else the cwd."""
+    base = (info.context or {}).get("base_dir")
+    return Path(base).absolute() if base is not None else Path.cwd()
+
+
+def _local_path(value: Any, info: ValidationInfo) -> Any:
+    """A local path made absolute against the base folder; URLs are refused here."""
+    if not isinstance(value, str | os.PathLike):
+        return value  # pydantic's own type error names what was given
+    text = os.fspath(value)
+    if not text:
+        raise ValueError("a path is required")
+    if "://" in text:
+        raise ValueError(f"{text!r} is a URL; a local path is expected here")
+    return _base_dir(info) / text  # an absolute text replaces the base
+
+
+def _registry_uri(value: Any, info: ValidationInfo) -> Any:
+    """An fsspec URL; file:// URLs and plain folders become absolute file:// URLs."""
+    if not isinstance(value, str | os.PathLike):
+        return value
+    text = os.fspath(value)
+    if not text:
+        raise ValueError("a URL or folder is required")
+    if text.startswith("file://"):
+        text = text.removeprefix("file://")
+    elif "://" in text:
+        return text  # s3://, memory://, ...: the filesystem's own namespace, not ours
+    # Not Path.as_uri(): it percent-encodes, and fsspec's local filesystem does not decode.
+    return f"file://{_base_dir(info) / text}"
+
+
+def _sqlite_uri(value: Any, info: ValidationInfo) -> Any:
+    """A sqlite:///<path> URL with the path made absolute (sqlite:////abs/path)."""
+    if not isinstance(value, str):
+        return value
+    if not value.startswith("sqlite:///"):
+        raise ValueError(f"{value!r} is not a sqlite:///<path> URL, the only store supported")
+    rest = value.removeprefix("sqlite:///")
+    if not rest or rest == ":memory:":
+        return "sqlite:///:memory:"
+    return f"sqlite:///{_base_dir(info) / rest}"
+
+
+LocalPath = Annotated[Path, BeforeValidator(_local_path)]
+RegistryURI = Annotated[str, BeforeValidator(_registry_uri)]
+SqliteURI = Annotated[str, BeforeValidator(_sqlite_uri)]
+Quant = Literal["auto", "fp8", "none"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Method = Literal["none", "draft_model", "ngram"]
+
+
+class _Section(BaseModel):
+    """A config section: unknown keys are errors, read-only; defaults are validated too."""
+
+    # validate_default: default paths must resolve against base_dir just as written ones do.
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+
+class ModelSection(_Section):
+    """The base model served."""
+
+    id: str = Field("demo", description="Name clients pass as `model`; 1-64 of [A-Za-z0-9._-].")
+    path: LocalPath = Field(Path("models/demo/base"), description="Hugging Face model folder.")
+    quantization: Quant = Field("auto", description="auto = as the checkpoint is stored.")
+    dtype: DType = Field("auto", description="auto = the checkpoint's torch_dtype.")
+    max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens.")
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        # ':' would make 'model:adapter' references ambiguous; the pattern excludes it.
+        if not MODEL_ID_RE.match(value):
+            raise ValueError(f"invalid model id {value!r}: {MODEL_ID_RULE}")
+        return value
+
+
+class DraftSection(_Section):
+    """Speculative decoding: how draft tokens are proposed and when speculation runs."""
+
+    method: Method = Field("none", description="none = off; ngram = prompt lookup; draft_model.")
+    path: LocalPath = Field(Path("models/demo/draft"), description="The draft_model's folder.")
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Tokens proposed per step.")
+    ngram_min: int = Field(1, ge=1, description="Shortest n-gram matched (method ngram).")
+    ngram_max: int = Field(4, ge=1, description="Longest n-gram matched (method ngram).")
+    # Above this many running sequences verifying drafts costs more than it saves.
+    max_batch_size: int = Field(16, ge=0, description="Speculate up to this many seqs; 0 = all.")
+    adaptive: bool = Field(True, description="Speculate fewer tokens when few are accepted.")
+
+    @model_validator(mode="after")
+    def _check_ngram(self) -> DraftSection:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min {self.ngram_min} exceeds ngram_max {self.ngram_max}")
+        return self
+
+
+class LoraSection(_Section):
+    """LoRA adapters: GPU slots, host cache, where they are published, which load at start."""
+
+    max_loras: int = Field(16, gt=0, description="Adapters resident on the GPU at once.")
+    max_lora_rank: int = Field(64, gt=0, description="Highest adapter rank accepted.")
+    max_cpu_loras: int = Field(128, gt=0, description="Adapters cached in host memory.")
+    registry: RegistryURI = Field("file://./registry", description="An fsspec URL or a folder.")
+    # Names are checked where they are published, at start-up: config imports nothing of ours.
+    preload: dict[str, LocalPath] = Field({}, description="Loaded at start: {name: path}.")
+
+
+class CacheSection(_Section):
+    """The paged KV cache."""
+
+    block_size: int = Field(16, gt=0, description="Tokens per KV block.")
+    num_blocks: int | Literal["auto"] = Field("auto", description="auto = what free memory holds.")
+    prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
+
+    @field_validator("num_blocks", mode="before")
+    @classmethod
+    def _check_num_blocks(cls, value: Any) -> Any:
+        # One message instead of pydantic's one per union member.
+        if value == "auto" or (type(value) is int and value > 0):
+            return value
+        raise ValueError(f"Input should be 'auto' or a positive integer (got {value!r})")
+
+
+class SchedulerSection(_Section):
+    """Continuous batching limits, per engine step."""
+
+    max_num_seqs: int = Field(64, gt=0, description="Sequences running at once.")
+    max_num_batched_tokens: int = Field(2048, ge=1, description="Tokens computed per step.")
+
+
+class ServerSection(_Section):
+    """The HTTP server."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on.")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
+    api_keys_file: LocalPath | None = Field(None, description="API keys, one a line; null = open.")
+    max_body_mb: int = Field(32, gt=0, description="Largest request body accepted, in MiB.")
+    max_queue: int = Field(256, gt=0, description="Waiting requests before answering 429.")
+
+
+class ResourcesSection(_Section):
+    """Ray resources reserved per replica (fractions allowed, as in Ray)."""
+
+    num_gpus: float = Field(0, ge=0, description="GPUs per replica.")
+    num_cpus: float = Field(1, ge=0, description="CPUs per replica.")
+
+
+class DeploySection(_Section):
+    """Replicas behind one endpoint (Ray Serve)."""
+
+    num_replicas: int = Field(1, gt=0, description="Engine replicas.")
+    ray_address: str | None = Field(None, description="auto, ray://host:port; null = local.")
+    resources: ResourcesSection = Field({}, description="Ray resources per replica.")
+
+
+class BatchSection(_Section):
+    """The batch API: jobs of many requests, stored until done."""
+
+    store: SqliteURI = Field("sqlite:///./loraserve-batch.db", description="Job database URL.")
+    max_payload_mb: int = Field(10, gt=0, description="Largest batch input file, in MiB.")
+
+
+class ServeConfig(_Section):
+    """The whole server configuration; every section is optional ({} = all its defaults)."""
+
+    model: ModelSection = Field({}, description="Base model.")
+    draft: DraftSection = Field({}, description="Speculation.")
+    lora: LoraSection = Field({}, description="LoRA adapters.")
+    cache: CacheSection = Field({}, description="KV cache.")
+    scheduler: SchedulerSection = Field({}, description="Batch limits.")
+    server: ServerSection = Field({}, description="HTTP server.")
+    deploy: DeploySection = Field({}, description="Replicas.")
+    batch: BatchSection = Field({}, description="Batch API.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_sections(cls, data: Any) -> Any:
+        # An empty section (`lora:` alone in YAML is null) means all its defaults, as if absent.
+        if isinstance(data, dict):
+            data = {**data, **{k: {} for k in cls.model_fields if data.get(k) is None}}
+        return data
+
+
+def parse_config(data: dict, base_dir: Path | None = None) -> ServeConfig:
+    """Validate an in-memory config; relative paths resolve against base_dir or the cwd."""
+    return _validate(data, base_dir, "config")
+
+
+def load_config(path: str | Path, base_dir: Path | None = None) -> ServeConfig:
+    """Read and validate a YAML config; relative paths resolve against base_dir or the cwd."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the config file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: the config file is not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"{source}: invalid YAML: {where}{problem}") from None
+    return _validate({} if data is None else data, base_dir, source)  # empty file: defaults
+
+
+def _validate(data: Any, base_dir: Path | None, source: str) -> ServeConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: the top level must be a mapping of sections "
+            f"({', '.join(ServeConfig.model_fields)}), got {type(data).__name__}"
+        )
+    try:
+        return ServeConfig.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """Every error as 'dotted.field: message', joined into one paragraph."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = err["loc"]
+        where = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            section = _section_at(loc[:-1])
+            under = ".".join(str(p) for p in loc[:-1]) or "the top level"
+            allowed = ", ".join(section.model_fields) if section else "none"
+            parts.append(f"{where}: unknown key {loc[-1]!r}; allowed under {under}: {allowed}")
+            continue
+        msg = " ".join(err["msg"].removeprefix("Value error, ").split())
+        if err["type"] == "model_type":  # pydantic names our class; a user wrote YAML
+            msg = "Input should be a mapping of keys"
+        # Validators' own messages quote the value already; pydantic's range messages do not.
+        if err["type"] != "value_error" and isinstance(err.get("input"), str | int | float):
+            msg += f" (got {err['input']!r})"
+        parts.append(f"{where}: {msg}")
+    return "; ".join(parts)
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    """The model class at a location inside ServeConfig, or None if it is not a section."""
+    model: type[BaseModel] = ServeConfig
+    for part in loc:
+        kind = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+            return None
+        model = kind
+    return model

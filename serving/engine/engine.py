@@ -10,18 +10,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from serving.engine.kv_cache import BlockManager
 from serving.engine.request import GenerateRequest, RequestOutput
+from serving.engine.residency import Residency
 from serving.engine.runner import build_batch
 from serving.engine.sampler import SamplingState, sample
 from serving.engine.scheduler import Scheduler, SchedulerConfig
-from serving.engine.sequence import Sequence
+from serving.engine.sequence import SeqStatus, Sequence
+from serving.engine.speculative.config import SpecConfig
+from serving.engine.speculative.decoder import Proposal, SpecDecoder
+from serving.engine.speculative.verify import verify
 from serving.engine.stopping import StopChecker
 
 Sink = Callable[[RequestOutput], None]
@@ -34,6 +38,7 @@ class EngineConfig:
     num_blocks: int = 512
     enable_prefix_caching: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: SpecConfig = field(default_factory=SpecConfig)
 
 
 @dataclass(eq=False)
@@ -47,7 +52,17 @@ class _Tracked:
 
 
 class Engine:
-    def __init__(self, model, tokenizer, config: EngineConfig, *, slab=None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        config: EngineConfig,
+        *,
+        slab=None,
+        draft_model=None,
+        draft_slab=None,
+    ):
+        """draft_model (with draft_slab for adapters' draft companions): for method draft_model."""
         self.model, self.tokenizer, self.config, self.slab = model, tokenizer, config, slab
         # Attention is full causal, so a model with a sliding window serves up to its window.
         self.max_model_len = min(
@@ -57,13 +72,12 @@ class Engine:
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler, self.blocks, self._adapter_ready)
+        self.residency = Residency(slab) if slab is not None else None
+        ready = self.residency.ready if self.residency else lambda version: False
+        self.scheduler = Scheduler(config.scheduler, self.blocks, ready)
+        self.spec = SpecDecoder.create(config.speculative, self.blocks, draft_model, draft_slab)
         self.num_computed_tokens = 0  # prefill + decode tokens run through the model (for tests)
         self._tracked: dict[str, _Tracked] = {}
-        self._loads: dict[str, Future] = {}  # adapter version -> its background load
-        # Versions pinned while the scheduler decided (so no background load can evict them
-        # before the sequence that needs them is admitted); released if nobody was admitted.
-        self._provisional: list[str] = []
         self._intake: list[tuple[GenerateRequest, Sink]] = []
         self._aborts: list[str] = []
         self._lock = threading.Lock()
@@ -146,26 +160,72 @@ class Engine:
         schedule = self.scheduler.schedule()
         for seq in schedule.preempted:
             self._unpin(self._tracked[seq.request.request_id])
+            if self.spec:
+                self.spec.forget(seq)
         for seq in schedule.admitted:
             self._admitted(self._tracked[seq.request.request_id])
-        for version in self._provisional:  # pinned for a sequence that was not admitted after all
-            self.slab.release(version)
-        self._provisional.clear()
+        if self.residency is not None:
+            self.residency.release_provisional()
         self._fail_broken_loads()
         if not schedule.scheduled:
             return True
-        batch = build_batch(schedule.scheduled, self.config.block_size, self._slot_of)
+        proposals = self._plan_speculation(schedule) if self.spec else {}
+        drafts = {seq_id: p.tokens for seq_id, p in proposals.items()}
+        slot_of = self.residency.slot_of if self.residency else None
+        batch = build_batch(schedule.scheduled, self.config.block_size, slot_of, drafts)
+        start = time.perf_counter()
         with torch.inference_mode():
             logits = self.model.forward(batch.inputs, self.kv, self.slab)
+        if proposals:
+            self.spec.target_step(time.perf_counter() - start)
         for item in schedule.scheduled:
-            self.blocks.mark_computed(item.seq, item.num_new_tokens)
-            self.num_computed_tokens += item.num_new_tokens
-        if batch.sampled:
-            tracked = [self._tracked[s.seq.request.request_id] for s in batch.sampled]
-            result = sample(logits, [t.sampling for t in tracked])
-            for t, token, logprob in zip(tracked, result.token_ids, result.logprobs):
+            if item.seq.seq_id not in proposals:  # verified sequences are marked once verified
+                self.blocks.mark_computed(item.seq, item.num_new_tokens)
+                self.num_computed_tokens += item.num_new_tokens
+        plain = [
+            (self._tracked[s.seq.request.request_id], row)
+            for s, row in zip(batch.sampled, batch.first_rows)
+            if s.seq.seq_id not in proposals
+        ]
+        if plain:
+            rows = logits if not proposals else logits[[row for _, row in plain]]
+            result = sample(rows, [t.sampling for t, _ in plain])
+            for (t, _), token, logprob in zip(plain, result.token_ids, result.logprobs):
                 self._emit_token(t, token, logprob)
+        for s, row in zip(batch.sampled, batch.first_rows):
+            proposal = proposals.get(s.seq.seq_id)
+            if proposal is not None:
+                k = len(proposal.tokens)
+                self._verify(
+                    self._tracked[s.seq.request.request_id], proposal, logits[row : row + k + 1]
+                )
         return True
+
+    # ---- speculative decoding ----
+
+    def _plan_speculation(self, schedule) -> dict[int, Proposal]:
+        tracked = [self._tracked[s.seq.request.request_id] for s in schedule.scheduled]
+        states = {t.seq.seq_id: t.sampling for t in tracked}
+        remaining = {t.seq.seq_id: t.stop.max_tokens - t.seq.num_output_tokens for t in tracked}
+        budget = self.config.scheduler.max_num_batched_tokens - schedule.num_tokens
+        with torch.inference_mode():
+            return self.spec.plan(
+                schedule.scheduled, len(self.scheduler.running), states, remaining, budget
+            )
+
+    def _verify(self, t: _Tracked, proposal: Proposal, logits: torch.Tensor) -> None:
+        """Keep the accepted proposals and the target's token; stop exactly where a stop hits."""
+        v = verify(logits, t.sampling, proposal.tokens, proposal.probs)
+        seq = t.seq
+        self.spec.after_verify(seq, proposal, v.num_accepted, len(v.token_ids))
+        for token, logprob in zip(v.token_ids, v.logprobs):
+            self._emit_token(t, token, logprob)
+            if seq.status is SeqStatus.FINISHED:
+                return  # nothing past a stop: the rest of the run is dropped
+        # KV is right for the last committed token and the kept proposals; the rest is
+        # overwritten later, and only these committed tokens enter the prefix cache.
+        self.blocks.mark_computed(seq, v.num_accepted + 1)
+        self.num_computed_tokens += v.num_accepted + 1
 
     def _take_intake(self) -> None:
         with self._lock:
@@ -219,6 +279,8 @@ class Engine:
 
     def _finish(self, t: _Tracked, reason: str, *, emitted: bool = False, error: str | None = None):
         self.scheduler.remove(t.seq)
+        if self.spec:
+            self.spec.forget(t.seq)
         self._unpin(t)
         self._tracked.pop(t.seq.request.request_id, None)
         if not emitted:
@@ -226,24 +288,8 @@ class Engine:
 
     # ---- adapters ----
 
-    def _adapter_ready(self, version: str) -> bool:
-        """Resident now (then pinned at once)? If not, make sure its load runs in the background."""
-        if self.slab.try_acquire(version) is not None:
-            self._provisional.append(version)
-            return True
-        load = self._loads.get(version)
-        if load is None or (load.done() and _is_slab_full(load)):
-            self._loads[version] = self.slab.prefetch(version)
-        return False
-
     def _fail_broken_loads(self) -> None:
-        for version, load in list(self._loads.items()):
-            if not load.done():
-                continue
-            del self._loads[version]
-            error = load.exception()
-            if error is None or _is_slab_full(load):
-                continue
+        for version, error in self.residency.broken_loads() if self.slab else ():
             for t in list(self._tracked.values()):
                 if t.seq.request.adapter == version and not t.pinned:
                     self._finish(t, "error", error=f"adapter {version}: {error}")
@@ -253,24 +299,10 @@ class Engine:
             t.cached_tokens = t.seq.num_prefix_hit_tokens
         version = t.seq.request.adapter
         if version and not t.pinned:
-            if version in self._provisional:
-                self._provisional.remove(version)  # the scheduler's pin becomes this sequence's
-            else:
-                self.slab.acquire(version)  # pinned already by a running sequence: no load
+            self.residency.pin(version)
             t.pinned = True
 
     def _unpin(self, t: _Tracked) -> None:
         if t.pinned:
-            self.slab.release(t.seq.request.adapter)
+            self.residency.unpin(t.seq.request.adapter)
             t.pinned = False
-
-    def _slot_of(self, version: str) -> int:
-        slot = self.slab.slot_of(version)
-        assert slot is not None, f"{version} is pinned, so resident"
-        return slot
-
-
-def _is_slab_full(load: Future) -> bool:
-    from adapters.slab import SlabFull
-
-    return isinstance(load.exception(), SlabFull)

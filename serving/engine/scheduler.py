@@ -93,7 +93,9 @@ class Scheduler:
             if n == 0:
                 continue
             while not self.blocks.can_append(seq, n):
-                victim = max(self.running, key=self._rank)
+                # never one already scheduled this step: ties in rank would otherwise pick it
+                done = {id(s.seq) for s in scheduled}
+                victim = max((s for s in self.running if id(s) not in done), key=self._rank)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:

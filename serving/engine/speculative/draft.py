@@ -1,0 +1,142 @@
+"""The draft-model proposer: a smaller model with the target's tokenizer drafts k tokens.
+
+Its paged KV cache is its own tensors, addressed by the target's block tables: position p of
+a sequence lives in the same block and offset in both caches, so allocation, prefix hits and
+preemption need no second block manager. The draft's KV may lag the target's (speculation
+was off, or a prefix hit brought target KV only); each proposal first catches the draft up
+from `cached` to the sequence's last token, in the same forward as its first draft token.
+
+A request whose adapter was uploaded with a draft companion runs the draft under that
+companion (from the draft's own slab); every other request drafts base-only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from adapters.slab import SlabFull
+from serving.engine.sampler import SamplingState, _sampling_probs, apply_penalties
+from serving.engine.sequence import Sequence
+from serving.model.llama import StepInputs
+
+
+@dataclass
+class DraftRequest:
+    """One sequence to draft for this step: k tokens from its committed tokens."""
+
+    seq: Sequence
+    state: SamplingState
+    k: int
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)  # [V] each, sampled requests only
+
+
+class DraftModelProposer:
+    def __init__(self, model, num_blocks: int, block_size: int, slab=None):
+        self.model, self.block_size, self.slab = model, block_size, slab
+        self.kv = model.allocate_kv(num_blocks, block_size)
+        self._cached: dict[int, int] = {}  # seq_id -> leading tokens with draft KV
+        self._no_companion: set[str] = set()  # versions whose adapter has no draft companion
+        self.seconds = 0.0
+
+    def forget(self, seq: Sequence) -> None:
+        """seq's blocks are gone (finished or preempted): its draft KV starts again from 0."""
+        self._cached.pop(seq.seq_id, None)
+
+    def accepted(self, seq: Sequence, num_tokens_before: int, k: int, num_accepted: int) -> None:
+        """After verification: drafts d1..d(k-1) got draft KV; those kept stay valid."""
+        self._cached[seq.seq_id] = num_tokens_before + min(num_accepted, k - 1)
+
+    def propose(self, requests: list[DraftRequest]) -> None:
+        """Fill each request's tokens (and probs when sampled) with k drafts."""
+        start = time.perf_counter()
+        slots, pinned = self._companion_slots(requests)
+        try:
+            active = [r for r in requests if r.k > 0]
+            rnd = 0
+            while active:
+                logits = self.model.forward(self._inputs(active, rnd, slots), self.kv, self.slab)
+                self._choose(active, logits)
+                rnd += 1
+                active = [r for r in active if len(r.tokens) < r.k]
+        finally:
+            for version in pinned:
+                self.slab.release(version)
+        for r in requests:  # the committed tokens; `accepted` adds the kept drafts
+            self._cached[r.seq.seq_id] = r.seq.num_tokens
+        self.seconds += time.perf_counter() - start
+
+    def _inputs(self, active: list[DraftRequest], rnd: int, slots: dict[int, int]) -> StepInputs:
+        """Round 0: every token from the draft's cached count to the last one; then one draft."""
+        bs = self.block_size
+        ids, pos, slot_map, adapters, qsl, tables, ctx = [], [], [], [], [0], [], []
+        width = max(len(r.seq.block_table) for r in active)
+        for r in active:
+            seq = r.seq
+            if rnd == 0:
+                first = min(self._cached.get(seq.seq_id, 0), seq.num_tokens - 1)
+                new = list(range(first, seq.num_tokens))
+                toks = seq.token_ids[first:]
+            else:
+                new = [seq.num_tokens + rnd - 1]
+                toks = [r.tokens[-1]]
+            table = seq.block_table
+            ids += toks
+            pos += new
+            slot_map += [table[p // bs] * bs + p % bs for p in new]
+            adapters += [slots.get(seq.seq_id, -1)] * len(new)
+            qsl.append(qsl[-1] + len(new))
+            tables.append(table + [0] * (width - len(table)))
+            ctx.append(new[-1] + 1)
+        return StepInputs(
+            token_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(pos, dtype=torch.int64),
+            slot_mapping=torch.tensor(slot_map, dtype=torch.int64),
+            block_tables=torch.tensor(tables, dtype=torch.int32),
+            context_lens=torch.tensor(ctx, dtype=torch.int32),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+            logits_indices=torch.tensor(qsl[1:], dtype=torch.int64) - 1,
+            adapter_slots=torch.tensor(adapters, dtype=torch.int32) if self.slab else None,
+        )
+
+    def _choose(self, active: list[DraftRequest], logits: torch.Tensor) -> None:
+        """Each request's next draft: the penalized argmax, or a draw from its own sampling
+        distribution q (kept for the acceptance test)."""
+        states = [
+            SamplingState(
+                r.state.params, r.state.generator, r.state.prompt_ids, r.state.output_ids + r.tokens
+            )
+            for r in active
+        ]
+        penalized = apply_penalties(logits.float(), states)
+        for r, row, s in zip(active, penalized, states):
+            if s.params.greedy:
+                r.tokens.append(int(row.argmax()))
+                continue
+            q = _sampling_probs(row[None], [s.params])[0]
+            r.tokens.append(int(torch.multinomial(q, 1, generator=s.generator)))
+            r.probs.append(q)
+
+    def _companion_slots(self, requests: list[DraftRequest]) -> tuple[dict[int, int], list[str]]:
+        """seq_id -> the draft slab slot of its adapter's companion; the versions pinned."""
+        slots: dict[int, int] = {}
+        pinned: list[str] = []
+        if self.slab is None:
+            return slots, pinned
+        for r in requests:
+            version = r.seq.request.adapter
+            if not version or version in self._no_companion:
+                continue
+            try:
+                slot = self.slab.acquire(version)  # a small load, on first use only
+            except SlabFull:  # every slot pinned this step: draft base-only
+                continue
+            except Exception:  # no companion (or one that does not fit): always base-only
+                self._no_companion.add(version)
+                continue
+            pinned.append(version)
+            slots[r.seq.seq_id] = slot
+        return slots, pinned

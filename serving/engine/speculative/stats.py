@@ -1,0 +1,57 @@
+"""Acceptance figures, overall and per adapter, with a bounded number of adapter labels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OTHER = "other"  # the label of every adapter past the first max_labels seen
+BASE = "base"  # requests with no adapter
+
+
+@dataclass
+class SpecCounts:
+    """Proposed and accepted tokens, tokens emitted by verification, verification steps."""
+
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.emitted / self.steps if self.steps else 0.0
+
+    def add(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.emitted += emitted
+        self.steps += 1
+
+
+@dataclass
+class SpecStats:
+    """Counts for the whole engine and per adapter name (at most max_labels names + "other")."""
+
+    max_labels: int = 20
+    total: SpecCounts = field(default_factory=SpecCounts)
+    by_adapter: dict[str, SpecCounts] = field(default_factory=dict)
+    draft_seconds: float = 0.0  # wall time in the proposer
+    target_seconds: float = 0.0  # wall time in verifying forwards
+
+    def label(self, adapter_version: str | None) -> str:
+        """The metrics label of an adapter version: its name, "base", or "other" past the bound."""
+        name = BASE if adapter_version is None else adapter_version.partition("@")[0]
+        if name in self.by_adapter or len(self.by_adapter) < self.max_labels:
+            return name
+        return OTHER
+
+    def record(
+        self, adapter_version: str | None, proposed: int, accepted: int, emitted: int
+    ) -> None:
+        self.total.add(proposed, accepted, emitted)
+        counts = self.by_adapter.setdefault(self.label(adapter_version), SpecCounts())
+        counts.add(proposed, accepted, emitted)

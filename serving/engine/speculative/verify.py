@@ -1,0 +1,97 @@
+"""Verification: which proposed tokens a sequence keeps, and the token the target adds.
+
+One target forward scores k + 1 positions of a sequence: its last committed token and the
+k proposals d1..dk. Row j is the target's distribution p_j for the token after d_j (row 0:
+after the committed tokens). The same logits processing as without speculation applies to
+each row (penalties over the tokens before it, temperature, top-k, top-p), so p_j is exactly
+what plain decoding would sample from at that point.
+
+greedy    keep d_j while d_j = argmax p_j; then add argmax p_a (a correction or the bonus).
+sampling  speculative sampling (Leviathan et al. 2023; Chen et al. 2023): keep d_j with
+          probability min(1, p_j(d_j) / q_j(d_j)); at the first rejection draw from
+          norm(max(0, p_j - q_j)) and stop; if all k are kept, draw the bonus from p_k.
+          q_j is the proposer's distribution (a point mass for n-gram and greedy drafts).
+          The emitted tokens are then distributed exactly as plain sampling's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from serving.engine.request import TokenLogprob
+from serving.engine.sampler import SamplingState, _logprobs, _sampling_probs, apply_penalties
+
+
+@dataclass(frozen=True)
+class Verified:
+    token_ids: list[int]  # the kept proposals, then the target's own token
+    num_accepted: int
+    logprobs: list[TokenLogprob | None]
+
+
+def row_states(state: SamplingState, drafts: list[int]) -> list[SamplingState]:
+    """The sampling state of each of the k + 1 rows: row j has seen d1..dj as output."""
+    return [
+        SamplingState(
+            state.params, state.generator, state.prompt_ids, state.output_ids + drafts[:j]
+        )
+        for j in range(len(drafts) + 1)
+    ]
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where to draw after rejecting a proposal: norm(max(0, p - q)) [V]."""
+    r = (p - q).clamp(min=0.0)
+    total = r.sum()
+    # p == q (within rounding) leaves nothing: rejection was then a measure-zero event
+    return r / total if total > 0 else p
+
+
+def verify(
+    logits: torch.Tensor,
+    state: SamplingState,
+    drafts: list[int],
+    draft_probs: torch.Tensor | None,
+    *,
+    default_generator: torch.Generator | None = None,
+) -> Verified:
+    """Accept a prefix of drafts against the target's logits [k + 1, V] (see module doc).
+
+    draft_probs [k, V]: the distribution each draft was drawn from; None: point masses.
+    """
+    k = len(drafts)
+    if logits.shape[0] != k + 1:
+        raise ValueError(f"{k} drafts need {k + 1} rows of logits, got {logits.shape[0]}")
+    states = row_states(state, drafts)
+    penalized = apply_penalties(logits.float(), states)  # [k + 1, V]
+    if state.params.greedy:
+        target = penalized.argmax(dim=-1).tolist()
+        a = 0
+        while a < k and drafts[a] == target[a]:
+            a += 1
+        tokens = [*drafts[:a], target[a]]
+    else:
+        a, tokens = _speculative_sample(penalized, states, drafts, draft_probs, default_generator)
+    return Verified(tokens, a, _logprobs(penalized[: len(tokens)], states[: len(tokens)], tokens))
+
+
+def _speculative_sample(penalized, states, drafts, draft_probs, default_generator):
+    gen = states[0].generator if states[0].generator is not None else default_generator
+    p = _sampling_probs(penalized, [s.params for s in states])  # [k + 1, V]
+    for j, d in enumerate(drafts):
+        q_d = float(draft_probs[j, d]) if draft_probs is not None else 1.0
+        p_d = float(p[j, d])
+        u = float(torch.rand((), generator=gen))
+        if q_d > 0 and u * q_d < p_d:  # u < p/q without dividing
+            continue
+        if draft_probs is not None:
+            q = draft_probs[j].to(p.dtype)
+        else:
+            q = torch.zeros_like(p[j])
+            q[d] = 1.0
+        token = int(torch.multinomial(residual(p[j], q), 1, generator=gen))
+        return j, [*drafts[:j], token]
+    token = int(torch.multinomial(p[len(drafts)], 1, generator=gen))
+    return len(drafts), [*drafts, token]

@@ -1,0 +1,1 @@
+"""The demo kit's build steps: corpus, tokenizer, training, transformations and evaluation."""

@@ -1,0 +1,73 @@
+"""A byte-level BPE for Python source, with the chat template the demo serves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import jinja2
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+EOS = "<|endoftext|>"  # ends a document; the pad token too
+END = "<|end|>"  # ends a chat turn
+ROLES = ("system", "user", "assistant")
+SPECIALS = (EOS, END, *(f"<|{r}|>" for r in ROLES))
+# One turn per message, each closed by <|end|>; the model answers after <|assistant|>.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('roles are system, user and assistant') }}{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE of vocab_size ids (specials first) trained on texts."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    """The chat template's text for messages, as transformers would render it."""
+    env = jinja2.Environment(keep_trailing_newline=True)
+    return env.from_string(CHAT_TEMPLATE).render(
+        messages=messages, add_generation_prompt=add_generation_prompt
+    )
+
+
+def save_tokenizer(tok: Tokenizer, out: Path, max_len: int) -> None:
+    """tokenizer.json, tokenizer_config.json (with the chat template) and the stop ids."""
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "unk_token": None,
+        "additional_special_tokens": [t for t in SPECIALS if t != EOS],
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def stop_ids(tok: Tokenizer) -> list[int]:
+    """Ids that end generation: the end of a document and the end of a turn."""
+    return [tok.token_to_id(EOS), tok.token_to_id(END)]

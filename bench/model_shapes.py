@@ -10,7 +10,9 @@ SHAPES = {
     # name: hidden, intermediate, layers, heads, kv heads, vocab
     "cpu-1b-ish": (1024, 2816, 8, 16, 4, 32000),
     "llama-8b": (4096, 14336, 32, 32, 8, 128256),
+    "llama-1b": (2048, 8192, 16, 32, 8, 128256),  # Llama 3.2 1B: the 8B's draft
     "tiny": (64, 128, 2, 4, 2, 256),
+    "tiny-draft": (64, 128, 1, 4, 2, 256),
     "medium": (768, 2048, 12, 12, 4, 8192),  # about 100M parameters
     "tiny-long": (256, 688, 4, 4, 2, 8192),
 }

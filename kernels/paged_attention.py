@@ -178,8 +178,11 @@ def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_token
     return starts, lens
 
 
+SHORT_QUERY = 17  # queries per sequence up to which the batched path runs (k + 1 for k <= 16)
+
+
 def _paged_attention_torch(q, k_cache, v_cache, block_tables, starts, lens, scale):
-    """The torch path: decodes in one batched SDPA call, every longer query run on its own.
+    """The torch path: short queries in one batched SDPA call, every longer query on its own.
 
     GQA goes to SDPA (enable_gqa) rather than through copies of K/V per query head: a batch of
     decodes is bound by reading K/V, and the copies made it ~20x slower.
@@ -190,21 +193,34 @@ def _paged_attention_torch(q, k_cache, v_cache, block_tables, starts, lens, scal
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
-    decodes = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
-    if decodes:
-        rows = torch.tensor([starts[s] for s in decodes], device=q.device)
-        ctx = torch.tensor([lens[s] for s in decodes], device=q.device)
-        num_blocks = -(-max(lens[s] for s in decodes) // block_size)
+    # Decodes and speculative verifications (a few queries each) go in one padded, batched
+    # SDPA call; only longer queries (prefill chunks) run one sequence at a time.
+    short = [s for s in range(len(lens)) if 1 <= starts[s + 1] - starts[s] <= SHORT_QUERY]
+    if short:
+        n = torch.tensor([starts[s + 1] - starts[s] for s in short], device=q.device)  # [S]
+        ctx = torch.tensor([lens[s] for s in short], device=q.device)  # [S]
+        width = int(n.max())
+        num_blocks = -(-max(lens[s] for s in short) // block_size)
         # Entries past a context may be -1 or stale: clamp for the gather, zero after it.
-        table = block_tables[decodes, :num_blocks].long().clamp(0, k_cache.shape[0] - 1)
-        live = torch.arange(num_blocks * block_size, device=q.device)[None, :] < ctx[:, None]
+        table = block_tables[short, :num_blocks].long().clamp(0, k_cache.shape[0] - 1)
+        keys = torch.arange(num_blocks * block_size, device=q.device)  # [L]
+        live = keys[None, :] < ctx[:, None]  # [S, L]
         k = _gather_padded(k_cache, table, live, compute)  # (S, Hkv, L, D)
         v = _gather_padded(v_cache, table, live, compute)
-        qs = q[rows].to(compute)[:, :, None]  # (S, H, 1, D)
-        out[rows] = attend(qs, k, v, attn_mask=live[:, None, None])[:, :, 0].to(q.dtype)
+        # query i of seq s (i < n_s) sits at position ctx_s - n_s + i; padded queries are
+        # dropped below but still need one live key, so they see position 0
+        i = torch.arange(width, device=q.device)  # [W]
+        valid = i[None, :] < n[:, None]  # [S, W]
+        pos = torch.where(valid, ctx[:, None] - n[:, None] + i[None, :], 0)  # [S, W]
+        rows = torch.tensor([starts[s] for s in short], device=q.device)[:, None] + i  # [S, W]
+        rows = torch.where(valid, rows, rows[:, :1])
+        qs = q[rows].to(compute).transpose(1, 2)  # (S, H, W, D)
+        mask = keys[None, None, :] <= pos[:, :, None]  # (S, W, L)
+        o = attend(qs, k, v, attn_mask=mask[:, None]).transpose(1, 2)  # (S, W, H, D)
+        out[rows[valid]] = o[valid].to(q.dtype)
     for s in range(len(lens)):
         a, b, ctx = starts[s], starts[s + 1], lens[s]
-        if b - a <= 1:
+        if b - a <= SHORT_QUERY:
             continue
         blocks = block_tables[s, : -(-ctx // block_size)].long()
         k = _gather_one(k_cache, blocks, ctx, compute)  # (Hkv, ctx, D)

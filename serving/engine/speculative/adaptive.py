@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 PRIOR = 0.6  # acceptance assumed before a sequence has any history
 SMOOTHING = 0.3  # weight of the newest step in the running acceptance
+# Speculate only for a clear expected gain: the model of cost leaves out the per-step
+# overheads of proposing and verifying, which a marginal gain would not repay.
+MIN_GAIN = 1.1
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -25,7 +28,7 @@ def best_k(alpha: float, max_k: int, draft_cost: float, verify_cost: float) -> i
     best, best_rate = 0, 1.0
     for k in range(1, max_k + 1):
         rate = expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost))
-        if rate > best_rate * 1.02:  # a clear gain, not noise
+        if rate > best_rate * MIN_GAIN:
             best, best_rate = k, rate
     return best
 

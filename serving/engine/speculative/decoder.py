@@ -25,7 +25,7 @@ from serving.engine.speculative.ngram import propose_ngram
 from serving.engine.speculative.stats import SpecStats
 
 VERIFY_COST = 0.05  # one more verified row, relative to a decode step (memory-bound decode)
-PROBE_EVERY = 8  # a sequence at k = 0 proposes one token this often, to notice a change
+PROBE_EVERY = 32  # a sequence at k = 0 proposes one token this often, to notice a change
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""`loraserve adapters ...`: upload, list, show and delete adapters in a registry.
+"""`loraserve adapters ...`: upload, list, show and delete adapters in a registry or on a server.
 
-Every failure prints one line naming the problem and exits with status 1;
-nothing is written to the registry unless the adapter validated completely.
+With --registry URI the registry is used directly; otherwise the commands go to a running
+server (--server, default http://127.0.0.1:8000) with the key in LORASERVE_API_KEY, and the
+server validates against the model it serves. Every failure prints one line naming the
+problem and exits with status 1; nothing is stored unless the adapter validated completely.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from adapters.errors import AdapterError
 from adapters.format import load_adapter
 from adapters.names import validate_name
 from adapters.registry import Registry
+from adapters.remote import DEFAULT_SERVER, RemoteCatalogue, RemoteError
 
 app = typer.Typer(help="Upload, list, show and delete LoRA adapters.", no_args_is_help=True)
 out = Console()
@@ -35,7 +38,7 @@ ServerOption = Annotated[
     str | None,
     typer.Option(
         "--server",
-        help="A loraserve server (default http://127.0.0.1:8000); key from LORASERVE_API_KEY.",
+        help=f"A loraserve server (default {DEFAULT_SERVER}); key from LORASERVE_API_KEY.",
     ),
 ]
 NameArgument = Annotated[str, typer.Argument(help="Adapter name.")]
@@ -47,12 +50,12 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _registry(registry: str | None, server: str | None) -> Registry:
+def _catalogue(registry: str | None, server: str | None) -> Registry | RemoteCatalogue:
+    """The registry named by --registry, else the server (--server or the default)."""
+    if registry is not None and server is not None:
+        _fail("give either --registry or --server, not both")
     if registry is None:
-        target = server or "http://127.0.0.1:8000"
-        _fail(
-            f"managing adapters through a server ({target}) is not available here; give --registry URI"
-        )
+        return RemoteCatalogue(server or DEFAULT_SERVER)
     try:
         return Registry(registry)
     except AdapterError as exc:
@@ -73,7 +76,7 @@ def upload(
     server: ServerOption = None,
 ) -> None:
     """Validate an adapter locally, then publish it; prints name@digest."""
-    reg = _registry(registry, server)
+    catalogue = _catalogue(registry, server)
     try:
         validate_name(name)
         spec = BaseModelSpec.from_dir(base) if base else None
@@ -85,15 +88,19 @@ def upload(
             progress.update(
                 task, description=f"publishing {name}", total=adapter.num_bytes, completed=0
             )
-            version = reg.publish(name, adapter)
+            if isinstance(catalogue, RemoteCatalogue):
+                sent = catalogue.upload(name, adapter, lambda n: progress.update(task, advance=n))
+                ref, warnings = sent["version"], [*adapter.warnings, *sent.get("warnings", ())]
+            else:
+                ref, warnings = catalogue.publish(name, adapter).ref, adapter.warnings
             progress.update(task, completed=adapter.num_bytes)
-    except AdapterError as exc:
+    except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     except OSError as exc:
         _fail(f"registry write failed: {exc}")
-    for warning in adapter.warnings:
+    for warning in dict.fromkeys(warnings):
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
-    out.print(f"{version.ref}", highlight=False)
+    out.print(ref, highlight=False)
 
 
 @app.command("list")
@@ -102,10 +109,10 @@ def list_(
     server: ServerOption = None,
 ) -> None:
     """List adapters: name, version, owner, rank, modules, size."""
-    reg = _registry(registry, server)
+    catalogue = _catalogue(registry, server)
     try:
-        entries = reg.list()
-    except AdapterError as exc:
+        entries = catalogue.list()
+    except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     table = Table("name", "version", "owner", "rank", "modules", "bytes", box=None)
     for e in entries:
@@ -127,10 +134,10 @@ def show(
     server: ServerOption = None,
 ) -> None:
     """Show one adapter and its version history."""
-    reg = _registry(registry, server)
+    catalogue = _catalogue(registry, server)
     try:
-        entry = reg.show(name)
-    except AdapterError as exc:
+        entry = catalogue.show(name)
+    except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     for label, value in _fields(entry):
         out.print(f"{label:<10} {value}", highlight=False)
@@ -143,10 +150,10 @@ def delete(
     server: ServerOption = None,
 ) -> None:
     """Delete a name (its versions stay readable to replicas that loaded them)."""
-    reg = _registry(registry, server)
+    catalogue = _catalogue(registry, server)
     try:
-        reg.delete(name)
-    except AdapterError as exc:
+        catalogue.delete(name)
+    except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     out.print(f"deleted {name}", highlight=False)
 

@@ -7,8 +7,8 @@ only shared state is the intake and abort queues behind one lock.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,8 +27,10 @@ from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.decoder import Proposal, SpecDecoder
 from serving.engine.speculative.verify import verify
 from serving.engine.stopping import StopChecker
+from serving.engine.streams import stream_outputs
 
 Sink = Callable[[RequestOutput], None]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class Engine:
             raise ValueError(f"the prompt has {n} tokens; the model serves at most {limit}")
         if request.sampling.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {request.sampling.max_tokens}")
+        seed = request.sampling.seed
+        if seed is not None and not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be in 0..2**63-1, got {seed}")
         if request.adapter and self.slab is None:
             raise ValueError(f"adapter {request.adapter!r}: this engine serves no adapters")
 
@@ -106,20 +111,9 @@ class Engine:
             self._intake.append((request, sink))
         self._wake.set()
 
-    async def add_request(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    def add_request(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they come; leaving the stream early aborts it."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self.submit(request, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
-        finished = False
-        try:
-            while not finished:
-                out = await queue.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.abort(request.request_id)
+        return stream_outputs(self, request)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -148,7 +142,14 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if not self.step():
+            try:
+                busy = self.step()
+            except Exception as exc:  # a fault must not end the loop that serves everyone
+                logger.exception("engine step failed; failing the requests in flight")
+                for t in list(self._tracked.values()):
+                    self._finish(t, "error", error=f"internal error: {type(exc).__name__}")
+                busy = True
+            if not busy:
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
 

@@ -126,9 +126,19 @@ def test_bad_names_are_refused(tmp_path, name):
     assert not snapshot(reg_dir) if reg_dir.exists() else True
 
 
-def test_no_registry_is_one_clear_line():
+def test_without_registry_the_default_server_is_asked(monkeypatch):
+    import adapters.cli
+
+    monkeypatch.setattr(adapters.cli, "DEFAULT_SERVER", "http://127.0.0.1:9")  # nothing listens
     done = cli("adapters", "list")
-    assert done.exit_code == 1 and "give --registry URI" in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.exit_code == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: cannot reach the server at http://127.0.0.1:9")
+
+
+def test_registry_and_server_together_are_refused(tmp_path):
+    done = cli("adapters", "list", "--registry", str(tmp_path), "--server", "http://x")
+    assert done.exit_code == 1 and "either --registry or --server" in done.stderr
 
 
 def test_corrupted_registry_listing_is_one_line(tmp_path):

@@ -1,0 +1,121 @@
+"""The adapter catalogue of a running loraserve server, over its HTTP API (/v1/adapters).
+
+The bearer key comes from LORASERVE_API_KEY. Every failure raises RemoteError with one
+line to show: the server's own error message, or why the server could not be reached.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+
+import httpx
+
+from adapters.format import Adapter
+from adapters.registry import Entry
+from adapters.sources import CONFIG, WEIGHTS
+
+KEY_VAR = "LORASERVE_API_KEY"
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+TIMEOUT = httpx.Timeout(60.0, write=600.0)  # uploads of large adapters take a while to send
+
+
+class RemoteError(Exception):
+    """A request the server refused or that could not reach it; the message is one line."""
+
+
+class RemoteCatalogue:
+    """Upload, list, show and delete adapters on the server at url."""
+
+    def __init__(self, url: str, key: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.key = os.environ.get(KEY_VAR) if key is None else key
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+
+    def upload(
+        self, name: str, adapter: Adapter, progress: Callable[[int], None] | None = None
+    ) -> dict:
+        """Send a validated adapter's files; returns the server's version record."""
+        parts = [(CONFIG, adapter.config_bytes), (WEIGHTS, adapter.weights_bytes)]
+        if adapter.draft is not None:
+            parts += [
+                (f"draft_{CONFIG}", adapter.draft.config_bytes),
+                (f"draft_{WEIGHTS}", adapter.draft.weights_bytes),
+            ]
+        files = {
+            field: (field, _Counted(data, progress), "application/octet-stream")
+            for field, data in parts
+        }
+        return self._call("POST", "/v1/adapters", data={"name": name}, files=files)
+
+    def list(self) -> list[Entry]:
+        """The adapters this key may manage."""
+        return [_entry(e) for e in self._call("GET", "/v1/adapters")["data"]]
+
+    def show(self, name: str) -> Entry:
+        """One adapter with its history."""
+        return _entry(self._call("GET", f"/v1/adapters/{name}"))
+
+    def delete(self, name: str) -> None:
+        self._call("DELETE", f"/v1/adapters/{name}")
+
+    def _call(self, method: str, path: str, **kwargs) -> dict:
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach the server at {self.url}: {exc}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success and isinstance(body, dict):
+            return body
+        message = _error_message(body) or f"the server answered HTTP {response.status_code}"
+        if response.status_code == 401 and not self.key:
+            message += f" (set {KEY_VAR})"
+        raise RemoteError(message)
+
+
+class _Counted(io.BytesIO):
+    """Bytes that report how many were read, so an upload can show its progress."""
+
+    def __init__(self, data: bytes, progress: Callable[[int], None] | None) -> None:
+        super().__init__(data)
+        self._progress = progress
+
+    def read(self, size: int | None = -1) -> bytes:
+        chunk = super().read(size)
+        if self._progress is not None and chunk:
+            self._progress(len(chunk))
+        return chunk
+
+
+def _error_message(body: object) -> str | None:
+    """The message of an OpenAI-style or Workers-AI-style error body."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    errors = body.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        return str(errors[0].get("message"))
+    return None
+
+
+def _entry(data: dict) -> Entry:
+    try:
+        return Entry(
+            name=data["name"],
+            digest=data["digest"],
+            owner=data["owner"],
+            updated=data["updated"],
+            rank=data["rank"],
+            target_modules=tuple(data["target_modules"]),
+            num_bytes=data["num_bytes"],
+            history=tuple(data.get("history", ())),
+        )
+    except (KeyError, TypeError) as exc:
+        raise RemoteError(f"unexpected answer from the server: missing {exc}") from None

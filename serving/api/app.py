@@ -1,0 +1,37 @@
+"""The HTTP app: create_app(generator, settings) -> FastAPI, the same wherever it runs.
+
+The app holds no model; a Generator does the generating (in this process or on replicas),
+so this module has no notion of Ray. Start-up code builds AppSettings (settings_from_config),
+serves the app, and sets settings.ready once the preloaded adapters are published.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from serving.api import routes_adapters, routes_openai, routes_ops, routes_workers_ai
+from serving.api.auth import KeyRing
+from serving.api.context import ApiContext
+from serving.api.errors import install_error_handlers
+from serving.api.generator import Generator
+from serving.api.limits import BodyLimit
+from serving.api.metrics import Metrics
+from serving.api.settings import AppSettings, settings_from_config
+
+__all__ = ["AppSettings", "create_app", "settings_from_config"]
+
+
+def create_app(generator: Generator, settings: AppSettings) -> FastAPI:
+    """The API over generator for the model settings describe."""
+    app = FastAPI(
+        title="loraserve",
+        summary="One base LLM and thousands of LoRA adapters, OpenAI and Workers-AI shaped.",
+        version="0.1.0",
+    )
+    app.state.context = ApiContext(settings=settings, generator=generator, metrics=Metrics())
+    app.state.keys = KeyRing(settings.keys)
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    for module in (routes_workers_ai, routes_openai, routes_adapters, routes_ops):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,170 @@
+"""API keys: who is calling (a tenant) and what they may do (scope user or admin).
+
+Keys come from server.api_keys_file, one `KEY TENANT SCOPE` a line ('#' comments and
+blank lines allowed), and from LORASERVE_API_KEYS=`KEY:TENANT:SCOPE,...`. A request sends
+`Authorization: Bearer KEY`. With no keys configured every route is open and every caller
+is the admin of tenant "default" (the server then binds only to loopback).
+
+Rule: any key may use any adapter for generation, as it may use the base model; adapter
+management (upload over a name, show, delete) is scoped to the key's tenant, and an admin
+key manages every tenant's adapters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from serving.api.errors import ApiError
+from serving.config import ConfigError
+
+SCOPES = ("user", "admin")
+ENV_VAR = "LORASERVE_API_KEYS"
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces: fits a header
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller: the tenant its key belongs to and the key's scope."""
+
+    tenant: str
+    scope: str  # "user" | "admin"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.scope == "admin"
+
+    def may_manage(self, owner: str) -> bool:
+        """Whether this caller may change or inspect an adapter that owner owns."""
+        return self.is_admin or owner == self.tenant
+
+
+OPEN = Principal(tenant="default", scope="admin")  # every caller when no keys are configured
+
+
+def load_keys(
+    api_keys_file: str | Path | None, env: Mapping[str, str] | None = None
+) -> dict[str, Principal]:
+    """All configured keys, from the file and the environment; ConfigError names bad lines."""
+    env = os.environ if env is None else env
+    keys: dict[str, Principal] = {}
+    entries = []
+    if api_keys_file is not None:
+        entries += _file_entries(Path(api_keys_file))
+    if env.get(ENV_VAR, "").strip():
+        entries += _env_entries(env[ENV_VAR])
+    for where, key, tenant, scope in entries:
+        if key in keys and keys[key] != Principal(tenant, scope):
+            raise ConfigError(f"{where}: this key is already given to another tenant or scope")
+        keys[key] = Principal(tenant, scope)
+    return keys
+
+
+def _file_entries(path: Path) -> list[tuple[str, str, str, str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: API keys file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the API keys file: {exc}") from None
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        content = line.split("#", 1)[0].strip()
+        if content:
+            where = f"{path}, line {number}"
+            entries.append((where, *_check(where, content.split())))
+    return entries
+
+
+def _env_entries(text: str) -> list[tuple[str, str, str, str]]:
+    entries = []
+    for number, item in enumerate(text.split(","), start=1):
+        if item.strip():
+            where = f"{ENV_VAR}, entry {number}"
+            entries.append((where, *_check(where, item.strip().split(":"))))
+    return entries
+
+
+def _check(where: str, fields: list[str]) -> tuple[str, str, str]:
+    if len(fields) != 3:
+        raise ConfigError(f"{where}: expected KEY TENANT SCOPE, got {len(fields)} field(s)")
+    key, tenant, scope = fields
+    if not KEY_RE.match(key):
+        raise ConfigError(f"{where}: a key must be printable ASCII without spaces")
+    if not TENANT_RE.match(tenant):
+        raise ConfigError(
+            f"{where}: invalid tenant {tenant!r}: use 1-64 of A-Z, a-z, 0-9, '.', '_', '-'"
+        )
+    if scope not in SCOPES:
+        raise ConfigError(f"{where}: scope must be user or admin, got {scope!r}")
+    return key, tenant, scope
+
+
+class KeyRing:
+    """Looks keys up in time independent of where a presented key differs from a real one."""
+
+    def __init__(self, keys: Mapping[str, Principal]) -> None:
+        # Compare fixed-length digests, every one of them, so neither the position of the
+        # first differing byte nor which key matched shows in the time taken.
+        self._entries = [(_digest(k), p) for k, p in keys.items()]
+
+    @property
+    def open(self) -> bool:
+        return not self._entries
+
+    def lookup(self, key: str) -> Principal | None:
+        presented, found = _digest(key), None
+        for digest, principal in self._entries:
+            if hmac.compare_digest(presented, digest):
+                found = principal
+        return found
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: Authorization: Bearer KEY")
+
+
+async def authenticate(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller of this request (a FastAPI dependency); 401 without a valid key."""
+    ring: KeyRing = request.app.state.keys
+    if ring.open:
+        return OPEN
+    if credentials is None:
+        raise ApiError(
+            401,
+            "missing API key: send the header Authorization: Bearer KEY",
+            code="invalid_api_key",
+            headers=_CHALLENGE,
+        )
+    principal = ring.lookup(credentials.credentials)
+    if principal is None:
+        raise ApiError(401, "invalid API key", code="invalid_api_key", headers=_CHALLENGE)
+    return principal
+
+
+def require_manage(principal: Principal, owner: str, name: str) -> None:
+    """403 unless principal may manage the adapter `name` that owner owns."""
+    if not principal.may_manage(owner):
+        raise ApiError(
+            403,
+            f"adapter {name!r} belongs to another tenant; this key manages the adapters "
+            f"of tenant {principal.tenant!r} only",
+            code="permission_denied",
+        )

@@ -1,0 +1,23 @@
+"""What every route reads: the settings, the generator and the metrics of this app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from serving.api.generator import Generator
+from serving.api.metrics import Metrics
+from serving.api.settings import AppSettings
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    settings: AppSettings
+    generator: Generator
+    metrics: Metrics
+
+
+def api_context(request: Request) -> ApiContext:
+    """The context of the app serving request (a FastAPI dependency)."""
+    return request.app.state.context

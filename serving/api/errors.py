@@ -1,0 +1,130 @@
+"""Every error the API answers, as JSON in the style of the route that was asked.
+
+    /ai/...      {"success": false, "errors": [{"code": 400, "message": "..."}], "result": null}
+    elsewhere    {"error": {"message": "...", "type": "invalid_request_error", "code": null}}
+
+Workers-AI error codes are the HTTP status. Bad input of any kind (validation, malformed
+JSON, a wrong content type, bytes that are not UTF-8) is a 400; an unexpected fault is a
+500 whose body says only that, the traceback going to the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("loraserve.api")
+
+# OpenAI's error `type` by HTTP status
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+}
+
+
+class ApiError(Exception):
+    """An answer other than success: HTTP status, a message for the client, an OpenAI code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+        self.headers = dict(headers or {})
+
+
+def is_workers_ai(path: str) -> bool:
+    """Whether path is a Workers-AI route, which answers errors in its own shape."""
+    return path == "/ai" or path.startswith("/ai/")
+
+
+def error_body(path: str, status: int, message: str, code: str | None = None) -> dict:
+    """The JSON body of an error answered on path."""
+    if is_workers_ai(path):
+        return {"success": False, "errors": [{"code": status, "message": message}], "result": None}
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def error_bytes(path: str, status: int, message: str) -> bytes:
+    """error_body encoded, for the raw ASGI middleware."""
+    return json.dumps(error_body(path, status, message)).encode()
+
+
+def error_response(request: Request, error: ApiError) -> JSONResponse:
+    body = error_body(request.url.path, error.status, error.message, error.code)
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error of app through error_body."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(request, exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such route: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        elif message == "There was an error parsing the body":
+            message = "the body could not be read as JSON text (is it UTF-8?)"
+        headers = getattr(exc, "headers", None)
+        return error_response(request, ApiError(exc.status_code, message, headers=headers))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request, ApiError(400, describe_validation(exc)))
+
+    @app.exception_handler(Exception)
+    async def _fault(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(request, ApiError(500, "internal server error"))
+
+
+def describe_validation(exc: RequestValidationError) -> str:
+    """Pydantic's errors as one line: 'field.path: message; ...' (at most three)."""
+    parts = []
+    for err in exc.errors():
+        kind, loc = err.get("type"), tuple(err.get("loc", ()))
+        if kind == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "invalid JSON")
+            where = f" at character {loc[1]}" if len(loc) > 1 else ""
+            return f"the body is not valid JSON: {detail}{where}"
+        if loc == ("body",) and isinstance(err.get("input"), bytes | bytearray):
+            return "the body must be a JSON object sent with Content-Type: application/json"
+        if loc == ("body",) and kind == "missing":
+            return "a JSON body is required"
+        fields = [str(p) for p in loc[1:] if not _is_union_tag(p)] if loc[:1] == ("body",) else []
+        if loc[:1] in (("query",), ("path",), ("header",)):
+            fields = [str(p) for p in loc[1:]]
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        # our validators' messages already start with the field's name
+        named = not fields or msg.startswith(f"{fields[-1]} ")
+        parts.append(msg if named else f"{'.'.join(fields)}: {msg}")
+    unique = list(dict.fromkeys(parts))
+    return "; ".join(unique[:3]) or "invalid request"
+
+
+def _is_union_tag(part: object) -> bool:
+    # pydantic names the union member that failed ("str", "list[int]") inside the location
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool"))

@@ -1,0 +1,147 @@
+"""One request through the generator: start it, stream or collect it, record its metrics.
+
+A request is started (its first output awaited) before any response is sent, so a full
+queue, an invalid request or a failed adapter load still gets a proper status code even
+when the client asked for a stream. Leaving early (a client disconnect) closes the
+generator's stream, which aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+from fastapi import Request
+
+from serving.api.context import ApiContext
+from serving.api.errors import ApiError
+from serving.api.generator import QueueFull
+from serving.engine.request import GenerateRequest, RequestOutput, TokenLogprob
+
+RETRY_AFTER_SECONDS = 1
+CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
+
+
+@dataclass
+class Outcome:
+    """A whole generation, collected."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Generation:
+    """A started request: iterate it once for its outputs (the first one included)."""
+
+    def __init__(self, ctx: ApiContext, stream, first: RequestOutput, label: str, t0: float):
+        self._ctx, self._stream, self._first, self.label = ctx, stream, first, label
+        self._t0, self._ttft = t0, time.perf_counter() - t0
+        self._last: RequestOutput = first
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            out = self._first
+            yield out
+            while not out.finished:
+                out = await anext(self._stream)
+                self._last = out
+                yield out
+        finally:
+            # Shielded: closing is what aborts the request, even while being cancelled.
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()
+            self._record()
+
+    async def collect(self, request: Request) -> Outcome:
+        """Every output joined; a client that disconnects meanwhile aborts the request."""
+        drain = asyncio.ensure_future(_drain(self))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({drain, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (drain, gone):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if drain.cancelled():
+            raise ApiError(CLIENT_CLOSED, "the client disconnected")
+        return drain.result()
+
+    def _record(self) -> None:
+        out = self._last
+        reason = (out.finish_reason or "stop") if out.finished else "abort"
+        self._ctx.metrics.observe(
+            self.label,
+            status={"abort": CLIENT_CLOSED, "error": 500}.get(reason, 200),
+            finish_reason=reason,
+            ttft=self._ttft,
+            e2e=time.perf_counter() - self._t0,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+        )
+
+
+async def start(
+    ctx: ApiContext, request: GenerateRequest, *, session: str | None, t0: float
+) -> Generation:
+    """The request queued and its first output in hand; 400, 429 or 500 if it cannot run."""
+    stream = ctx.generator.generate(request, session=session)
+    try:
+        first = await anext(stream)
+    except QueueFull as exc:
+        raise ApiError(
+            429,
+            f"the server is busy ({exc}); retry shortly",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        ) from None
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+    except BaseException:
+        await stream.aclose()
+        raise
+    gen = Generation(ctx, stream, first, ctx.metrics.label(request.adapter), t0)
+    if first.finish_reason == "error":
+        gen._record()
+        await stream.aclose()
+        raise failed(first)
+    return gen
+
+
+def failed(out: RequestOutput) -> ApiError:
+    """The error of an output that finished with finish_reason "error"."""
+    return ApiError(500, f"generation failed: {out.error or 'unknown engine error'}")
+
+
+async def _drain(gen: Generation) -> Outcome:
+    outcome = Outcome()
+    text = []
+    async for out in gen:
+        if out.finish_reason == "error":
+            raise failed(out)
+        text.append(out.new_text)
+        outcome.token_ids.extend(out.new_token_ids)
+        outcome.logprobs.extend(out.logprobs)
+        if out.finished:
+            outcome.finish_reason = out.finish_reason or "stop"
+            outcome.prompt_tokens = out.prompt_tokens
+            outcome.completion_tokens = out.completion_tokens
+            outcome.cached_tokens = out.cached_tokens
+    outcome.text = "".join(text)
+    return outcome
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone; the body has been read by then, so only the
+    disconnect message is left to come."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

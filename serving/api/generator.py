@@ -1,0 +1,99 @@
+"""What the HTTP layer needs from the model replicas, and the in-process implementation.
+
+The routes see only the Generator protocol, so the same app runs on an engine in this
+process (LocalGenerator: tests, benchmarks, one Ray replica's own engine) or in front of
+a pool of remote replicas (serving.deploy wraps its handles in the same protocol).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Protocol
+
+from serving.engine.engine import Engine
+from serving.engine.figures import EngineFigures, engine_figures
+from serving.engine.request import GenerateRequest, RequestOutput
+
+
+class QueueFull(Exception):
+    """The replica's waiting queue is full; the client should retry later (HTTP 429)."""
+
+
+class Generator(Protocol):
+    """Model replicas as the HTTP layer uses them."""
+
+    def generate(
+        self, request: GenerateRequest, *, session: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs as an async generator; the last one has `finished` set.
+
+        Raises ValueError (from the first iteration) for a request the engine can never
+        run and QueueFull when the replica cannot queue it now. Closing the generator
+        early aborts the request. `session` keeps a conversation on one replica.
+        """
+        ...
+
+    async def figures(self) -> list[EngineFigures]:
+        """One snapshot per replica."""
+        ...
+
+    async def ready(self) -> bool:
+        """Whether every replica is up and can take requests."""
+        ...
+
+
+class LocalGenerator:
+    """One engine in this process, its step loop on a thread started here."""
+
+    def __init__(self, engine: Engine, max_queue: int, *, replica: str = "local") -> None:
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.engine, self.max_queue, self.replica = engine, max_queue, replica
+        self._num_waiting = 0  # accepted here, no output yet: queued or in prefill
+        self._lock = threading.Lock()  # callers may run on more than one event loop
+        self._running = True
+        engine.start()
+
+    async def generate(
+        self, request: GenerateRequest, *, session: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """See Generator.generate; `session` is ignored, there is one replica."""
+        self.engine.validate(request)
+        with self._lock:
+            if self._num_waiting >= self.max_queue:
+                raise QueueFull(
+                    f"{self._num_waiting} requests are waiting, the most this replica queues"
+                )
+            self._num_waiting += 1
+        waiting = True
+        try:
+            # aclosing: leaving this generator early must close the engine's stream, whose
+            # own cleanup aborts the request; an abandoned stream would run to the end.
+            async with aclosing(self.engine.add_request(request)) as stream:
+                async for out in stream:
+                    if waiting:
+                        waiting = False
+                        self._done_waiting()
+                    yield out
+        finally:
+            if waiting:
+                self._done_waiting()
+
+    async def figures(self) -> list[EngineFigures]:
+        """The engine's figures, as the only replica."""
+        return [engine_figures(self.engine, self.replica)]
+
+    async def ready(self) -> bool:
+        """True from construction until close()."""
+        return self._running
+
+    def close(self) -> None:
+        """Stop the engine's step loop; requests still running get no more output."""
+        self._running = False
+        self.engine.shutdown()
+
+    def _done_waiting(self) -> None:
+        with self._lock:
+            self._num_waiting -= 1

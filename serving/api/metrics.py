@@ -1,0 +1,196 @@
+"""Prometheus metrics of the API: request latencies and tokens here, engine figures at scrape.
+
+Names carry their unit (`_seconds`, `_tokens_total`, `_ratio`). The `adapter` label is
+bounded: the first MAX_ADAPTER_LABELS adapter names that get traffic keep their own label
+for the life of the process (a series cannot be renamed later without breaking rates), all
+later names count as "other", and base-only requests as "base", as the engine's own
+speculative-decoding figures label them. Everything lives in this app's own registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from serving.engine.figures import EngineFigures
+
+MAX_ADAPTER_LABELS = 20
+BASE, OTHER = "base", "other"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class AdapterLabels:
+    """Adapter version -> bounded metrics label."""
+
+    def __init__(self, max_labels: int = MAX_ADAPTER_LABELS) -> None:
+        self.max_labels = max_labels
+        self._named: set[str] = set()
+
+    def __call__(self, version: str | None) -> str:
+        if version is None:
+            return BASE
+        name = version.partition("@")[0]
+        if name in self._named:
+            return name
+        if len(self._named) < self.max_labels:
+            self._named.add(name)
+            return name
+        return OTHER
+
+
+class Metrics:
+    """The app's metrics and its registry; render() reads the replicas' figures first."""
+
+    def __init__(self, max_adapter_labels: int = MAX_ADAPTER_LABELS) -> None:
+        self.registry = CollectorRegistry()
+        self.label = AdapterLabels(max_adapter_labels)
+        reg, by_adapter = self.registry, ["adapter"]
+        self.ttft = Histogram(
+            "loraserve_time_to_first_token_seconds",
+            "From request arrival to its first output.",
+            by_adapter,
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.tpot = Histogram(
+            "loraserve_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            by_adapter,
+            buckets=TPOT_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            "loraserve_e2e_request_latency_seconds",
+            "From request arrival to its last output.",
+            by_adapter,
+            buckets=E2E_BUCKETS,
+            registry=reg,
+        )
+        self.prompt_tokens = Counter(
+            "loraserve_prompt_tokens_total",
+            "Prompt tokens of finished requests.",
+            by_adapter,
+            registry=reg,
+        )
+        self.generation_tokens = Counter(
+            "loraserve_generation_tokens_total", "Tokens generated.", by_adapter, registry=reg
+        )
+        self.requests = Counter(
+            "loraserve_requests_total",
+            "Generation requests that reached the engine, by finish reason and HTTP status.",
+            ["adapter", "finish_reason", "status"],
+            registry=reg,
+        )
+        self._engines = _EngineCollector()
+        reg.register(self._engines)
+
+    def observe(
+        self,
+        label: str,
+        *,
+        status: int,
+        finish_reason: str,
+        ttft: float | None,
+        e2e: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """Record one request that reached the engine, when it ends."""
+        self.requests.labels(label, finish_reason, str(status)).inc()
+        self.prompt_tokens.labels(label).inc(prompt_tokens)
+        self.generation_tokens.labels(label).inc(completion_tokens)
+        self.e2e.labels(label).observe(e2e)
+        if ttft is not None:
+            self.ttft.labels(label).observe(ttft)
+            if completion_tokens > 1:
+                self.tpot.labels(label).observe((e2e - ttft) / (completion_tokens - 1))
+
+    def render(self, figures: list[EngineFigures]) -> bytes:
+        """The exposition text, with the engine gauges taken from figures."""
+        # Set and read without an await in between, so concurrent scrapes cannot mix.
+        self._engines.figures = figures
+        return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    """Gauges and counters of every replica, from the figures of the current scrape."""
+
+    def __init__(self) -> None:
+        self.figures: list[EngineFigures] = []
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the families vary with the replicas; nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        def gauge(name, doc, value_of):
+            family = GaugeMetricFamily(name, doc, labels=["replica"])
+            for f in self.figures:
+                family.add_metric([f.replica], value_of(f))
+            return family
+
+        def counter(name, doc, value_of, only=lambda f: True):
+            family = CounterMetricFamily(name, doc, labels=["replica"])
+            for f in filter(only, self.figures):
+                family.add_metric([f.replica], value_of(f))
+            return family
+
+        yield gauge("loraserve_num_requests_running", "Requests running.", lambda f: f.num_running)
+        yield gauge("loraserve_num_requests_waiting", "Requests waiting.", lambda f: f.num_waiting)
+        yield gauge("loraserve_kv_cache_usage_ratio", "KV blocks in use.", lambda f: f.kv_usage)
+        yield gauge(
+            "loraserve_prefix_cache_hit_ratio",
+            "Prompt tokens found in the prefix cache, of those looked up.",
+            lambda f: f.prefix_cache_hit_rate,
+        )
+        yield counter(
+            "loraserve_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache.",
+            lambda f: f.prefix_queried_tokens,
+        )
+        yield counter(
+            "loraserve_prefix_cache_hit_tokens",
+            "Prompt tokens found in the prefix cache.",
+            lambda f: f.prefix_hit_tokens,
+        )
+        yield counter(
+            "loraserve_num_preemptions", "Sequences preempted.", lambda f: f.num_preemptions
+        )
+        yield counter(
+            "loraserve_adapter_loads",
+            "Adapters loaded into a slot.",
+            lambda f: f.slab["loads"],
+            _has_slab,
+        )
+        yield counter(
+            "loraserve_adapter_evictions",
+            "Adapters evicted from a slot.",
+            lambda f: f.slab["evictions"],
+            _has_slab,
+        )
+        family = GaugeMetricFamily(
+            "loraserve_adapter_slab_occupancy_ratio",
+            "Slots holding an adapter.",
+            labels=["replica"],
+        )
+        for f in filter(_has_slab, self.figures):
+            family.add_metric([f.replica], f.slab["resident"] / max(f.slab["num_slots"], 1))
+        yield family
+        for key, doc in (
+            ("proposed", "Draft tokens proposed."),
+            ("accepted", "Draft tokens accepted by verification."),
+        ):
+            family = CounterMetricFamily(
+                f"loraserve_spec_decode_{key}_tokens", doc, labels=["replica", "adapter"]
+            )
+            for f in self.figures:
+                for label, counts in sorted(f.spec.items()):
+                    family.add_metric([f.replica, label], counts[key])
+            yield family
+
+
+def _has_slab(figures: EngineFigures) -> bool:
+    return bool(figures.slab)

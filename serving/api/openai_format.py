@@ -1,0 +1,138 @@
+"""OpenAI response objects: chat.completion(.chunk) and text_completion, usage, logprobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+
+from serving.api.generation import Outcome
+from serving.engine.request import RequestOutput, TokenLogprob
+from serving.model.tokenizer import Tokenizer
+
+# The engine's reasons that OpenAI has no word for: an abort never reaches a client that
+# is still there, and errors are answered as errors.
+FINISH_REASONS = {"stop": "stop", "length": "length"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def outcome_usage(outcome: Outcome) -> dict:
+    return usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+
+
+def output_usage(out: RequestOutput) -> dict:
+    return usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+
+
+def finish_reason(reason: str | None) -> str | None:
+    return None if reason is None else FINISH_REASONS.get(reason, "stop")
+
+
+def chat_logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> dict:
+    """Chat's {"content": [{token, logprob, bytes, top_logprobs}]}."""
+
+    def entry(token_id: int, logprob: float) -> dict:
+        text = _token_text(tokenizer, token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+            for lp in logprobs
+        ]
+    }
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offset: int = 0
+) -> dict:
+    """Completions' {tokens, token_logprobs, top_logprobs, text_offset}."""
+    tokens = [_token_text(tokenizer, lp.token_id) for lp in logprobs]
+    offsets, at = [], offset
+    for text in tokens:
+        offsets.append(at)
+        at += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{_token_text(tokenizer, t): v for t, v in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+def chat_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | None) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": now(),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": outcome.text},
+                "finish_reason": finish_reason(outcome.finish_reason),
+                "logprobs": logprobs,
+            }
+        ],
+        "usage": outcome_usage(outcome),
+    }
+
+
+def text_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | None) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": outcome.text,
+                "finish_reason": finish_reason(outcome.finish_reason),
+                "logprobs": logprobs,
+            }
+        ],
+        "usage": outcome_usage(outcome),
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+
+
+def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)

@@ -1,0 +1,85 @@
+"""Prompts to token ids, and sampling fields to SamplingParams, with 400s for what cannot run.
+
+Chats go through the model's chat template and are tokenized without added special tokens
+(the template writes them), as transformers does; raw text gets the tokenizer's own (BOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from serving.api.errors import ApiError
+from serving.api.schemas import ChatMessage
+from serving.api.settings import AppSettings
+from serving.engine.request import SamplingParams
+from serving.model.errors import ChatTemplateError
+
+
+def chat_ids(settings: AppSettings, messages: Sequence[ChatMessage]) -> list[int]:
+    """The token ids of a chat rendered by the chat template, ready for the reply."""
+    chat = [{"role": m.role, "content": m.text()} for m in messages]
+    try:
+        text = settings.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise ApiError(400, str(exc)) from None
+    return checked(settings, settings.tokenizer.encode(text, add_special_tokens=False))
+
+
+def text_ids(settings: AppSettings, text: str) -> list[int]:
+    """The token ids of raw text."""
+    return checked(settings, settings.tokenizer.encode(text, add_special_tokens=True))
+
+
+def given_ids(settings: AppSettings, ids: Sequence[int]) -> list[int]:
+    """Token ids sent by the client, each checked to be one the model embeds."""
+    limit = settings.num_token_ids
+    bad = next((i for i in ids if not 0 <= i < limit), None)
+    if bad is not None:
+        raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{limit - 1})")
+    return checked(settings, list(ids))
+
+
+def checked(settings: AppSettings, ids: list[int]) -> list[int]:
+    """ids, or a 400 naming the counts when no output token would fit after them."""
+    if not ids:
+        raise ApiError(400, "the prompt is empty")
+    if len(ids) >= settings.max_model_len:
+        raise ApiError(
+            400,
+            f"the prompt has {len(ids)} tokens; the model serves at most "
+            f"{settings.max_model_len} tokens of prompt and output together",
+            code="context_length_exceeded",
+        )
+    return ids
+
+
+def sampling(
+    body,
+    settings: AppSettings,
+    *,
+    max_tokens: int | None,
+    default_temperature: float,
+    stop: tuple[str, ...] = (),
+    logprobs: int | None = None,
+) -> SamplingParams:
+    """SamplingParams from a validated body's shared fields (schemas._Sampling).
+
+    Without max_tokens the output may fill the context: the engine caps every request at
+    max_model_len and reports finish_reason "length" when the cap stops it.
+    """
+
+    def pick(value, default):
+        return default if value is None else value
+
+    return SamplingParams(
+        max_tokens=pick(max_tokens, settings.max_model_len),
+        temperature=pick(body.temperature, default_temperature),
+        top_p=pick(body.top_p, 1.0),
+        top_k=pick(body.top_k, 0),
+        seed=body.seed,
+        repetition_penalty=pick(body.repetition_penalty, 1.0),
+        frequency_penalty=pick(body.frequency_penalty, 0.0),
+        presence_penalty=pick(body.presence_penalty, 0.0),
+        stop=stop,
+        logprobs=logprobs,
+    )

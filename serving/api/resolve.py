@@ -1,0 +1,77 @@
+"""Which adapter version a request names: `model` and `lora` fields -> 'name@digest' or None.
+
+    model "demo"             the base model alone (demo being model.id)
+    model "support-bot"      the adapter support-bot's latest version
+    model "demo:support-bot" the same, OpenAI-style fine-tune naming
+    lora  "support-bot", "support-bot@<digest>" or "demo:support-bot"
+
+Names resolve through the registry on every request, so an upload is served by the next
+request and a deleted name answers 404 at once. Any key may use any adapter (see auth).
+"""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+
+from adapters.errors import AdapterError
+from adapters.names import parse_ref
+from serving.api.errors import ApiError
+from serving.api.settings import AppSettings
+
+
+def adapter_from_model(settings: AppSettings, model: str) -> str | None:
+    """The adapter reference an OpenAI `model` names, None for the base model; 404 if unknown."""
+    if model == settings.model_id:
+        return None
+    base, sep, name = model.rpartition(":")
+    if sep and base != settings.model_id:
+        raise _model_not_found(model)
+    try:
+        parse_ref(name)
+    except AdapterError:
+        raise _model_not_found(model) from None
+    return name
+
+
+def adapter_from_lora(settings: AppSettings, lora: str) -> str:
+    """The adapter reference a `lora` field names; 400 if malformed, 404 for another base."""
+    base, sep, name = lora.rpartition(":")
+    if sep and base != settings.model_id:
+        raise ApiError(
+            404,
+            f"lora {lora!r} names base model {base!r}; this server serves {settings.model_id!r}",
+            code="model_not_found",
+        )
+    try:
+        parse_ref(name)
+    except AdapterError as exc:
+        raise ApiError(400, f"lora: {exc}") from None
+    return name
+
+
+def pick_adapter(from_model: str | None, from_lora: str | None) -> str | None:
+    """The one adapter named by `model` and/or `lora`; 400 when they disagree."""
+    if from_model and from_lora and from_model != from_lora:
+        raise ApiError(400, f"model names adapter {from_model!r} but lora names {from_lora!r}")
+    return from_lora or from_model
+
+
+async def resolve_version(settings: AppSettings, ref: str | None) -> str | None:
+    """'name' or 'name@digest' -> the registry's 'name@digest'; 404 when it does not exist."""
+    if ref is None:
+        return None
+    try:
+        version = await run_in_threadpool(settings.registry.resolve, ref)
+    except AdapterError as exc:
+        # The registry's "unknown adapter ..." / "unknown version ..." mean absent; anything
+        # else is a damaged registry, the server's fault.
+        if str(exc).startswith("unknown "):
+            raise ApiError(404, str(exc), code="model_not_found") from None
+        raise ApiError(500, str(exc)) from None
+    except OSError:
+        raise ApiError(503, "the adapter registry cannot be reached; try again") from None
+    return version.ref
+
+
+def _model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"the model {model!r} does not exist", code="model_not_found")

@@ -1,0 +1,188 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+The adapter is chosen by `model` ("<adapter>", "<model.id>:<adapter>"; model.id alone is
+the base model) or by the extra `lora` field (see resolve). Streams are server-sent events
+of chunks ending with `data: [DONE]`; errors are OpenAI's {"error": {...}}.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from sse_starlette import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from serving.api import openai_format as fmt
+from serving.api.auth import Principal, authenticate
+from serving.api.context import ApiContext, api_context
+from serving.api.errors import ApiError, error_body
+from serving.api.generation import Generation, start
+from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
+from serving.api.resolve import adapter_from_lora, adapter_from_model, pick_adapter, resolve_version
+from serving.api.schemas import ChatCompletionRequest, CompletionRequest
+from serving.engine.request import GenerateRequest
+
+router = APIRouter(tags=["OpenAI"])
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Caller = Annotated[Principal, Depends(authenticate)]
+SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
+PING_SECONDS = 15
+
+
+@router.post("/v1/chat/completions", summary="Chat completion")
+async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, _: Caller):
+    t0, s = time.perf_counter(), ctx.settings
+    version = await _version(ctx, body)
+    params = sampling(
+        body,
+        s,
+        max_tokens=body.output_limit(),
+        default_temperature=1.0,
+        stop=body.stop_strings(),
+        logprobs=body.num_logprobs(),
+    )
+    rid = fmt.new_id("chatcmpl")
+    ids = chat_ids(s, body.messages)
+    gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
+    if body.stream:
+        return _sse(_chat_events(ctx, gen, rid, body))
+    outcome = await gen.collect(request)
+    logprobs = fmt.chat_logprobs(s.tokenizer, outcome.logprobs) if body.logprobs else None
+    return fmt.chat_completion(rid, body.model, outcome, logprobs)
+
+
+@router.post("/v1/completions", summary="Text completion")
+async def completions(body: CompletionRequest, request: Request, ctx: Ctx, _: Caller):
+    t0, s = time.perf_counter(), ctx.settings
+    version = await _version(ctx, body)
+    params = sampling(
+        body,
+        s,
+        max_tokens=body.output_limit(),
+        default_temperature=1.0,
+        stop=body.stop_strings(),
+        logprobs=body.num_logprobs(),
+    )
+    rid = fmt.new_id("cmpl")
+    prompt = body.prompt
+    ids = text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
+    gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
+    if body.stream:
+        return _sse(_completion_events(ctx, gen, rid, body))
+    outcome = await gen.collect(request)
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = fmt.completion_logprobs(s.tokenizer, outcome.logprobs)
+    return fmt.text_completion(rid, body.model, outcome, logprobs)
+
+
+@router.get("/v1/models", summary="The base model and the adapters this key may see")
+async def models(ctx: Ctx, caller: Caller):
+    s = ctx.settings
+    owner = None if caller.is_admin else caller.tenant
+    try:
+        entries = await run_in_threadpool(s.registry.list, owner)
+    except OSError:
+        raise ApiError(503, "the adapter registry cannot be reached; try again") from None
+    base = _card(s.model_id, 0, s.owned_by, None, s.model_id)
+    adapters = [
+        _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id, s.model_id)
+        for e in entries
+    ]
+    return {"object": "list", "data": [base, *adapters]}
+
+
+async def _version(ctx: ApiContext, body) -> str | None:
+    s = ctx.settings
+    from_lora = adapter_from_lora(s, body.lora) if body.lora else None
+    return await resolve_version(s, pick_adapter(adapter_from_model(s, body.model), from_lora))
+
+
+def _who(request: Request, t0: float) -> dict:
+    return {"session": request.headers.get(SESSION_HEADER), "t0": t0}
+
+
+def _sse(events: AsyncIterator[str]) -> EventSourceResponse:
+    return EventSourceResponse(events, sep="\n", ping=PING_SECONDS)
+
+
+async def _chat_events(
+    ctx: ApiContext, gen: Generation, rid: str, body: ChatCompletionRequest
+) -> AsyncIterator[str]:
+    created, tokenizer = fmt.now(), ctx.settings.tokenizer
+    extra = {"usage": None} if body.include_usage() else {}
+
+    def chunk(delta: dict, reason: str | None = None, logprobs=None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return json.dumps(fmt.chat_chunk(rid, created, body.model, [choice], **extra))
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for out in gen:
+        if out.finish_reason == "error":
+            yield _stream_error(out.error)
+            return
+        if out.new_text or (body.logprobs and out.logprobs):
+            lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
+            yield chunk({"content": out.new_text}, logprobs=lp)
+        if out.finished:
+            yield chunk({}, fmt.finish_reason(out.finish_reason))
+            if body.include_usage():
+                usage = fmt.output_usage(out)
+                yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
+    yield "[DONE]"
+
+
+async def _completion_events(
+    ctx: ApiContext, gen: Generation, rid: str, body: CompletionRequest
+) -> AsyncIterator[str]:
+    created, tokenizer, offset = fmt.now(), ctx.settings.tokenizer, 0
+    extra = {"usage": None} if body.include_usage() else {}
+
+    def chunk(text: str, reason: str | None = None, logprobs=None) -> str:
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        return json.dumps(fmt.completion_chunk(rid, created, body.model, [choice], **extra))
+
+    async for out in gen:
+        if out.finish_reason == "error":
+            yield _stream_error(out.error)
+            return
+        if out.new_text or (body.logprobs is not None and out.logprobs):
+            lp = None
+            if body.logprobs is not None:
+                lp = fmt.completion_logprobs(tokenizer, out.logprobs, offset)
+            offset += len(out.new_text)
+            yield chunk(out.new_text, logprobs=lp)
+        if out.finished:
+            yield chunk("", fmt.finish_reason(out.finish_reason))
+            if body.include_usage():
+                usage = fmt.output_usage(out)
+                yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
+    yield "[DONE]"
+
+
+def _stream_error(message: str | None) -> str:
+    text = f"generation failed: {message or 'unknown engine error'}"
+    return json.dumps(error_body("/v1", 500, text))
+
+
+def _card(model: str, created: int, owned_by: str, parent: str | None, root: str) -> dict:
+    return {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": owned_by,
+        "root": root,
+        "parent": parent,
+    }
+
+
+def _epoch(iso: str) -> int:
+    try:
+        return int(datetime.fromisoformat(iso).timestamp())
+    except ValueError:
+        return 0

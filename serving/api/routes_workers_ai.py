@@ -1,0 +1,98 @@
+"""POST /ai/run/{model}: Cloudflare Workers-AI shaped text generation.
+
+`model` must be the served model's id; the adapter comes from `lora`. A `prompt` is
+wrapped by the chat template as one user turn unless `raw`; `messages` always are.
+Streams are server-sent events `data: {"response": "..."}`, the last carrying `usage`,
+then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from sse_starlette import EventSourceResponse
+
+from serving.api.auth import Principal, authenticate
+from serving.api.context import ApiContext, api_context
+from serving.api.errors import ApiError, error_body
+from serving.api.generation import Generation, start
+from serving.api.openai_format import new_id
+from serving.api.prompts import chat_ids, sampling, text_ids
+from serving.api.resolve import adapter_from_lora, resolve_version
+from serving.api.schemas import ChatMessage, WorkersAIRequest
+from serving.engine.request import GenerateRequest, RequestOutput
+
+router = APIRouter(tags=["Workers AI"])
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Caller = Annotated[Principal, Depends(authenticate)]
+DEFAULT_MAX_TOKENS = 256  # Workers AI's default
+DEFAULT_TEMPERATURE = 0.6  # Workers AI's default
+SESSION_HEADER = "x-session-affinity"
+PING_SECONDS = 15
+
+
+@router.post("/ai/run/{model:path}", summary="Run the model (Workers AI)")
+async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, _: Caller):
+    t0, s = time.perf_counter(), ctx.settings
+    if model != s.model_id:
+        raise ApiError(404, f"unknown model {model!r}; this server serves {s.model_id!r}")
+    version = await resolve_version(s, adapter_from_lora(s, body.lora) if body.lora else None)
+    if body.messages is not None:
+        ids = chat_ids(s, body.messages)
+    elif body.raw:
+        ids = text_ids(s, body.prompt)
+    else:
+        ids = chat_ids(s, [ChatMessage(role="user", content=body.prompt)])
+    params = sampling(
+        body,
+        s,
+        max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
+        default_temperature=DEFAULT_TEMPERATURE,
+    )
+    request_id = new_id("ai")
+    gen = await start(
+        ctx,
+        GenerateRequest(request_id, tuple(ids), params, version),
+        session=request.headers.get(SESSION_HEADER),
+        t0=t0,
+    )
+    if body.stream:
+        return EventSourceResponse(_events(gen), sep="\n", ping=PING_SECONDS)
+    outcome = await gen.collect(request)
+    usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+    return {
+        "result": {"response": outcome.text, "usage": usage},
+        "success": True,
+        "errors": [],
+        "messages": [],
+    }
+
+
+async def _events(gen: Generation) -> AsyncIterator[str]:
+    async for out in gen:
+        if out.finish_reason == "error":
+            message = f"generation failed: {out.error or 'unknown engine error'}"
+            yield json.dumps(error_body("/ai/run", 500, message))
+            return
+        if out.new_text and not out.finished:
+            yield json.dumps({"response": out.new_text})
+        if out.finished:
+            yield json.dumps({"response": out.new_text, "usage": _output_usage(out)})
+    yield "[DONE]"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "cached_tokens": cached_tokens,
+    }
+
+
+def _output_usage(out: RequestOutput) -> dict:
+    return _usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)

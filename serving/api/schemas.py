@@ -1,0 +1,190 @@
+"""Request bodies at the HTTP edge: pydantic models, turned into frozen engine requests at once.
+
+Ranges follow OpenAI's (temperature 0..2, top_p in (0, 1], penalties -2..2) and Workers AI's
+(repetition_penalty in (0, 2]); a field left out or sent as null takes the default given in
+its description. OpenAI bodies ignore fields this server does not know (clients send many);
+Workers-AI bodies refuse them, so a misspelt field is an error rather than a silent default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20
+
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+TopK = Annotated[int, Field(ge=0)]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a torch generator's seed range
+RepetitionPenalty = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+# >= 1, checked by a validator whose message the API contract fixes; the minimum documents it
+MaxTokens = Annotated[int, Field(json_schema_extra={"minimum": 1})]
+
+
+class TextPart(BaseModel):
+    """OpenAI's list form of message content: only text parts are served."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One turn of a chat."""
+
+    model_config = ConfigDict(extra="ignore")  # e.g. OpenAI's optional `name`
+
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _Sampling(BaseModel):
+    """Fields every generation body shares."""
+
+    max_tokens: MaxTokens | None = Field(None, description="Tokens to generate at most.")
+    temperature: Temperature | None = Field(None, description="0 is greedy.")
+    top_p: TopP | None = Field(None, description="Nucleus sampling mass; default 1 (off).")
+    top_k: TopK | None = Field(None, description="Sample among the k likeliest; 0 (default) off.")
+    seed: Seed | None = Field(None, description="Makes sampling repeatable.")
+    repetition_penalty: RepetitionPenalty | None = Field(None, description="Default 1 (off).")
+    frequency_penalty: Penalty | None = Field(None, description="Default 0 (off).")
+    presence_penalty: Penalty | None = Field(None, description="Default 0 (off).")
+    lora: str | None = Field(None, description="Adapter: name, name@digest or <model>:name.")
+
+    @field_validator("max_tokens", check_fields=False)
+    @classmethod
+    def _at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("max_tokens must be at least 1")
+        return value
+
+
+class WorkersAIRequest(_Sampling):
+    """POST /ai/run/{model}: a prompt or a chat, optionally through an adapter."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | None = Field(None, description="Text; the chat template wraps it unless raw.")
+    messages: list[ChatMessage] | None = Field(None, description="A chat (instead of prompt).")
+    raw: bool = Field(False, description="Send prompt as is, without the chat template.")
+    stream: bool = Field(False, description="Answer with server-sent events.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> WorkersAIRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if self.messages is not None and not self.messages:
+            raise ValueError("messages must not be empty")
+        if self.raw and self.messages is not None:
+            raise ValueError("raw applies to prompt only; messages always use the chat template")
+        return self
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _OpenAIBody(_Sampling):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(..., description="The model id, an adapter name or <model>:<adapter>.")
+    n: int = Field(1, description="Choices to generate; only 1 is supported.")
+    stop: str | list[str] | None = Field(None, description="Strings that end the output.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"only n=1 is supported, got {value}")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings are supported")
+        return value
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_OpenAIBody):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: MaxTokens | None = Field(None, description="Same as max_tokens.")
+    logprobs: bool = Field(False, description="Return each output token's log-probability.")
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _not_empty(cls, value: list[ChatMessage]) -> list[ChatMessage]:
+        if not value:
+            raise ValueError("messages must not be empty")
+        return value
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _completion_at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("max_completion_tokens must be at least 1")
+        return value
+
+    @model_validator(mode="after")
+    def _logprobs_need_flag(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens else self.max_tokens
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_OpenAIBody):
+    """POST /v1/completions: a raw prompt, as text or token ids."""
+
+    prompt: str | list[int] = Field(..., description="Text or token ids; no chat template.")
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="Return the top-n log-probabilities of each output token."
+    )
+    echo: bool = Field(False, description="Not supported: must be false.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, value: str | list[int]) -> str | list[int]:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be an empty list")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs

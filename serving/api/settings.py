@@ -1,0 +1,62 @@
+"""What the HTTP app needs to know besides the generator, read once at start-up."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from adapters.base_model import BaseModelSpec
+from adapters.registry import Registry
+from serving.api.auth import Principal, load_keys
+from serving.config import ServeConfig
+from serving.model.hf_config import load_model_config
+from serving.model.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The served model, where adapters live, who may call, and the readiness flag.
+
+    `ready` is set by whoever starts the app once the preloads are published; /readyz
+    answers 200 only while it is set and the generator is ready.
+    """
+
+    model_id: str
+    max_model_len: int  # prompt + output tokens, the engine's limit
+    tokenizer: Tokenizer
+    registry: Registry
+    base_spec: BaseModelSpec
+    draft_spec: BaseModelSpec | None = None  # the draft model's, when one is configured
+    max_lora_rank: int = 64
+    keys: Mapping[str, Principal] = field(default_factory=dict)  # key -> caller; empty: open
+    max_body_bytes: int = 32 * 2**20
+    vocab_size: int | None = None  # token ids a prompt may hold; None: the tokenizer's
+    ready: threading.Event = field(default_factory=threading.Event)
+    owned_by: str = "loraserve"  # /v1/models' owned_by of the base model
+
+    @property
+    def num_token_ids(self) -> int:
+        return self.vocab_size if self.vocab_size is not None else self.tokenizer.vocab_size
+
+
+def settings_from_config(cfg: ServeConfig) -> AppSettings:
+    """Settings for cfg, reading the model folder's config and tokenizer but not its weights."""
+    model = load_model_config(cfg.model.path)
+    # The engine serves no further than the model's context (or its sliding window).
+    context = min(model.max_position_embeddings, model.sliding_window or 1 << 62)
+    draft = None
+    if cfg.draft.method == "draft_model":
+        draft = BaseModelSpec.from_dir(cfg.draft.path)
+    return AppSettings(
+        model_id=cfg.model.id,
+        max_model_len=min(cfg.model.max_model_len, context),
+        tokenizer=load_tokenizer(cfg.model.path),
+        registry=Registry(cfg.lora.registry),
+        base_spec=BaseModelSpec.from_dir(cfg.model.path),
+        draft_spec=draft,
+        max_lora_rank=cfg.lora.max_lora_rank,
+        keys=load_keys(cfg.server.api_keys_file),
+        max_body_bytes=cfg.server.max_body_mb * 2**20,
+        vocab_size=model.vocab_size,
+    )

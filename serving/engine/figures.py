@@ -1,0 +1,60 @@
+"""A snapshot of one engine's load and counters, as plain picklable data for metrics.
+
+Read from another thread than the step loop without a lock: each figure is one read of a
+counter or a list length, so a snapshot may mix values from two adjacent steps, which a
+metrics scrape tolerates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """One replica's gauges and counters at one moment; counters only grow."""
+
+    replica: str
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of KV blocks held by running sequences
+    prefix_cache_hit_rate: float  # prefix_hit_tokens / prefix_queried_tokens, 0 before any
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    num_preemptions: int
+    # adapter label ("base", a name, or "other") -> {proposed, accepted, emitted, steps}
+    spec: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the slab's SlabStats as a dict plus num_slots; empty when the engine serves no adapters
+    slab: dict[str, float] = field(default_factory=dict)
+
+
+def engine_figures(engine, replica: str) -> EngineFigures:
+    """The figures of `engine` (a serving.engine.Engine) now, labelled with `replica`."""
+    scheduler, cache = engine.scheduler, engine.blocks.stats
+    spec = {}
+    if engine.spec is not None:
+        # list() copies the dict in one step, so a label added mid-read cannot break iteration
+        for label, counts in list(engine.spec.stats.by_adapter.items()):
+            spec[label] = {
+                "proposed": counts.proposed,
+                "accepted": counts.accepted,
+                "emitted": counts.emitted,
+                "steps": counts.steps,
+            }
+    slab = {}
+    if engine.slab is not None:
+        slab = dataclasses.asdict(engine.slab.stats())
+        slab["num_slots"] = engine.slab.num_slots
+    return EngineFigures(
+        replica=replica,
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        kv_usage=cache.usage,
+        prefix_cache_hit_rate=cache.hit_rate,
+        prefix_queried_tokens=cache.num_queried_tokens,
+        prefix_hit_tokens=cache.num_hit_tokens,
+        num_preemptions=scheduler.num_preemptions,
+        spec=spec,
+        slab=slab,
+    )

@@ -1,0 +1,148 @@
+"""How a generation reaches the client: a full queue is a 429, an invalid request a 400, an
+engine failure a JSON 500, and a client that leaves aborts its request in the engine."""
+
+import asyncio
+import time
+from contextlib import aclosing
+from typing import ClassVar
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from adapters.base_model import BaseModelSpec
+from adapters.registry import Registry
+from serving.api import AppSettings, LocalGenerator, QueueFull, create_app
+from serving.engine.request import RequestOutput
+from tests.serving.api.served import ACME, KEYS, MODEL_ID, serve
+
+AUTH = {"Authorization": f"Bearer {ACME}"}
+CHAT = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+class Stub:
+    """A generator that fails in a chosen way."""
+
+    def __init__(self, fail):
+        self.fail = fail
+
+    async def generate(self, request, *, session=None):
+        if isinstance(self.fail, Exception):
+            raise self.fail
+        yield RequestOutput(request.request_id, (), "", True, "error", 2, 0, error=self.fail)
+
+    async def figures(self):
+        return []
+
+    async def ready(self):
+        return True
+
+
+def stub_client(world, tmp_path, fail) -> TestClient:
+    settings = AppSettings(
+        model_id=MODEL_ID,
+        max_model_len=64,
+        tokenizer=world.tokenizer,
+        registry=Registry(str(tmp_path / "reg")),
+        base_spec=BaseModelSpec.from_dir(world.base_dir),
+        keys=KEYS,
+    )
+    return TestClient(create_app(Stub(fail), settings), raise_server_exceptions=False)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_full_queue_is_429_with_retry_after(world, tmp_path, stream):
+    client = stub_client(world, tmp_path, QueueFull("3 requests are waiting"))
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    r = client.post("/ai/run/demo", json={"prompt": "hi"}, headers=AUTH)
+    assert r.status_code == 429 and r.json()["errors"][0]["code"] == 429
+
+
+def test_the_engines_value_error_is_400(world, tmp_path):
+    client = stub_client(world, tmp_path, ValueError("this engine serves no adapters"))
+    r = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "this engine serves no adapters"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_error_is_a_json_500(world, tmp_path, stream):
+    client = stub_client(world, tmp_path, "adapter x@1: load failed")
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
+    assert r.status_code == 500
+    assert r.json()["error"]["message"] == "generation failed: adapter x@1: load failed"
+
+
+def test_an_unexpected_fault_is_a_generic_json_500(world, tmp_path):
+    client = stub_client(world, tmp_path, KeyError("internal detail"))
+    r = client.post("/ai/run/demo", json={"prompt": "hi"}, headers=AUTH)
+    assert r.status_code == 500
+    assert r.json() == {
+        "success": False,
+        "errors": [{"code": 500, "message": "internal server error"}],
+        "result": None,
+    }
+    assert "internal detail" not in r.text
+
+
+class Slow(LocalGenerator):
+    """The engine's outputs, each held back a little, noting how many were delivered."""
+
+    delivered: ClassVar[dict[str, tuple[int, bool]]] = {}
+
+    async def generate(self, request, *, session=None):
+        n, finished = 0, False
+        try:
+            async with aclosing(super().generate(request, session=session)) as stream:
+                async for out in stream:
+                    n, finished = n + 1, out.finished
+                    yield out
+                    await asyncio.sleep(0.05)
+        finally:
+            Slow.delivered[request.request_id] = (n, finished)
+
+
+@pytest.fixture(scope="module")
+def slow(world, tmp_path_factory):
+    with serve(world, tmp_path_factory.mktemp("slow"), generator_class=Slow) as s:
+        yield s
+
+
+def closed_after(served, before: set) -> tuple[int, bool]:
+    """(outputs delivered, finished) of the one request closed since `before` was taken."""
+    deadline = time.monotonic() + 20
+    while set(Slow.delivered) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    engine = served.generator.engine
+    while engine.scheduler.has_work() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not engine.scheduler.has_work(), "the engine still runs the request"
+    (new,) = set(Slow.delivered) - before
+    return Slow.delivered[new]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/ai/run/demo"])
+def test_leaving_a_stream_aborts_the_request(slow, path):
+    body = {**CHAT, "max_tokens": 60, "stream": True}
+    if path.startswith("/ai"):
+        body = {"prompt": "hi", "max_tokens": 60, "stream": True}
+    before = set(Slow.delivered)
+    with httpx.stream("POST", slow.url + path, json=body, headers=AUTH) as r:
+        assert r.status_code == 200
+        next(line for line in r.iter_lines() if line.startswith("data:"))
+    delivered, finished = closed_after(slow, before)
+    assert not finished and delivered < 30
+
+
+def test_leaving_a_json_request_aborts_it(slow):
+    before = set(Slow.delivered)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            slow.url + "/v1/completions",
+            json={"model": MODEL_ID, "prompt": "hi", "max_tokens": 60},
+            headers=AUTH,
+            timeout=httpx.Timeout(5, read=0.4),
+        )
+    delivered, finished = closed_after(slow, before)
+    assert not finished and delivered < 30

@@ -1,0 +1,83 @@
+"""BodyLimit as a bare ASGI middleware: refuses by Content-Length at once, counts chunks, and
+replays a body within the limit unchanged."""
+
+import asyncio
+import json
+
+import pytest
+
+from serving.api.limits import BodyLimit
+
+
+class App:
+    """Reads the whole body, then answers with its length; notes whether it ran."""
+
+    def __init__(self):
+        self.called, self.body = False, b""
+
+    async def __call__(self, scope, receive, send):
+        self.called = True
+        while True:
+            message = await receive()
+            self.body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(len(self.body)).encode()})
+
+
+def call(chunks, *, path="/v1/completions", content_length=None, limit=10):
+    app = App()
+    headers = [] if content_length is None else [(b"content-length", str(content_length).encode())]
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
+    pending = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+    received, sent = [], []
+
+    async def receive():
+        message = pending.pop(0) if pending else {"type": "http.disconnect"}
+        received.append(message)
+        return message
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(BodyLimit(app, max_body_bytes=limit)(scope, receive, send))
+    return app, sent, len(received)
+
+
+def test_a_declared_length_above_the_limit_is_refused_unread():
+    app, sent, num_received = call([b"x" * 11], content_length=11)
+    assert not app.called and num_received == 0
+    assert sent[0]["status"] == 413
+    body = json.loads(sent[1]["body"])
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "larger than the limit" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/ai/run/demo", "/v1/chat/completions"])
+def test_chunks_are_counted_and_reading_stops_past_the_limit(path):
+    app, sent, num_received = call([b"abcd", b"efgh", b"ijkl", b"mnop"], path=path)
+    assert not app.called and num_received == 3  # the fourth chunk is never read
+    body = json.loads(sent[1]["body"])
+    if path.startswith("/ai/"):
+        assert body["errors"][0]["code"] == 413 and body["success"] is False
+    else:
+        assert body["error"]["message"].startswith("the request body is larger")
+
+
+def test_a_body_within_the_limit_reaches_the_app_whole():
+    app, sent, _ = call([b"abc", b"def", b"ghij"], content_length=10)
+    assert app.called and app.body == b"abcdefghij" and sent[1]["body"] == b"10"
+
+
+def test_other_scopes_pass_through():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["type"])
+
+    asyncio.run(BodyLimit(app, 1)({"type": "lifespan"}, None, None))
+    assert seen == ["lifespan"]

@@ -1,0 +1,162 @@
+"""Adapter lifecycle over HTTP, driven by `loraserve adapters ... --server`: upload, use at once,
+re-upload, delete; tenant scoping; and uploads the server refuses before storing anything."""
+
+import json
+
+import httpx
+import pytest
+from safetensors.torch import save
+from typer.testing import CliRunner
+
+from adapters.base_model import BaseModelSpec
+from adapters.cli import app
+from tests.adapters.factory import peft_adapter_files, peft_config, peft_tensors
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def served(world, tmp_path_factory):
+    with serve(world, tmp_path_factory.mktemp("adapters")) as s:
+        yield s
+
+
+def cli(served, key, *args):
+    env = {"LORASERVE_API_KEY": key}
+    return runner.invoke(app, [*args, "--server", served.url], env=env, catch_exceptions=False)
+
+
+def complete(served, model, key=ACME):
+    body = {"model": model, "prompt": "adapter test", "max_tokens": 5, "temperature": 0}
+    auth = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{served.url}/v1/completions", json=body, headers=auth, timeout=30)
+
+
+def want(served, adapter):
+    return served.reference(served.text_ids("adapter test"), adapter, 5)[1]
+
+
+def test_upload_use_reupload_delete(served):
+    world = served.world
+    done = cli(served, ACME, "upload", str(world.root / "qk"), "--name", "fresh")
+    assert done.exit_code == 0, done.output
+    first = done.stdout.strip().splitlines()[-1]
+    assert first == f"fresh@{world.versions['qk'].split('@')[1]}"
+    r = complete(served, "fresh")
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == want(served, "qk")
+
+    done = cli(served, ACME, "upload", str(world.root / "ov"), "--name", "fresh")
+    assert done.exit_code == 0, done.output
+    second = done.stdout.strip().splitlines()[-1]
+    assert second != first
+    r = complete(served, f"{MODEL_ID}:fresh")
+    assert r.json()["choices"][0]["text"] == want(served, "ov")  # the new version at once
+
+    shown = httpx.get(
+        f"{served.url}/v1/adapters/fresh", headers={"Authorization": f"Bearer {ACME}"}
+    )
+    assert shown.json()["version"] == second and shown.json()["owner"] == "acme"
+    assert set(shown.json()["history"]) == {first.split("@")[1], second.split("@")[1]}
+    listed = cli(served, ACME, "list")
+    assert "fresh" in listed.stdout and second.split("@")[1][:12] in listed.stdout
+    assert first.split("@")[1] in cli(served, ACME, "show", "fresh").stdout
+
+    done = cli(served, ACME, "delete", "fresh")
+    assert done.exit_code == 0 and "deleted fresh" in done.stdout
+    r = complete(served, "fresh")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_upload_with_a_draft_companion(served, tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    for name, data in peft_adapter_files(rank=2, seed=3).items():
+        (draft / name).write_bytes(data)
+    root = served.world.root
+    done = cli(
+        served, ACME, "upload", str(root / "down"), "--name", "drafted", "--draft", str(draft)
+    )
+    assert done.exit_code == 0, done.output
+    assert served.registry.load("drafted").draft.rank == 2
+
+
+def test_tenants_manage_only_their_own_adapters(served):
+    root = served.world.root
+    # "upper" belongs to acme: globex may use it but not overwrite, show or delete it
+    done = cli(served, GLOBEX, "upload", str(root / "qk"), "--name", "upper")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.exit_code == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ") and "belongs to another tenant" in lines[0]
+    assert cli(served, GLOBEX, "delete", "upper").exit_code == 1
+    assert cli(served, GLOBEX, "show", "upper").exit_code == 1
+    assert "upper" not in cli(served, GLOBEX, "list").stdout
+    assert complete(served, "upper", key=GLOBEX).status_code == 200
+
+    auth = {"Authorization": f"Bearer {GLOBEX}"}
+    r = httpx.delete(f"{served.url}/v1/adapters/upper", headers=auth)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    assert served.registry.exists("upper")
+
+    # the admin may overwrite (the owner stays) and delete
+    done = cli(served, ADMIN, "upload", str(root / "qk"), "--name", "upper")
+    assert done.exit_code == 0, done.output
+    assert served.registry.resolve("upper").owner == "acme"
+    assert cli(served, ADMIN, "delete", "upper").exit_code == 0
+    assert not served.registry.exists("upper")
+
+
+def test_server_errors_print_one_line(served):
+    done = cli(served, "wrong-key", "list")
+    assert done.exit_code == 1 and done.stderr.strip() == "error: invalid API key"
+    done = cli(served, ACME, "show", "nobody")
+    assert done.exit_code == 1 and "unknown adapter 'nobody'" in done.stderr
+    done = runner.invoke(app, ["list", "--server", "http://127.0.0.1:9"], env={})
+    assert done.exit_code == 1 and "cannot reach the server at http://127.0.0.1:9" in done.stderr
+
+
+def wrong_shapes() -> dict[str, bytes]:
+    other = BaseModelSpec.from_config(
+        {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+        }
+    )
+    return {
+        "adapter_config.json": json.dumps(peft_config(rank=4)).encode(),
+        "adapter_model.safetensors": save(peft_tensors(rank=4, spec=other)),
+    }
+
+
+def upload_form(files: dict[str, bytes], name="new-one") -> dict:
+    return {"data": {"name": name}, "files": {k: (k, v) for k, v in files.items()}}
+
+
+BAD_UPLOADS = [  # (id, form, status, message)
+    ("wrong-shapes", lambda: upload_form(wrong_shapes()), 400, "shape"),
+    ("missing-weights", lambda: upload_form({"adapter_config.json": b"{}"}), 400,
+     "adapter_model.safetensors"),
+    ("bad-name", lambda: upload_form(peft_adapter_files(), name="Bad Name"), 400,
+     "invalid adapter name"),
+    ("reserved-name", lambda: upload_form(peft_adapter_files(), name="base"), 400, "reserved"),
+    ("rank-too-high", lambda: upload_form(peft_adapter_files(rank=32)), 400, "max_lora_rank"),
+    ("config-not-json", lambda: upload_form({**peft_adapter_files(), "adapter_config.json": b"{"}),
+     400, "not valid JSON"),
+    ("half-a-draft", lambda: upload_form({**peft_adapter_files(),
+                                          "draft_adapter_config.json": b"{}"}), 400, "both"),
+    ("no-name", lambda: {"files": upload_form(peft_adapter_files())["files"]}, 400, "name"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("form", "status", "message"), [b[1:] for b in BAD_UPLOADS],
+                         ids=[b[0] for b in BAD_UPLOADS])  # fmt: skip
+def test_bad_uploads_are_refused_and_store_nothing(served, form, status, message):
+    before = served.registry.list()
+    r = httpx.post(f"{served.url}/v1/adapters", headers={"Authorization": f"Bearer {ACME}"},
+                   **form())  # fmt: skip
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+    assert served.registry.list() == before

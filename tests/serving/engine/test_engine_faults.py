@@ -1,0 +1,68 @@
+"""A fault in one step fails the requests in flight, never the step thread; bad seeds are refused."""
+
+import asyncio
+import time
+
+import pytest
+
+from serving.engine.request import GenerateRequest, SamplingParams
+from tests.serving.engine.test_engine_peft import greedy
+from tests.serving.engine.world import build_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(tmp_path_factory.mktemp("faults"))
+
+
+def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(world, monkeypatch):
+    engine = world.engine()
+    forward = engine.model.forward
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("device fault")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", flaky)
+    engine.start()
+    try:
+
+        async def run(rid):
+            return [o async for o in engine.add_request(GenerateRequest(rid, (5, 6, 7), greedy(3)))]
+
+        first = asyncio.run(run("a"))
+        second = asyncio.run(run("b"))
+    finally:
+        engine.shutdown()
+    assert first[-1].finish_reason == "error" and "RuntimeError" in first[-1].error
+    assert second[-1].finish_reason == "length" and second[-1].completion_tokens == 3
+
+
+def test_a_closed_event_loop_only_aborts_its_request(world):
+    engine = world.engine()
+    engine.start()
+    try:
+
+        async def leave_early():
+            stream = engine.add_request(GenerateRequest("gone", (5, 6, 7), greedy(50)))
+            await stream.__anext__()  # the loop closes with the stream still open
+
+        asyncio.run(leave_early())
+        time.sleep(0.2)
+
+        async def run():
+            return [o async for o in engine.add_request(GenerateRequest("next", (1, 2), greedy(2)))]
+
+        assert asyncio.run(run())[-1].completion_tokens == 2
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63])
+def test_out_of_range_seeds_are_refused(world, seed):
+    engine = world.engine()
+    with pytest.raises(ValueError, match="seed"):
+        engine.submit(GenerateRequest("s", (1, 2), SamplingParams(seed=seed)), lambda out: None)

@@ -179,17 +179,31 @@ class _EngineCollector:
         for f in filter(_has_slab, self.figures):
             family.add_metric([f.replica], f.slab["resident"] / max(f.slab["num_slots"], 1))
         yield family
-        for key, doc in (
-            ("proposed", "Draft tokens proposed."),
-            ("accepted", "Draft tokens accepted by verification."),
+        # tokens per verification step = emitted / steps; acceptance = accepted / proposed
+        for key, name, doc in (
+            ("proposed", "proposed_tokens", "Draft tokens proposed."),
+            ("accepted", "accepted_tokens", "Draft tokens accepted by verification."),
+            ("emitted", "emitted_tokens", "Tokens emitted by verification steps."),
+            ("steps", "verification_steps", "Verification steps (one per sequence and step)."),
         ):
             family = CounterMetricFamily(
-                f"loraserve_spec_decode_{key}_tokens", doc, labels=["replica", "adapter"]
+                f"loraserve_spec_decode_{name}", doc, labels=["replica", "adapter"]
             )
             for f in self.figures:
                 for label, counts in sorted(f.spec.items()):
                     family.add_metric([f.replica, label], counts[key])
             yield family
+        family = GaugeMetricFamily(
+            "loraserve_spec_decode_acceptance_ratio",
+            "Accepted over proposed draft tokens since start.",
+            labels=["replica", "adapter"],
+        )
+        for f in self.figures:
+            for label, counts in sorted(f.spec.items()):
+                family.add_metric(
+                    [f.replica, label], counts["accepted"] / max(counts["proposed"], 1)
+                )
+        yield family
 
 
 def _has_slab(figures: EngineFigures) -> bool:

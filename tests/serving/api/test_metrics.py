@@ -104,5 +104,9 @@ def test_engine_figures_render_per_replica_and_adapter():
     assert value(samples, "loraserve_kv_cache_usage_ratio", replica="r0") == 0.5
     assert value(samples, "loraserve_spec_decode_accepted_tokens_total", replica="r1",
                  adapter="upper") == 7  # fmt: skip
+    assert value(samples, "loraserve_spec_decode_verification_steps_total", replica="r0",
+                 adapter="upper") == 3  # fmt: skip
+    assert value(samples, "loraserve_spec_decode_acceptance_ratio", replica="r0",
+                 adapter="upper") == 0.7  # fmt: skip
     assert value(samples, "loraserve_adapter_slab_occupancy_ratio", replica="r0") == 0.25
     assert value(samples, "loraserve_adapter_evictions_total", replica="r1") == 1

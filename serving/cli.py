@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -45,6 +46,60 @@ def main(
 
 
 app.add_typer(adapters_app, name="adapters")
+
+DEMO_CONFIG = Path("configs/demo.yaml")
+
+
+@app.command()
+def serve(
+    config: Path = typer.Option(
+        DEMO_CONFIG, "--config", help="Server config (YAML); default: the built-in demo."
+    ),
+    host: str | None = typer.Option(None, "--host", help="Listen address [server.host]."),
+    port: int | None = typer.Option(None, "--port", help="Listen port [server.port]."),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="Listen beyond loopback even with no API keys configured."
+    ),
+) -> None:
+    """Serve the model and its adapters over HTTP until Ctrl-C (a local Ray unless configured)."""
+    from serving.api.auth import load_keys
+    from serving.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+        keys = load_keys(cfg.server.api_keys_file)
+    except ConfigError as exc:
+        _fail(str(exc))
+    host = host or cfg.server.host
+    port = cfg.server.port if port is None else port
+    if not 1 <= port <= 65535:
+        _fail(f"--port must be in 1..65535, got {port}")
+    if not keys and not insecure and not _is_loopback(host):
+        _fail(
+            f"refusing to listen on {host} with no API keys configured: set "
+            "server.api_keys_file or LORASERVE_API_KEYS, or pass --insecure"
+        )
+    # Imported here: Ray takes seconds to import, which no other command should pay.
+    from serving.deploy.launch import serve_until_stopped
+
+    try:
+        serve_until_stopped(cfg, host, port, echo=typer.echo)
+    except (ValueError, OSError, RuntimeError) as exc:  # AdapterError, ModelLoadError, ...
+        _fail(str(exc))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(1)
 
 
 @app.command()

@@ -1,0 +1,71 @@
+"""The Ray Serve application: `build({"config": PATH})`, also the Helm chart's import_path.
+
+    serve run serving.deploy.app:build config=configs/demo.yaml
+
+build() publishes the config's preloaded adapters, then binds one Ingress (no CPU of its
+own: it only parses HTTP and relays streams) to `deploy.num_replicas` ModelServers.
+A preloaded adapter folder may hold its draft-model companion in a `draft/` subfolder (as
+the demo kit's adapters do); it is published with the adapter.
+"""
+
+from __future__ import annotations
+
+from ray.serve import Application
+
+from adapters.base_model import BaseModelSpec
+from adapters.format import load_adapter
+from adapters.registry import Registry, Version
+from serving.config import ServeConfig, load_config
+from serving.deploy.ingress import Ingress
+from serving.deploy.replica import ModelServer
+
+APP_NAME = "loraserve"
+PRELOAD_OWNER = "default"  # the tenant an open (keyless) server uses; see serving.api.auth
+
+
+def build(args: dict) -> Application:
+    """The application for the config at args["config"] (a YAML path; cwd-relative paths)."""
+    if "config" not in args:
+        raise ValueError('serving.deploy.app:build needs the argument {"config": PATH}')
+    cfg = load_config(args["config"])
+    publish_preloads(cfg)
+    return bind(cfg)
+
+
+def bind(cfg: ServeConfig) -> Application:
+    """Ingress + ModelServer bound with the deployment options the config asks for."""
+    per_replica = cfg.scheduler.max_num_seqs
+    server = ModelServer.options(
+        num_replicas=cfg.deploy.num_replicas,
+        ray_actor_options={
+            "num_cpus": cfg.deploy.resources.num_cpus,
+            "num_gpus": cfg.deploy.resources.num_gpus,
+        },
+        # Ray's default of 5 in flight per replica would starve continuous batching:
+        # a replica takes as many calls as its engine runs sequences at once.
+        max_ongoing_requests=per_replica,
+        # Beyond this many waiting calls the caller gets QueueFull (HTTP 429) at once.
+        max_queued_requests=cfg.server.max_queue,
+    )
+    ingress = Ingress.options(
+        # Every stream being generated or queued holds one ingress call open.
+        max_ongoing_requests=per_replica * cfg.deploy.num_replicas + cfg.server.max_queue,
+    )
+    return ingress.bind(server.bind(cfg), cfg)
+
+
+def publish_preloads(cfg: ServeConfig) -> list[Version]:
+    """Validate each lora.preload adapter against the model and publish it (no-op if same)."""
+    if not cfg.lora.preload:
+        return []
+    registry = Registry(cfg.lora.registry)
+    spec = BaseModelSpec.from_dir(cfg.model.path)
+    versions = []
+    for name, path in cfg.lora.preload.items():
+        companion = path / "draft"
+        draft = companion if (companion / "adapter_config.json").is_file() else None
+        adapter = load_adapter(
+            path, draft=draft, base=spec, base_name=cfg.model.id, max_rank=cfg.lora.max_lora_rank
+        )
+        versions.append(registry.publish(name, adapter, owner=PRELOAD_OWNER))
+    return versions

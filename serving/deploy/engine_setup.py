@@ -1,0 +1,146 @@
+"""One replica's engine, built from the server config: model, draft, adapter slabs, KV size.
+
+Nothing here imports ray, so the same function builds a replica's engine under Ray Serve
+and an in-process one anywhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import torch
+
+from adapters.base_model import BaseModelSpec
+from adapters.format import Adapter
+from adapters.registry import Registry
+from adapters.slab import AdapterSlab
+from serving.config import ServeConfig
+from serving.engine.engine import Engine, EngineConfig
+from serving.engine.scheduler import SchedulerConfig
+from serving.engine.speculative.config import SpecConfig
+from serving.model.loader import load_model
+
+# num_blocks: auto on a CPU takes this share of the memory available at start, at most the
+# cap: the host also holds the weights, the adapter host tier and the server itself.
+CPU_KV_SHARE = 0.25
+CPU_KV_CAP_BYTES = 8 << 30
+# On a GPU the weights and slabs are allocated first; this share of what is left becomes
+# KV, the rest is headroom for activations and the allocator's fragmentation.
+GPU_KV_SHARE = 0.85
+
+
+def build_engine(cfg: ServeConfig) -> Engine:
+    """Load the model (and draft), make the adapter slabs and size the KV cache; not started."""
+    wanted = "cuda" if cfg.deploy.resources.num_gpus > 0 else "cpu"
+    load = {"quantization": cfg.model.quantization, "dtype": cfg.model.dtype, "device": wanted}
+    target = load_model(cfg.model.path, **load)
+    draft = load_model(cfg.draft.path, **load) if cfg.draft.method == "draft_model" else None
+    # Slabs and the KV budget follow where the loader put the weights, which is what the
+    # forward pass runs on, even where that differs from the device asked for.
+    device = target.model.embed.device.type
+    registry = Registry(cfg.lora.registry)
+    spec = BaseModelSpec.from_dir(target.path)
+
+    def fetch(version: str) -> Adapter:
+        # verify=False: publish validated the whole adapter; a replica re-checks only shapes.
+        return registry.load(version, base=spec, max_rank=cfg.lora.max_lora_rank, verify=False)
+
+    def fetch_companion(version: str) -> Adapter:
+        adapter = fetch(version)
+        if adapter.draft is None:  # the draft then proposes without an adapter
+            raise LookupError(f"adapter {version} has no draft-model companion")
+        # The draft slab is keyed by the adapter's version, and checks a loaded adapter's
+        # digest against it; the adapter's digest covers its companion, so it names it.
+        return dataclasses.replace(adapter.draft, digest=adapter.digest)
+
+    slab = _slab(cfg, spec, target.model, device, fetch)
+    draft_slab = None
+    if draft is not None:
+        draft_spec = BaseModelSpec.from_dir(draft.path)
+        draft_slab = _slab(cfg, draft_spec, draft.model, device, fetch_companion)
+    models = [target.model] + ([draft.model] if draft else [])
+    config = EngineConfig(
+        max_model_len=cfg.model.max_model_len,
+        block_size=cfg.cache.block_size,
+        num_blocks=num_kv_blocks(cfg, models, device),
+        enable_prefix_caching=cfg.cache.prefix_caching,
+        scheduler=SchedulerConfig(
+            max_num_seqs=cfg.scheduler.max_num_seqs,
+            max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+            max_loras=cfg.lora.max_loras,
+        ),
+        speculative=SpecConfig(
+            method=cfg.draft.method,
+            num_speculative_tokens=cfg.draft.num_speculative_tokens,
+            ngram_min=cfg.draft.ngram_min,
+            ngram_max=cfg.draft.ngram_max,
+            max_batch_size=cfg.draft.max_batch_size,
+            adaptive=cfg.draft.adaptive,
+        ),
+    )
+    return Engine(
+        target.model,
+        target.tokenizer,
+        config,
+        slab=slab,
+        draft_model=draft.model if draft else None,
+        draft_slab=draft_slab,
+    )
+
+
+def _slab(cfg: ServeConfig, spec, model, device: str, fetch) -> AdapterSlab:
+    """lora.max_loras slots for adapters of the model that spec describes; misses call fetch."""
+    # LoRA runs in the activations' dtype (float32 or bf16), never in FP8.
+    dtype = model.dtype if model.dtype in (torch.float32, torch.bfloat16) else torch.bfloat16
+    return AdapterSlab(
+        spec,
+        num_slots=cfg.lora.max_loras,
+        max_rank=cfg.lora.max_lora_rank,
+        max_cpu_loras=cfg.lora.max_cpu_loras,
+        loader=fetch,
+        dtype=dtype,
+        device=device,
+    )
+
+
+def num_kv_blocks(cfg: ServeConfig, models, device: str) -> int:
+    """cache.num_blocks, or for auto what the memory budget holds (every model's KV counted)."""
+    if cfg.cache.num_blocks != "auto":
+        return cfg.cache.num_blocks
+    per_block = sum(_kv_bytes_per_block(m, cfg.cache.block_size) for m in models)
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        budget = int(free * GPU_KV_SHARE)
+    else:
+        budget = min(int(_available_ram() * CPU_KV_SHARE), CPU_KV_CAP_BYTES)
+    num_blocks = budget // per_block
+    # Any more than a full-length sequence needs feed concurrency and the prefix cache;
+    # fewer could never finish a long request, so that is a start-up error.
+    needed = math.ceil(cfg.model.max_model_len / cfg.cache.block_size)
+    if num_blocks < needed:
+        raise RuntimeError(
+            f"cache.num_blocks auto: {budget >> 20} MiB of KV memory holds {num_blocks} blocks "
+            f"of {cfg.cache.block_size} tokens, fewer than one {cfg.model.max_model_len}-token "
+            f"sequence needs ({needed}); lower model.max_model_len or set cache.num_blocks"
+        )
+    return num_blocks
+
+
+def _kv_bytes_per_block(model, block_size: int) -> int:
+    c = model.config
+    itemsize = torch.empty((), dtype=model.dtype).element_size()
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * itemsize  # K and V
+
+
+def _available_ram() -> int:
+    """Bytes of memory available now (Linux MemAvailable), else physical pages free."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

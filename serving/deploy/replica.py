@@ -1,0 +1,92 @@
+"""ModelServer: one engine replica as a Ray Serve deployment, routed by adapter version.
+
+A call may carry a multiplexed model id (see `routing_id`). Ray Serve prefers a replica
+that reported the id as loaded, so a request goes where its adapter is hot: the id of an
+adapter request is its version, `name@digest`, and loading that "model" prefetches the
+adapter into the slab. A re-uploaded adapter has a new digest, so it routes as a new
+model, and the old version ages out of the slab like any other. Ray keeps its own LRU of
+lora.max_loras ids per replica; dropping an id only stops the replica from attracting
+that adapter, so nothing is unloaded then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from ray import serve
+
+from serving.api.generator import LocalGenerator
+from serving.config import ServeConfig
+from serving.deploy.engine_setup import build_engine
+from serving.engine.figures import EngineFigures
+from serving.engine.request import GenerateRequest, RequestOutput
+
+SESSION_PREFIX = "session:"
+# Seconds a stopping replica waits for its streams to finish before it is killed.
+DRAIN_TIMEOUT_S = 30.0
+
+
+def routing_id(adapter: str | None, session: str | None) -> str | None:
+    """The multiplexed model id of a request: its adapter version, else its session, else None.
+
+    An adapter request goes where its version is hot, which also keeps a conversation on one
+    replica while that replica holds it. A base-only conversation has no adapter to follow,
+    so its session (the x-session-affinity header) is its id: the first request loads the
+    "model" on some replica and later ones prefer that replica, and its prefix cache. Other
+    base-only requests carry no id, so Ray balances them over all replicas by queue length
+    (one shared id would pile them onto whichever replica served the first).
+    """
+    if adapter:
+        return adapter
+    if session:
+        return SESSION_PREFIX + session
+    return None
+
+
+@serve.deployment(graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
+class ModelServer:
+    """One engine (model, draft, adapter slabs, KV cache) behind a LocalGenerator."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.engine = build_engine(cfg)
+        replica = serve.get_replica_context().replica_id.unique_id
+        self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
+
+        async def load(model_id: str) -> str:
+            if not model_id.startswith(SESSION_PREFIX):
+                # Not awaited: the engine waits for the load itself and fails the request
+                # with the load's own message; a full slab retries once a slot frees.
+                self.engine.slab.prefetch(model_id)
+            return model_id
+
+        # Built here because the limit comes from the config: lora.max_loras ids per replica.
+        self._load = serve.multiplexed(max_num_models_per_replica=cfg.lora.max_loras)(load)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs; a cancelled call aborts it in the engine."""
+        model_id = serve.get_multiplexed_model_id()
+        if model_id:  # reported to Ray, which routes this id's next requests here
+            await self._load(model_id)
+        stream = self.generator.generate(request)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            # Cancellation lands here while the engine stream is suspended: closing it
+            # runs its own cleanup, which aborts the request.
+            await stream.aclose()
+
+    async def figures(self) -> EngineFigures:
+        """This replica's engine figures, labelled with its replica id."""
+        (figures,) = await self.generator.figures()
+        return figures
+
+    async def ready(self) -> bool:
+        """True once the engine is loaded and taking requests."""
+        return await self.generator.ready()
+
+    def __del__(self):
+        # Ray Serve calls this once the replica has drained; it stops the step thread.
+        generator = getattr(self, "generator", None)
+        if generator is not None:
+            generator.close()

@@ -1,0 +1,78 @@
+"""cache.num_blocks auto: the KV blocks a replica's memory budget holds, every model counted."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from serving.config import parse_config
+from serving.deploy import engine_setup
+from serving.deploy.engine_setup import num_kv_blocks
+
+
+def fake_model(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32):
+    config = SimpleNamespace(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim)
+    return SimpleNamespace(config=config, dtype=dtype)
+
+
+def test_a_number_is_used_as_given():
+    cfg = parse_config({"cache": {"num_blocks": 77}})
+    assert num_kv_blocks(cfg, [fake_model()], "cpu") == 77
+
+
+def test_auto_takes_a_share_of_available_ram_for_target_and_draft(monkeypatch):
+    monkeypatch.setattr(engine_setup, "_available_ram", lambda: 1 << 30)
+    cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
+    # K and V, 2 layers, 16 tokens, 2 heads of 16, 4 bytes: 8 KiB per block; the draft 4 KiB
+    target, draft = fake_model(), fake_model(layers=1)
+    budget = int((1 << 30) * engine_setup.CPU_KV_SHARE)
+    assert num_kv_blocks(cfg, [target], "cpu") == budget // 8192
+    assert num_kv_blocks(cfg, [target, draft], "cpu") == budget // (8192 + 4096)
+
+
+def test_auto_is_capped_on_a_large_host(monkeypatch):
+    monkeypatch.setattr(engine_setup, "_available_ram", lambda: 1 << 40)
+    cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
+    assert num_kv_blocks(cfg, [fake_model()], "cpu") == engine_setup.CPU_KV_CAP_BYTES // 8192
+
+
+def test_auto_refuses_a_budget_below_one_full_length_sequence(monkeypatch):
+    monkeypatch.setattr(engine_setup, "_available_ram", lambda: 64 << 10)  # a quarter: 2 blocks
+    cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
+    with pytest.raises(RuntimeError, match=r"set cache\.num_blocks"):
+        num_kv_blocks(cfg, [fake_model()], "cpu")
+
+
+def test_draft_companions_load_into_the_draft_slab(tmp_path):
+    from adapters.format import load_adapter
+    from adapters.registry import Registry
+    from serving.deploy.engine_setup import build_engine
+    from serving.engine.request import GenerateRequest, SamplingParams
+    from tests.serving.engine.world import build_world
+
+    world = build_world(tmp_path / "world")
+    # The base doubles as its own draft model, so an adapter is its own companion.
+    cfg = parse_config({
+        "model": {"path": str(world.base_dir), "max_model_len": 256},
+        "draft": {"method": "draft_model", "path": str(world.base_dir), "adaptive": False},
+        "lora": {"registry": str(tmp_path / "registry"), "max_lora_rank": 16, "max_loras": 2},
+        "cache": {"block_size": 4, "num_blocks": 128},
+    })  # fmt: skip
+    registry = Registry(cfg.lora.registry)
+    with_companion = registry.publish(
+        "upper", load_adapter(world.root / "upper", draft=world.root / "upper")
+    )
+    alone = registry.publish("mlp", load_adapter(world.root / "mlp"))
+    engine = build_engine(cfg)
+    done = {}
+    for version in (with_companion.ref, alone.ref):
+        greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        engine.submit(GenerateRequest(version, (5, 6, 7, 8), greedy, version), done.setdefault(
+            version, []).append)  # fmt: skip
+    engine.run_until_idle()
+    draft_slab = engine.spec.draft.slab
+    assert draft_slab.stats().loads == 1 and draft_slab.stats().failed_loads == 1  # mlp: none
+    assert draft_slab.slot_of(with_companion.ref) is not None
+    for version, name in ((with_companion.ref, "upper"), (alone.ref, "mlp")):
+        tokens = [t for out in done[version] for t in out.new_token_ids]
+        assert tokens == world.reference([5, 6, 7, 8], name, 8), name

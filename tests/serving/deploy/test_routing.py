@@ -1,0 +1,14 @@
+"""Which multiplexed id a request carries, so Ray routes it to a replica with its state."""
+
+from serving.deploy.replica import routing_id
+
+
+def test_adapter_version_wins_then_session_then_none():
+    assert routing_id("upper@abc", "s1") == "upper@abc"  # the adapter's hot replica
+    assert routing_id("upper@abc", None) == "upper@abc"
+    assert routing_id(None, "s1") == "session:s1"  # a base-only conversation
+    assert routing_id(None, None) is None  # balanced over every replica
+
+
+def test_a_reupload_routes_as_a_new_model():
+    assert routing_id("upper@abc", None) != routing_id("upper@def", None)

@@ -11,6 +11,7 @@ Rows:
   fp8 linear   torch._scaled_mm FP8 against a bf16 matmul of the same shape
   decode step  an 8B-shaped model (random weights), FP8 against bf16, batch 1-32 (target <= 0.65x)
   speculative  verifying k + 1 rows against one decode step, and the 1B draft's cost ratio c
+  engine       the demo kit served by the engine on CUDA equals the CPU's greedy tokens
   pytest -m gpu   the test suite's CUDA tests
 """
 
@@ -41,6 +42,7 @@ def main() -> None:
     start = time.monotonic()
 
     from bench.gpu_checks import correctness_rows, fp8_rows, lora_rows
+    from bench.gpu_engine import engine_rows
     from bench.gpu_model import model_rows
     from bench.gpu_spec import spec_rows
 
@@ -54,6 +56,7 @@ def main() -> None:
     rows += fp8_rows(device, args.dry_run)
     rows += model_rows(device, args.dry_run)
     rows += spec_rows(device, args.dry_run)
+    rows += engine_rows(device, args.dry_run)
     if not args.dry_run and time.monotonic() - start < DEADLINE_S - 120:
         rows.append(_pytest_gpu_row())
     failed = 0

@@ -44,6 +44,15 @@ class StepInputs:
     logits_indices: torch.Tensor  # [K] int64, the rows whose logits are wanted
     adapter_slots: torch.Tensor | None = None  # [T] int32 slab slot per token, -1 = base only
 
+    def to(self, device: torch.device) -> StepInputs:
+        """The same step with every tensor on device (built on the CPU, run where the weights are)."""
+        if self.token_ids.device == device:
+            return self
+        moved = {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()
+        }
+        return StepInputs(**moved)
+
 
 @dataclass(frozen=True)
 class LayerWeights:
@@ -118,6 +127,7 @@ class LlamaModel:
         slab: the adapter slab (lora_a/lora_b/scales/ranks), when any token has an adapter.
         """
         c = self.config
+        step = step.to(self.embed.device)
         lora = self._step_lora(step, slab)
         h = self.embed[step.token_ids]  # [T, hidden]
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
@@ -153,8 +163,10 @@ class LlamaModel:
         out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)
         return (out @ self.lm_head.T).to(torch.float32)
 
-    def allocate_kv(self, num_blocks: int, block_size: int, device="cpu"):
-        """Zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, Hkv, D]."""
+    def allocate_kv(self, num_blocks: int, block_size: int, device=None):
+        """Zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, Hkv, D], on device
+        (default: where the weights are)."""
+        device = self.embed.device if device is None else device
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         return [
             (

@@ -63,6 +63,8 @@ def load_model(
             f"the model embeds only {config.vocab_size}"
         )
     state = load_state_dict(folder)
+    if str(device) != "cpu":  # the weights (and FP8 quantization) live where the forward runs
+        state = {name: t.to(device) for name, t in state.items()}
     model = LlamaModel(config, state, fp8=fp8, dtype=_dtype(dtype, config, device))
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder)
 

@@ -116,7 +116,7 @@ class DraftModelProposer:
             if s.params.greedy:
                 r.tokens.append(int(row.argmax()))
                 continue
-            q = _sampling_probs(row[None], [s.params])[0]
+            q = _sampling_probs(row[None].cpu(), [s.params])[0]  # the request's CPU generator
             r.tokens.append(int(torch.multinomial(q, 1, generator=s.generator)))
             r.probs.append(q)
 

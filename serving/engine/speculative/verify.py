@@ -65,7 +65,8 @@ def verify(
     if logits.shape[0] != k + 1:
         raise ValueError(f"{k} drafts need {k + 1} rows of logits, got {logits.shape[0]}")
     states = row_states(state, drafts)
-    penalized = apply_penalties(logits.float(), states)  # [k + 1, V]
+    # on the CPU, where each request's generator lives (k + 1 rows: a small copy)
+    penalized = apply_penalties(logits.float().cpu(), states)  # [k + 1, V]
     if state.params.greedy:
         target = penalized.argmax(dim=-1).tolist()
         a = 0

@@ -66,3 +66,25 @@ def test_out_of_range_seeds_are_refused(world, seed):
     engine = world.engine()
     with pytest.raises(ValueError, match="seed"):
         engine.submit(GenerateRequest("s", (1, 2), SamplingParams(seed=seed)), lambda out: None)
+
+
+def test_a_slow_reader_gets_merged_increments_with_the_same_tokens(world):
+    """Outputs that pile up while the reader is away arrive as one increment."""
+    engine = world.engine()
+    engine.start()
+    try:
+
+        async def slow():
+            outs = []
+            async for out in engine.add_request(GenerateRequest("slow", (5, 6, 7), greedy(20))):
+                outs.append(out)
+                await asyncio.sleep(0.05)  # the engine runs ahead meanwhile
+            return outs
+
+        outs = asyncio.run(slow())
+    finally:
+        engine.shutdown()
+    tokens = [t for o in outs for t in o.new_token_ids]
+    assert tokens == world.reference([5, 6, 7], None, 20)
+    assert len(outs) < 20 and outs[-1].completion_tokens == 20
+    assert "".join(o.new_text for o in outs) == world.tokenizer.decode(tokens)

@@ -39,3 +39,25 @@ def test_adapters_bench():
 def test_model_bench_tiny():
     out = _run("bench.model", "--shape", "tiny")
     assert "| decoder linears (+ scales) |" in out and "| decode, 8 seqs at context 128 |" in out
+
+
+@pytest.mark.slow
+def test_load_generator_against_an_in_process_server(tmp_path):
+    # The API on the tiny test world (uvicorn in a thread, no Ray): cheap, unlike bench.serve
+    # itself, which starts loraserve (Ray) and vLLM's server.
+    from bench.load import run_load, summarize, workload
+    from tests.serving.api.served import chat_world, serve
+
+    models = ["demo", "upper", "rot13"]  # the base model by its id, adapters by name
+    requests = workload(9, models)
+    with serve(chat_world(tmp_path / "world"), tmp_path, keys={}) as served:
+        records, wall = run_load(served.url, requests, concurrency=4, max_tokens=5)
+        for req, rec in zip(requests, records, strict=True):
+            adapter = None if req["model"] == "demo" else req["model"]
+            tokens, text = served.reference(served.text_ids(req["prompt"]), adapter, 5)
+            assert rec.error is None and (rec.tokens, rec.text) == (len(tokens), text)
+            assert 0 < rec.ttft <= rec.seconds <= wall
+    figures = summarize(records, wall)
+    assert figures["requests"] == 9 and figures["errors"] == 0
+    assert figures["output_tokens"] == sum(r.tokens for r in records) > 0
+    assert figures["ttft_p50_ms"] <= figures["ttft_p99_ms"]

@@ -1,0 +1,44 @@
+"""loraserve's HTTP app and engine in one process, without Ray, for bench/serve.py.
+
+    python -m bench.peers.local_server --config CONFIG --port PORT
+
+The same config, app (serving.api.create_app) and engine (serving.deploy.engine_setup) as
+`loraserve serve`, but the routes call the engine in this process (LocalGenerator) instead
+of going through Ray Serve's HTTP proxy and replica handles: the difference between the two
+rows in bench/serve.py's table is what those hops cost. Stops on SIGINT/SIGTERM (uvicorn's
+own handlers), then stops the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from serving.api import LocalGenerator, create_app, settings_from_config
+from serving.config import load_config
+from serving.deploy.app import publish_preloads
+from serving.deploy.engine_setup import build_engine
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config)
+    settings = settings_from_config(cfg)
+    publish_preloads(cfg)  # the engine's slab loads adapters from the registry, as a replica's
+    generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue)
+    settings.ready.set()
+    try:
+        uvicorn.run(
+            create_app(generator, settings), host=args.host, port=args.port, log_level="warning"
+        )
+    finally:
+        generator.close()
+
+
+if __name__ == "__main__":
+    main()

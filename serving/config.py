@@ -120,7 +120,7 @@ class DraftSection(_Section):
     ngram_min: int = Field(1, ge=1, description="Shortest n-gram matched (method ngram).")
     ngram_max: int = Field(4, ge=1, description="Longest n-gram matched (method ngram).")
     # Above this many running sequences verifying drafts costs more than it saves.
-    max_batch_size: int = Field(16, ge=0, description="Speculate up to this many seqs; 0 = all.")
+    max_batch_size: int = Field(8, ge=0, description="Speculate up to this many seqs; 0 = all.")
     adaptive: bool = Field(True, description="Speculate fewer tokens when few are accepted.")
 
     @model_validator(mode="after")
@@ -172,6 +172,9 @@ class ServerSection(_Section):
     api_keys_file: LocalPath | None = Field(None, description="API keys, one a line; null = open.")
     max_body_mb: int = Field(32, gt=0, description="Largest request body accepted, in MiB.")
     max_queue: int = Field(256, gt=0, description="Waiting requests before answering 429.")
+    stream_interval_ms: float = Field(
+        20, ge=0, description="A replica sends a stream's new tokens at most this often; 0 = each."
+    )
 
 
 class ResourcesSection(_Section):

@@ -11,6 +11,7 @@ that adapter, so nothing is unloaded then.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from ray import serve
@@ -51,6 +52,7 @@ class ModelServer:
         self.engine = build_engine(cfg)
         replica = serve.get_replica_context().replica_id.unique_id
         self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
+        self.stream_interval = cfg.server.stream_interval_ms / 1000
 
         async def load(model_id: str) -> str:
             if not model_id.startswith(SESSION_PREFIX):
@@ -71,6 +73,11 @@ class ModelServer:
         try:
             async for out in stream:
                 yield out
+                if not out.finished and self.stream_interval:
+                    # Each increment is a message through Ray: meanwhile the engine runs on,
+                    # and the stream merges what piles up, so a stream costs a message per
+                    # interval rather than per token (the first token still goes at once).
+                    await asyncio.sleep(self.stream_interval)
         finally:
             # Cancellation lands here while the engine stream is suspended: closing it
             # runs its own cleanup, which aborts the request.

@@ -17,7 +17,7 @@ class SpecConfig:
     ngram_max: int = 4
     # Above this many running sequences a step is compute-bound and verifying k + 1 rows
     # per sequence costs more than it saves: speculation is off (0: never off).
-    max_batch_size: int = 16
+    max_batch_size: int = 8
     adaptive: bool = True  # k per request from its acceptance rate and the measured draft cost
 
     def __post_init__(self) -> None:

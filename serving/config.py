@@ -173,7 +173,7 @@ class ServerSection(_Section):
     max_body_mb: int = Field(32, gt=0, description="Largest request body accepted, in MiB.")
     max_queue: int = Field(256, gt=0, description="Waiting requests before answering 429.")
     stream_interval_ms: float = Field(
-        20, ge=0, description="A replica sends a stream's new tokens at most this often; 0 = each."
+        100, ge=0, description="Longest pause between a stream's messages under load; 0 = each."
     )
 
 

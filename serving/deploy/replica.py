@@ -44,6 +44,9 @@ def routing_id(adapter: str | None, session: str | None) -> str | None:
     return None
 
 
+MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
+
+
 @serve.deployment(graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
 class ModelServer:
     """One engine (model, draft, adapter slabs, KV cache) behind a LocalGenerator."""
@@ -53,6 +56,7 @@ class ModelServer:
         replica = serve.get_replica_context().replica_id.unique_id
         self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
         self.stream_interval = cfg.server.stream_interval_ms / 1000
+        self.active_streams = 0
 
         async def load(model_id: str) -> str:
             if not model_id.startswith(SESSION_PREFIX):
@@ -70,15 +74,20 @@ class ModelServer:
         if model_id:  # reported to Ray, which routes this id's next requests here
             await self._load(model_id)
         stream = self.generator.generate(request)
+        self.active_streams += 1
         try:
             async for out in stream:
                 yield out
                 if not out.finished and self.stream_interval:
-                    # Each increment is a message through Ray: meanwhile the engine runs on,
-                    # and the stream merges what piles up, so a stream costs a message per
-                    # interval rather than per token (the first token still goes at once).
-                    await asyncio.sleep(self.stream_interval)
+                    # Each increment is a message through Ray, and the messages compete
+                    # with the engine for the cores. Meanwhile the engine runs on and the
+                    # stream merges what piles up: the pause grows with the streams so the
+                    # replica sends about MESSAGES_PER_SECOND in all, at most the interval
+                    # (one stream: every ~2 ms; 64: every 100 ms); the first token goes at once.
+                    pause = min(self.stream_interval, self.active_streams / MESSAGES_PER_SECOND)
+                    await asyncio.sleep(pause)
         finally:
+            self.active_streams -= 1
             # Cancellation lands here while the engine stream is suspended: closing it
             # runs its own cleanup, which aborts the request.
             await stream.aclose()

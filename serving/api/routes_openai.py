@@ -38,14 +38,7 @@ PING_SECONDS = 15
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, _: Caller):
     t0, s = time.perf_counter(), ctx.settings
     version = await _version(ctx, body)
-    params = sampling(
-        body,
-        s,
-        max_tokens=body.output_limit(),
-        default_temperature=1.0,
-        stop=body.stop_strings(),
-        logprobs=body.num_logprobs(),
-    )
+    params = _sampling(body, s)
     rid = fmt.new_id("chatcmpl")
     ids = chat_ids(s, body.messages)
     gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
@@ -60,14 +53,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
 async def completions(body: CompletionRequest, request: Request, ctx: Ctx, _: Caller):
     t0, s = time.perf_counter(), ctx.settings
     version = await _version(ctx, body)
-    params = sampling(
-        body,
-        s,
-        max_tokens=body.output_limit(),
-        default_temperature=1.0,
-        stop=body.stop_strings(),
-        logprobs=body.num_logprobs(),
-    )
+    params = _sampling(body, s)
     rid = fmt.new_id("cmpl")
     prompt = body.prompt
     ids = text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
@@ -95,6 +81,18 @@ async def models(ctx: Ctx, caller: Caller):
         for e in entries
     ]
     return {"object": "list", "data": [base, *adapters]}
+
+
+def _sampling(body, settings):
+    """SamplingParams of a chat or text completion body (OpenAI's default temperature 1)."""
+    return sampling(
+        body,
+        settings,
+        max_tokens=body.output_limit(),
+        default_temperature=1.0,
+        stop=body.stop_strings(),
+        logprobs=body.num_logprobs(),
+    )
 
 
 async def _version(ctx: ApiContext, body) -> str | None:

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import torch
@@ -25,11 +25,10 @@ from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import SeqStatus, Sequence
 from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.decoder import Proposal, SpecDecoder
-from serving.engine.speculative.verify import verify
 from serving.engine.stopping import StopChecker
 from serving.engine.streams import stream_outputs
+from serving.engine.tracked import Sink, Tracked
 
-Sink = Callable[[RequestOutput], None]
 logger = logging.getLogger(__name__)
 
 
@@ -41,16 +40,6 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpecConfig = field(default_factory=SpecConfig)
-
-
-@dataclass(eq=False)
-class _Tracked:
-    seq: Sequence
-    sampling: SamplingState
-    stop: StopChecker
-    sink: Sink
-    cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not admitted yet)
-    pinned: bool = False
 
 
 class Engine:
@@ -79,7 +68,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.blocks, ready)
         self.spec = SpecDecoder.create(config.speculative, self.blocks, draft_model, draft_slab)
         self.num_computed_tokens = 0  # prefill + decode tokens run through the model (for tests)
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, Tracked] = {}
         self._intake: list[tuple[GenerateRequest, Sink]] = []
         self._aborts: list[str] = []
         self._lock = threading.Lock()
@@ -205,20 +194,18 @@ class Engine:
     # ---- speculative decoding ----
 
     def _plan_speculation(self, schedule) -> dict[int, Proposal]:
-        tracked = [self._tracked[s.seq.request.request_id] for s in schedule.scheduled]
-        states = {t.seq.seq_id: t.sampling for t in tracked}
-        remaining = {t.seq.seq_id: t.stop.max_tokens - t.seq.num_output_tokens for t in tracked}
+        def lookup(seq: Sequence):
+            t = self._tracked[seq.request.request_id]
+            return t.sampling, t.stop.max_tokens - seq.num_output_tokens
+
         budget = self.config.scheduler.max_num_batched_tokens - schedule.num_tokens
         with torch.inference_mode():
-            return self.spec.plan(
-                schedule.scheduled, len(self.scheduler.running), states, remaining, budget
-            )
+            return self.spec.plan(schedule.scheduled, len(self.scheduler.running), lookup, budget)
 
-    def _verify(self, t: _Tracked, proposal: Proposal, logits: torch.Tensor) -> None:
+    def _verify(self, t: Tracked, proposal: Proposal, logits: torch.Tensor) -> None:
         """Keep the accepted proposals and the target's token; stop exactly where a stop hits."""
-        v = verify(logits, t.sampling, proposal.tokens, proposal.probs)
         seq = t.seq
-        self.spec.after_verify(seq, proposal, v.num_accepted, len(v.token_ids))
+        v = self.spec.verify(seq, t.sampling, proposal, logits)
         for token, logprob in zip(v.token_ids, v.logprobs):
             self._emit_token(t, token, logprob)
             if seq.status is SeqStatus.FINISHED:
@@ -250,42 +237,28 @@ class Engine:
             max_tokens=min(request.sampling.max_tokens, room),
             stream=self.tokenizer.decode_stream(),
         )
-        t = _Tracked(seq, SamplingState.make(request.sampling, prompt), stop, sink)
+        t = Tracked(seq, SamplingState.make(request.sampling, prompt), stop, sink)
         self._tracked[request.request_id] = t
         self.scheduler.add(seq)
 
-    def _emit_token(self, t: _Tracked, token: int, logprob) -> None:
+    def _emit_token(self, t: Tracked, token: int, logprob) -> None:
         seq = t.seq
         seq.token_ids.append(token)
         t.sampling.output_ids.append(token)
         text, reason = t.stop.add(token, seq.num_output_tokens)
-        out = self._output(t, (token,), text, reason, (logprob,) if logprob else ())
+        out = t.output((token,), text, reason, (logprob,) if logprob else ())
         if reason is not None:
             self._finish(t, reason, emitted=True)
         t.sink(out)
 
-    def _output(self, t: _Tracked, tokens, text, reason, logprobs=()) -> RequestOutput:
-        seq = t.seq
-        return RequestOutput(
-            request_id=seq.request.request_id,
-            new_token_ids=tuple(tokens),
-            new_text=text,
-            finished=reason is not None,
-            finish_reason=reason,
-            prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=seq.num_output_tokens,
-            cached_tokens=max(t.cached_tokens, 0),
-            logprobs=tuple(logprobs),
-        )
-
-    def _finish(self, t: _Tracked, reason: str, *, emitted: bool = False, error: str | None = None):
+    def _finish(self, t: Tracked, reason: str, *, emitted: bool = False, error: str | None = None):
         self.scheduler.remove(t.seq)
         if self.spec:
             self.spec.forget(t.seq)
         self._unpin(t)
         self._tracked.pop(t.seq.request.request_id, None)
         if not emitted:
-            t.sink(dataclasses.replace(self._output(t, (), "", reason), error=error))
+            t.sink(dataclasses.replace(t.output((), "", reason), error=error))
 
     # ---- adapters ----
 
@@ -295,7 +268,7 @@ class Engine:
                 if t.seq.request.adapter == version and not t.pinned:
                     self._finish(t, "error", error=f"adapter {version}: {error}")
 
-    def _admitted(self, t: _Tracked) -> None:
+    def _admitted(self, t: Tracked) -> None:
         if t.cached_tokens < 0:
             t.cached_tokens = t.seq.num_prefix_hit_tokens
         version = t.seq.request.adapter
@@ -303,7 +276,7 @@ class Engine:
             self.residency.pin(version)
             t.pinned = True
 
-    def _unpin(self, t: _Tracked) -> None:
+    def _unpin(self, t: Tracked) -> None:
         if t.pinned:
             self.residency.unpin(t.seq.request.adapter)
             t.pinned = False

@@ -10,6 +10,7 @@ k is capped so the k + 1 tokens a verification can emit never pass the request's
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.draft import DraftModelProposer, DraftRequest
 from serving.engine.speculative.ngram import propose_ngram
 from serving.engine.speculative.stats import SpecStats
+from serving.engine.speculative.verify import Verified, verify
 
 VERIFY_COST = 0.05  # one more verified row, relative to a decode step (memory-bound decode)
 PROBE_EVERY = 32  # a sequence at k = 0 proposes one token this often, to notice a change
@@ -69,13 +71,13 @@ class SpecDecoder:
         self,
         scheduled: list[Scheduled],
         num_running: int,
-        states: dict[int, SamplingState],
-        remaining: dict[int, int],
+        lookup: Callable[[Sequence], tuple[SamplingState, int]],
         budget: int,
     ) -> dict[int, Proposal]:
         """Proposals by seq_id for this step; blocks for their extra positions are appended.
 
-        remaining[seq_id]: output tokens the sequence may still emit; budget: spare tokens.
+        lookup(seq): its sampling state and the output tokens it may still emit;
+        budget: the step's spare tokens.
         """
         cfg = self.config
         if cfg.max_batch_size and num_running > cfg.max_batch_size:
@@ -85,7 +87,9 @@ class SpecDecoder:
             seq = item.seq
             if item.num_new_tokens != 1 or seq.num_uncomputed != 1 or seq.num_output_tokens < 1:
                 continue
-            k = min(self._k_for(seq), remaining[seq.seq_id] - 1, budget)
+            k = min(self._k_for(seq), lookup(seq)[1] - 1, budget)
+            if cfg.method == "ngram" and k > 0:  # a lookup, no model: only a match needs room
+                k = len(propose_ngram(seq.token_ids, k, cfg.ngram_min, cfg.ngram_max))
             while k > 0 and not self.blocks.can_append(seq, 1 + k):
                 k -= 1
             if k <= 0:
@@ -96,11 +100,17 @@ class SpecDecoder:
         if not wanted:
             return {}
         start = time.perf_counter()
-        proposals = self._propose(wanted, states)
+        proposals = self._propose(wanted, lookup)
         self._measure_draft(time.perf_counter() - start, max(k for _, k in wanted))
         for seq, _ in wanted:
-            self._idle[seq.seq_id] = 0 if seq.seq_id in proposals else self._idle.get(seq.seq_id, 0)
+            self._idle[seq.seq_id] = 0
         return proposals
+
+    def verify(self, seq: Sequence, state: SamplingState, proposal: Proposal, logits) -> Verified:
+        """Verify seq's proposal against its k + 1 rows of logits, and record the outcome."""
+        v = verify(logits, state, proposal.tokens, proposal.probs)
+        self.after_verify(seq, proposal, v.num_accepted, len(v.token_ids))
+        return v
 
     def after_verify(
         self, seq: Sequence, proposal: Proposal, num_accepted: int, emitted: int
@@ -132,18 +142,20 @@ class SpecDecoder:
             k = 1 if idle % PROBE_EVERY == 0 else 0
         return k
 
-    def _propose(self, wanted: list[tuple[Sequence, int]], states) -> dict[int, Proposal]:
-        out: dict[int, Proposal] = {}
-        if self.config.method == "ngram":
-            for seq, k in wanted:
-                tokens = propose_ngram(
-                    seq.token_ids, k, self.config.ngram_min, self.config.ngram_max
+    def _propose(self, wanted: list[tuple[Sequence, int]], lookup) -> dict[int, Proposal]:
+        cfg = self.config
+        if cfg.method == "ngram":  # k is the length of the match plan() found
+            return {
+                seq.seq_id: Proposal(
+                    propose_ngram(seq.token_ids, k, cfg.ngram_min, cfg.ngram_max),
+                    None,
+                    seq.num_tokens,
                 )
-                if tokens:
-                    out[seq.seq_id] = Proposal(tokens, None, seq.num_tokens)
-            return out
-        requests = [DraftRequest(seq, states[seq.seq_id], k) for seq, k in wanted]
+                for seq, k in wanted
+            }
+        requests = [DraftRequest(seq, lookup(seq)[0], k) for seq, k in wanted]
         self.draft.propose(requests)
+        out: dict[int, Proposal] = {}
         for r in requests:
             probs = torch.stack(r.probs) if r.probs else None
             out[r.seq.seq_id] = Proposal(r.tokens, probs, r.seq.num_tokens)

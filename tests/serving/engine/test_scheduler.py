@@ -62,3 +62,19 @@ def test_at_most_max_loras_adapters_and_unready_adapters_wait_without_blocking()
     for name, adapter in (("a", "v1"), ("b", "slow"), ("c", "v2"), ("d", "v3"), ("e", None)):
         s.add(seq(name, adapter=adapter))
     assert admitted(s) == ["a", "c", "e"]  # b's adapter is loading, d would be a third adapter
+
+
+def test_a_sequence_scheduled_this_step_is_never_the_one_preempted():
+    """Two sequences of equal rank, room for one to grow: the second must give way, not the first
+    (which is already in this step's batch and would run without its blocks)."""
+    s = Scheduler(SchedulerConfig(), BlockManager(5, 4), lambda v: True)
+    a, b = seq("a"), seq("b")
+    s.add(a)
+    s.add(b)
+    s.schedule()  # both admitted with 2 full blocks each; 1 block left
+    for x in (a, b):
+        s.blocks.mark_computed(x, 8)
+        x.token_ids.append(99)  # each sampled a token, which needs a third block
+    step = s.schedule()
+    assert [x.seq for x in step.scheduled] == [a] and step.preempted == [b]
+    assert a.block_table and len(a.block_table) == 3

@@ -1,0 +1,38 @@
+"""A request as the step loop tracks it: its sequence, sampling state, stop checker and sink."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from serving.engine.request import RequestOutput
+from serving.engine.sampler import SamplingState
+from serving.engine.sequence import Sequence
+from serving.engine.stopping import StopChecker
+
+Sink = Callable[[RequestOutput], None]
+
+
+@dataclass(eq=False)
+class Tracked:
+    seq: Sequence
+    sampling: SamplingState
+    stop: StopChecker
+    sink: Sink
+    cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not admitted yet)
+    pinned: bool = False
+
+    def output(self, tokens, text: str, reason: str | None, logprobs=()) -> RequestOutput:
+        """One increment of this request's stream, with its usage so far."""
+        seq = self.seq
+        return RequestOutput(
+            request_id=seq.request.request_id,
+            new_token_ids=tuple(tokens),
+            new_text=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            cached_tokens=max(self.cached_tokens, 0),
+            logprobs=tuple(logprobs),
+        )

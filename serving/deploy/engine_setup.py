@@ -31,14 +31,20 @@ CPU_KV_CAP_BYTES = 8 << 30
 GPU_KV_SHARE = 0.85
 
 
+def cpu_threads(num_cpus: float) -> int:
+    """Torch threads of a CPU replica: the cores it reserves, at least one.
+
+    More threads than that contend with the ingress, the proxy and other replicas for the
+    same cores: on a 2-core host under load, 2 threads ran 1.5x slower than 1.
+    """
+    return max(1, int(num_cpus))
+
+
 def build_engine(cfg: ServeConfig) -> Engine:
     """Load the model (and draft), make the adapter slabs and size the KV cache; not started."""
     wanted = "cuda" if cfg.deploy.resources.num_gpus > 0 else "cpu"
     if wanted == "cpu":
-        # A CPU replica computes on the cores it reserves: more threads than that contend
-        # with the ingress and proxy on the others (2 threads ran 1.5x slower than 1 under
-        # load on a 2-core host, bench/serve.py).
-        torch.set_num_threads(max(1, int(cfg.deploy.resources.num_cpus)))
+        torch.set_num_threads(cpu_threads(cfg.deploy.resources.num_cpus))
     load = {"quantization": cfg.model.quantization, "dtype": cfg.model.dtype, "device": wanted}
     target = load_model(cfg.model.path, **load)
     draft = load_model(cfg.draft.path, **load) if cfg.draft.method == "draft_model" else None

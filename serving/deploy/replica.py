@@ -47,6 +47,17 @@ def routing_id(adapter: str | None, session: str | None) -> str | None:
 MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
 
 
+def stream_pause(active_streams: int, longest: float) -> float:
+    """Seconds a stream waits between messages: active_streams / MESSAGES_PER_SECOND, at most
+    longest (one stream: ~2 ms; 64: 100 ms).
+
+    Each increment is a message through Ray, and the messages compete with the engine for
+    the cores; pacing keeps their total rate flat however many streams are open. The first
+    token is never paced.
+    """
+    return min(longest, active_streams / MESSAGES_PER_SECOND)
+
+
 @serve.deployment(graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
 class ModelServer:
     """One engine (model, draft, adapter slabs, KV cache) behind a LocalGenerator."""
@@ -79,13 +90,8 @@ class ModelServer:
             async for out in stream:
                 yield out
                 if not out.finished and self.stream_interval:
-                    # Each increment is a message through Ray, and the messages compete
-                    # with the engine for the cores. Meanwhile the engine runs on and the
-                    # stream merges what piles up: the pause grows with the streams so the
-                    # replica sends about MESSAGES_PER_SECOND in all, at most the interval
-                    # (one stream: every ~2 ms; 64: every 100 ms); the first token goes at once.
-                    pause = min(self.stream_interval, self.active_streams / MESSAGES_PER_SECOND)
-                    await asyncio.sleep(pause)
+                    # Meanwhile the engine runs on and the stream merges what piles up.
+                    await asyncio.sleep(stream_pause(self.active_streams, self.stream_interval))
         finally:
             self.active_streams -= 1
             # Cancellation lands here while the engine stream is suspended: closing it

@@ -1,5 +1,6 @@
 """cache.num_blocks auto: the KV blocks a replica's memory budget holds, every model counted."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -76,3 +77,18 @@ def test_draft_companions_load_into_the_draft_slab(tmp_path):
     for version, name in ((with_companion.ref, "upper"), (alone.ref, "mlp")):
         tokens = [t for out in done[version] for t in out.new_token_ids]
         assert tokens == world.reference([5, 6, 7, 8], name, 8), name
+
+
+@pytest.mark.parametrize(("num_cpus", "threads"), [(0, 1), (0.5, 1), (1, 1), (3, 3)])
+def test_a_cpu_replica_computes_on_the_cores_it_reserves(num_cpus, threads):
+    assert engine_setup.cpu_threads(num_cpus) == threads
+
+
+def test_build_engine_sets_the_threads_of_a_cpu_replica(monkeypatch, tmp_path):
+    demo = Path(__file__).resolve().parents[3] / "models" / "demo" / "base"
+    cfg = parse_config({"model": {"path": str(demo)}, "lora": {"registry": f"file://{tmp_path}"},
+                        "deploy": {"resources": {"num_cpus": 3}}})  # fmt: skip
+    calls = []
+    monkeypatch.setattr(engine_setup.torch, "set_num_threads", calls.append)
+    engine_setup.build_engine(cfg)
+    assert calls == [3]

@@ -12,3 +12,12 @@ def test_adapter_version_wins_then_session_then_none():
 
 def test_a_reupload_routes_as_a_new_model():
     assert routing_id("upper@abc", None) != routing_id("upper@def", None)
+
+
+def test_streams_are_paced_by_how_many_are_open():
+    from serving.deploy.replica import MESSAGES_PER_SECOND, stream_pause
+
+    assert stream_pause(1, 0.1) == 1 / MESSAGES_PER_SECOND
+    assert stream_pause(32, 0.1) == 32 / MESSAGES_PER_SECOND
+    assert stream_pause(640, 0.1) == 0.1  # never longer than the configured interval
+    assert stream_pause(8, 0.0) == 0.0

@@ -83,13 +83,17 @@ class SpecDecoder:
         if cfg.max_batch_size and num_running > cfg.max_batch_size:
             return {}
         wanted: list[tuple[Sequence, int]] = []
+        found: dict[int, Proposal] = {}  # n-gram: a lookup, no model, done here
+        start = time.perf_counter()
         for item in scheduled:
             seq = item.seq
             if item.num_new_tokens != 1 or seq.num_uncomputed != 1 or seq.num_output_tokens < 1:
                 continue
             k = min(self._k_for(seq), lookup(seq)[1] - 1, budget)
-            if cfg.method == "ngram" and k > 0:  # a lookup, no model: only a match needs room
-                k = len(propose_ngram(seq.token_ids, k, cfg.ngram_min, cfg.ngram_max))
+            tokens = None
+            if cfg.method == "ngram" and k > 0:  # only a match needs room in the KV cache
+                tokens = propose_ngram(seq.token_ids, k, cfg.ngram_min, cfg.ngram_max)
+                k = len(tokens)
             while k > 0 and not self.blocks.can_append(seq, 1 + k):
                 k -= 1
             if k <= 0:
@@ -97,13 +101,13 @@ class SpecDecoder:
             self.blocks.append(seq, 1 + k)
             budget -= k
             wanted.append((seq, k))
+            self._idle[seq.seq_id] = 0
+            if tokens is not None:
+                found[seq.seq_id] = Proposal(tokens[:k], None, seq.num_tokens)
         if not wanted:
             return {}
-        start = time.perf_counter()
-        proposals = self._propose(wanted, lookup)
+        proposals = found if cfg.method == "ngram" else self._draft(wanted, lookup)
         self._measure_draft(time.perf_counter() - start, max(k for _, k in wanted))
-        for seq, _ in wanted:
-            self._idle[seq.seq_id] = 0
         return proposals
 
     def verify(self, seq: Sequence, state: SamplingState, proposal: Proposal, logits) -> Verified:
@@ -142,17 +146,8 @@ class SpecDecoder:
             k = 1 if idle % PROBE_EVERY == 0 else 0
         return k
 
-    def _propose(self, wanted: list[tuple[Sequence, int]], lookup) -> dict[int, Proposal]:
-        cfg = self.config
-        if cfg.method == "ngram":  # k is the length of the match plan() found
-            return {
-                seq.seq_id: Proposal(
-                    propose_ngram(seq.token_ids, k, cfg.ngram_min, cfg.ngram_max),
-                    None,
-                    seq.num_tokens,
-                )
-                for seq, k in wanted
-            }
+    def _draft(self, wanted: list[tuple[Sequence, int]], lookup) -> dict[int, Proposal]:
+        """The draft model's k proposals for each wanted sequence."""
         requests = [DraftRequest(seq, lookup(seq)[0], k) for seq, k in wanted]
         self.draft.propose(requests)
         out: dict[int, Proposal] = {}

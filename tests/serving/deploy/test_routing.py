@@ -21,3 +21,21 @@ def test_streams_are_paced_by_how_many_are_open():
     assert stream_pause(32, 0.1) == 32 / MESSAGES_PER_SECOND
     assert stream_pause(640, 0.1) == 0.1  # never longer than the configured interval
     assert stream_pause(8, 0.0) == 0.0
+
+
+def test_deployment_options_follow_the_config():
+    """max_ongoing_requests follows max_num_seqs (Ray's 5 would starve batching), the ingress
+    reserves no CPU, and replicas reserve what deploy.resources asks."""
+    from serving.config import parse_config
+    from serving.deploy.app import bind
+
+    cfg = parse_config({"scheduler": {"max_num_seqs": 7}, "server": {"max_queue": 9},
+                        "deploy": {"num_replicas": 2, "resources": {"num_cpus": 1.5}}})  # fmt: skip
+    ingress = bind(cfg)._bound_deployment
+    server = ingress.init_args[0]._bound_deployment
+    assert ingress.ray_actor_options["num_cpus"] == 0
+    assert ingress._deployment_config.max_ongoing_requests == 7 * 2 + 9
+    assert server._deployment_config.max_ongoing_requests == 7
+    assert server._deployment_config.max_queued_requests == 9
+    assert server._deployment_config.num_replicas == 2
+    assert server.ray_actor_options == {"num_cpus": 1.5, "num_gpus": 0.0}

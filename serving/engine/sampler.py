@@ -102,8 +102,12 @@ def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.
         counts = _counts([states[i].output_ids for i in rows], vocab, device)
         sub = sub - freq * counts - presence * (counts > 0).float()
 
+    # An extreme penalty (a tiny repetition penalty divides a logit past float range) must not
+    # reach softmax as inf, which would turn a row into NaN: the largest finite value still
+    # makes the token certain, as the penalty asks.
+    big = torch.finfo(sub.dtype).max
     out = logits.clone()
-    out[rows] = sub
+    out[rows] = sub.clamp(-big, big)
     return out
 
 

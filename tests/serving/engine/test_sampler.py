@@ -203,3 +203,12 @@ def test_logprobs_match_log_softmax_before_temperature():
 def test_rows_must_match_states():
     with pytest.raises(ValueError):
         sample(torch.zeros(2, 5), _states(3))
+
+
+def test_an_extreme_penalty_gives_a_certain_token_not_nan():
+    """A repetition penalty of 5e-324 divides a positive logit past float range."""
+    logits = torch.tensor([[1.0, 2.0, 0.5]])
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, repetition_penalty=5e-324, seed=1)
+        state = SamplingState.make(params, [0])  # token 0 was seen: its logit 1.0 explodes
+        assert sample(logits, [state]).token_ids == [0]

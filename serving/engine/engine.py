@@ -120,6 +120,11 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
+    @property
+    def alive(self) -> bool:
+        """False once start() ran and the step thread has ended (shut down or died)."""
+        return self._thread is None or self._thread.is_alive()
+
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Step in this thread until every request has finished (tests, batch jobs)."""
         for _ in range(max_steps):

@@ -44,6 +44,9 @@ class GenerateRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None  # "name@digest": the version, so a re-upload is another adapter
     priority: Priority = Priority.INTERACTIVE
+    # Salts the prefix cache's root hash: hits are shared only between requests with the same
+    # salt (the tenant, when keys are configured), so cached_tokens is no cross-tenant oracle.
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

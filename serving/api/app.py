@@ -13,6 +13,7 @@ from serving.api import routes_adapters, routes_openai, routes_ops, routes_worke
 from serving.api.auth import KeyRing
 from serving.api.context import ApiContext
 from serving.api.errors import install_error_handlers
+from serving.api.gate import Gate
 from serving.api.generator import Generator
 from serving.api.limits import BodyLimit
 from serving.api.metrics import Metrics
@@ -31,6 +32,8 @@ def create_app(generator: Generator, settings: AppSettings) -> FastAPI:
     app.state.context = ApiContext(settings=settings, generator=generator, metrics=Metrics())
     app.state.keys = KeyRing(settings.keys)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    # Added last, so it runs first: keys and browser checks before any body is read.
+    app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
     install_error_handlers(app)
     for module in (routes_workers_ai, routes_openai, routes_adapters, routes_ops):
         app.include_router(module.router)

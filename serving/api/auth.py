@@ -136,27 +136,52 @@ def _digest(key: str) -> bytes:
 
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: Authorization: Bearer KEY")
+PRINCIPAL = "loraserve.principal"  # where serving.api.gate leaves the caller in scope["state"]
 
 
-async def authenticate(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    """The caller of this request (a FastAPI dependency); 401 without a valid key."""
-    ring: KeyRing = request.app.state.keys
+def identify(ring: KeyRing, authorization: str | None) -> Principal:
+    """The caller an Authorization header names; 401 unless it is `Bearer KEY` with a known KEY."""
     if ring.open:
         return OPEN
-    if credentials is None:
+    scheme, _, key = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
         raise ApiError(
             401,
             "missing API key: send the header Authorization: Bearer KEY",
             code="invalid_api_key",
             headers=_CHALLENGE,
         )
-    principal = ring.lookup(credentials.credentials)
+    principal = ring.lookup(key.strip())
     if principal is None:
         raise ApiError(401, "invalid API key", code="invalid_api_key", headers=_CHALLENGE)
     return principal
+
+
+def principal_of(request: Request) -> Principal:
+    """The caller of request, as the gate found it or from its header; 401 without a key."""
+    known = request.scope.get("state", {}).get(PRINCIPAL)
+    if known is not None:
+        return known
+    return identify(request.app.state.keys, request.headers.get("authorization"))
+
+
+async def authenticate(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller of this request (a FastAPI dependency); 401 without a valid key."""
+    return principal_of(request)
+
+
+async def caller_if_any(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal | None:
+    """The caller when a valid key (or none, keyless) is sent; None otherwise (a dependency)."""
+    try:
+        return principal_of(request)
+    except ApiError:
+        return None
 
 
 def require_manage(principal: Principal, owner: str, name: str) -> None:

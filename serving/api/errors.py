@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Send
 
 log = logging.getLogger("loraserve.api")
 
@@ -62,9 +63,24 @@ def error_body(path: str, status: int, message: str, code: str | None = None) ->
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
-def error_bytes(path: str, status: int, message: str) -> bytes:
-    """error_body encoded, for the raw ASGI middleware."""
-    return json.dumps(error_body(path, status, message)).encode()
+async def send_error(
+    send: Send,
+    path: str,
+    status: int,
+    message: str,
+    code: str | None = None,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answer error_body from raw ASGI middleware, which answers before reading the body."""
+    body = json.dumps(error_body(path, status, message, code)).encode()
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),  # the unread rest of the body cannot be skipped
+        *headers,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:
@@ -87,7 +103,7 @@ def install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
         elif message == "There was an error parsing the body":
-            message = "the body could not be read as JSON text (is it UTF-8?)"
+            message = _parse_failure(exc.__cause__)
         headers = getattr(exc, "headers", None)
         return error_response(request, ApiError(exc.status_code, message, headers=headers))
 
@@ -99,6 +115,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _fault(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(request, ApiError(500, "internal server error"))
+
+
+def _parse_failure(cause: BaseException | None) -> str:
+    """Why FastAPI could not parse a JSON body, from the exception it wrapped."""
+    if isinstance(cause, RecursionError):
+        return "the JSON body nests too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+        return "the JSON body holds a number with too many digits"
+    return "the body could not be read as JSON text (is it UTF-8?)"
 
 
 def describe_validation(exc: RequestValidationError) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.api.errors import error_bytes
+from serving.api.errors import send_error
 
 
 class BodyLimit:
@@ -47,14 +47,7 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, send: Send) -> None:
         limit_mb = self.max_body_bytes / 2**20
         text = f"the request body is larger than the limit of {limit_mb:g} MiB"
-        body = error_bytes(scope.get("path", ""), 413, text)
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),  # the unread rest of the body cannot be skipped
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, scope.get("path", ""), 413, text)
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -30,6 +30,8 @@ class AppSettings:
     draft_spec: BaseModelSpec | None = None  # the draft model's, when one is configured
     max_lora_rank: int = 64
     keys: Mapping[str, Principal] = field(default_factory=dict)  # key -> caller; empty: open
+    # server.insecure: keyless yet reachable beyond loopback, so no Host check (see gate)
+    insecure: bool = False
     max_body_bytes: int = 32 * 2**20
     vocab_size: int | None = None  # token ids a prompt may hold; None: the tokenizer's
     ready: threading.Event = field(default_factory=threading.Event)
@@ -57,6 +59,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
         keys=load_keys(cfg.server.api_keys_file),
+        insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         vocab_size=model.vocab_size,
     )

@@ -62,6 +62,18 @@ def build_engine(world: World, loader, **config) -> Engine:
     return Engine(model, world.tokenizer, EngineConfig(**cfg), slab=slab)
 
 
+def stub_settings(world: World, root: Path, **fields) -> AppSettings:
+    """Settings over world's tokenizer and an empty registry, for apps on a stub generator."""
+    fields = {"keys": KEYS, "max_model_len": 64, **fields}
+    return AppSettings(
+        model_id=MODEL_ID,
+        tokenizer=world.tokenizer,
+        registry=Registry(str(root / "reg")),
+        base_spec=BaseModelSpec.from_dir(world.base_dir),
+        **fields,
+    )
+
+
 @dataclass
 class Served:
     url: str
@@ -103,6 +115,7 @@ def serve(
     max_body_bytes: int = 1 << 20,
     max_model_len: int = MAX_MODEL_LEN,
     generator_class: type[LocalGenerator] = LocalGenerator,
+    **settings_fields,
 ) -> Iterator[Served]:
     registry = Registry(f"file://{root / 'registry'}")
     for name in publish:
@@ -123,6 +136,7 @@ def serve(
         keys=keys,
         max_body_bytes=max_body_bytes,
         vocab_size=512,
+        **settings_fields,
     )
     settings.ready.set()
     app = create_app(generator, settings)

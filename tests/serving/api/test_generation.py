@@ -9,11 +9,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from adapters.base_model import BaseModelSpec
-from adapters.registry import Registry
-from serving.api import AppSettings, LocalGenerator, QueueFull, create_app
+from serving.api import LocalGenerator, QueueFull, create_app
 from serving.engine.request import RequestOutput
-from tests.serving.api.served import ACME, KEYS, MODEL_ID, serve
+from tests.serving.api.served import ACME, MODEL_ID, serve, stub_settings
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
 CHAT = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -38,15 +36,8 @@ class Stub:
 
 
 def stub_client(world, tmp_path, fail) -> TestClient:
-    settings = AppSettings(
-        model_id=MODEL_ID,
-        max_model_len=64,
-        tokenizer=world.tokenizer,
-        registry=Registry(str(tmp_path / "reg")),
-        base_spec=BaseModelSpec.from_dir(world.base_dir),
-        keys=KEYS,
-    )
-    return TestClient(create_app(Stub(fail), settings), raise_server_exceptions=False)
+    app = create_app(Stub(fail), stub_settings(world, tmp_path))
+    return TestClient(app, raise_server_exceptions=False)
 
 
 @pytest.mark.parametrize("stream", [False, True])

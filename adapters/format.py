@@ -12,7 +12,6 @@ file (and the draft companion's digest), so identical uploads are one version.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import warnings
@@ -23,14 +22,17 @@ from pathlib import Path
 import torch
 
 from adapters.base_model import LINEARS, BaseModelSpec, module_group
-from adapters.errors import AdapterError
+from adapters.bounded_json import parse_json
+from adapters.errors import AdapterError, quoted, shorten
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 
 TENSOR_RE = re.compile(
-    r"(?:^|\.)layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
+    r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
     r"\.lora_(?P<which>A|B)\.weight$"
 )
+MAX_CONFIG_BYTES = 2**20  # PEFT writes about 1 KB
+MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 _EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
     torch.float16: (torch.int16, 0x7C00),
@@ -144,9 +146,10 @@ def parse_adapter(
     modules = _parse_weights(files[WEIGHTS], label, rank, base, scan=stored_digest is None)
     notes = []
     trained_on = config.get("base_model_name_or_path")
+    trained_on = trained_on if isinstance(trained_on, str) else None
     if base_name and trained_on and trained_on != base_name:
         notes.append(
-            f"{label}: trained on {trained_on!r}, served with {base_name!r}; its shapes fit"
+            f"{label}: trained on {quoted(trained_on)}, served with {base_name!r}; its shapes fit"
         )
     return Adapter(
         config_bytes=bytes(files[CONFIG]),
@@ -164,16 +167,13 @@ def parse_adapter(
 
 
 def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
-    try:
-        config = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise AdapterError(f"{label}: {CONFIG} is not valid JSON ({exc})") from None
+    config = parse_json(data, f"{label}: {CONFIG}", max_bytes=MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise AdapterError(f"{label}: {CONFIG} is not a JSON object")
     peft_type = str(config.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
         raise AdapterError(
-            f"{label}: peft_type {peft_type} is not supported; only LORA adapters are"
+            f"{label}: peft_type {shorten(peft_type)} is not supported; only LORA adapters are"
         )
     for key, off, what in _UNSUPPORTED:
         value = config.get(key, off)
@@ -181,13 +181,13 @@ def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
             raise AdapterError(f"{label}: {what} is not supported")
     if config.get("bias", "none") != "none":
         raise AdapterError(
-            f"{label}: bias {config['bias']!r} is not supported; only bias 'none' is"
+            f"{label}: bias {quoted(config['bias'])} is not supported; only bias 'none' is"
         )
     rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise AdapterError(f"{label}: r must be a positive integer, got {rank!r}")
+        raise AdapterError(f"{label}: r must be a positive integer, got {quoted(rank)}")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise AdapterError(f"{label}: lora_alpha must be a number, got {alpha!r}")
+        raise AdapterError(f"{label}: lora_alpha must be a number, got {quoted(alpha)}")
     if rank > max_rank:
         raise AdapterError(f"{label}: rank {rank} is above lora.max_lora_rank ({max_rank})")
     config["lora_alpha"] = alpha
@@ -201,15 +201,19 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
         m = TENSOR_RE.search(name)
         if m is None:
             raise AdapterError(
-                f"{label}: tensor {name!r} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)"
+                f"{label}: tensor {quoted(name)} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)"
             )
+        if len(m["layer"]) > MAX_LAYER_DIGITS:
+            raise AdapterError(f"{label}: tensor {quoted(name)} has an out-of-range layer index")
         key = (int(m["layer"]), m["module"], m["which"])
         if key in seen:
             raise AdapterError(
-                f"{label}: tensor {name!r} repeats layer {key[0]} {key[1]} lora_{key[2]}"
+                f"{label}: tensor {quoted(name)} repeats layer {key[0]} {shorten(key[1])} lora_{key[2]}"
             )
         if key[1] in LINEARS and m["block"] != module_group(key[1]):
-            raise AdapterError(f"{label}: tensor {name!r} puts {key[1]} under {m['block']}")
+            raise AdapterError(
+                f"{label}: tensor {quoted(name)} puts {shorten(key[1])} under {m['block']}"
+            )
         seen.add(key)
         names[name] = key
     if not names:
@@ -219,7 +223,7 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
     for name, (layer, module, which) in names.items():
         t = tensors[name]
         if scan and _has_nonfinite(t):
-            raise AdapterError(f"{label}: tensor {name!r} contains NaN or Inf")
+            raise AdapterError(f"{label}: tensor {quoted(name)} contains NaN or Inf")
         pairs.setdefault((layer, module), {})[which] = t
     modules = {}
     for (layer, module), ab in sorted(pairs.items()):
@@ -266,7 +270,9 @@ def _has_nonfinite(t: torch.Tensor) -> bool:
 def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None:
     if module not in base.shapes:
         known = ", ".join(base.shapes)
-        raise AdapterError(f"{where}: the base model has no module {module!r} (it has {known})")
+        raise AdapterError(
+            f"{where}: the base model has no module {quoted(module)} (it has {known})"
+        )
     if layer >= base.num_layers:
         raise AdapterError(
             f"{where}: layer {layer} is out of range; the base model has {base.num_layers}"

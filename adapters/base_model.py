@@ -23,6 +23,7 @@ class BaseModelSpec:
 
     num_layers: int
     shapes: dict[str, tuple[int, int]]
+    dtype: str | None = None  # the checkpoint's torch_dtype, e.g. "bfloat16"; None when unknown
 
     @staticmethod
     def from_config(config: dict) -> BaseModelSpec:
@@ -56,7 +57,7 @@ class BaseModelSpec:
             "up_proj": (hidden, inter),
             "down_proj": (inter, hidden),
         }
-        return BaseModelSpec(num_layers=layers, shapes=shapes)
+        return BaseModelSpec(num_layers=layers, shapes=shapes, dtype=_dtype_name(config))
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> BaseModelSpec:
@@ -68,6 +69,12 @@ class BaseModelSpec:
         except (OSError, ValueError) as exc:
             raise AdapterError(f"base model: cannot read {path}: {exc}") from None
         return BaseModelSpec.from_config(config)
+
+
+def _dtype_name(config: dict) -> str | None:
+    """The checkpoint dtype's name: transformers writes `torch_dtype`, and `dtype` since v4.56."""
+    value = config.get("torch_dtype") or config.get("dtype")
+    return value.removeprefix("torch.") if isinstance(value, str) else None
 
 
 def module_group(module: str) -> str:

@@ -24,6 +24,7 @@ import torch
 from adapters.base_model import LINEARS, BaseModelSpec, module_group
 from adapters.bounded_json import parse_json
 from adapters.errors import AdapterError, quoted, shorten
+from adapters.overflow import check_activation_bound
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 
@@ -143,7 +144,11 @@ def parse_adapter(
     config = _parse_config(files[CONFIG], label, max_rank)
     rank, alpha = config["r"], float(config["lora_alpha"])
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    modules = _parse_weights(files[WEIGHTS], label, rank, base, scan=stored_digest is None)
+    scan = stored_digest is None
+    modules = _parse_weights(files[WEIGHTS], label, rank, base, scan=scan)
+    if scan:
+        pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in modules.items())
+        check_activation_bound(label, pairs, scale, base.dtype if base else None)
     notes = []
     trained_on = config.get("base_model_name_or_path")
     trained_on = trained_on if isinstance(trained_on, str) else None

@@ -23,6 +23,7 @@ TINY_BASE = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "vocab_size": 100,
+    "dtype": "float32",
 }
 TINY_SPEC = BaseModelSpec.from_config(TINY_BASE)
 
@@ -57,7 +58,9 @@ def peft_tensors(rank=8, modules=("q_proj", "v_proj"), spec=TINY_SPEC, seed=0, d
         for m in modules:
             fan_in, fan_out = spec.shapes[m]
             prefix = f"base_model.model.model.layers.{layer}.{module_group(m)}.{m}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen).to(dtype)
+            # A at PEFT's init scale (1/sqrt(in)); B of std 1, above a trained B, so effects show
+            a = torch.randn(rank, fan_in, generator=gen) / fan_in**0.5
+            tensors[f"{prefix}.lora_A.weight"] = a.to(dtype)
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen).to(dtype)
     return tensors
 

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 
+import tokenizers
 import torch
 
 from adapters.base_model import BaseModelSpec
@@ -20,6 +21,7 @@ from serving.config import ServeConfig
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.scheduler import SchedulerConfig
 from serving.engine.speculative.config import SpecConfig
+from serving.model.hf_config import load_model_config
 from serving.model.loader import load_model
 
 # num_blocks: auto on a CPU takes this share of the memory available at start, at most the
@@ -42,6 +44,7 @@ def cpu_threads(num_cpus: float) -> int:
 
 def build_engine(cfg: ServeConfig) -> Engine:
     """Load the model (and draft), make the adapter slabs and size the KV cache; not started."""
+    check_draft_vocab(cfg)  # before seconds of loading weights
     wanted = "cuda" if cfg.deploy.resources.num_gpus > 0 else "cpu"
     if wanted == "cpu":
         torch.set_num_threads(cpu_threads(cfg.deploy.resources.num_cpus))
@@ -99,6 +102,41 @@ def build_engine(cfg: ServeConfig) -> Engine:
         draft_model=draft.model if draft else None,
         draft_slab=draft_slab,
     )
+
+
+def check_draft_vocab(cfg: ServeConfig) -> None:
+    """ValueError unless the draft model, if any, has the target's vocabulary: as many logit
+    rows, and the same id for every token of its tokenizer.json.
+
+    The target verifies the draft's token ids against its own distribution row by row; under
+    another vocabulary the ids mean other tokens (or fall outside the target's rows).
+    Only config.json and tokenizer.json are read, so this fails before any weights load.
+    """
+    if cfg.draft.method != "draft_model":
+        return
+    target, draft = cfg.model.path, cfg.draft.path
+    sizes = load_model_config(target).vocab_size, load_model_config(draft).vocab_size
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"draft.path {draft}: the draft model's vocabulary has {sizes[1]} tokens, the "
+            f"target's {sizes[0]}; speculative decoding needs a draft with the target's "
+            "vocabulary (the same tokenizer)"
+        )
+    files = target / "tokenizer.json", draft / "tokenizer.json"
+    if not all(f.is_file() for f in files):
+        return  # loading the model names the missing file
+    vocabs = [
+        tokenizers.Tokenizer.from_file(str(f)).get_vocab(with_added_tokens=True) for f in files
+    ]
+    differing = sorted({token for token, _ in set(vocabs[0].items()) ^ set(vocabs[1].items())})
+    if differing:
+        token = differing[0]
+        raise ValueError(
+            f"draft.path {draft}: the draft's tokenizer differs from the target's "
+            f"({len(differing)} tokens, e.g. {token!r}: id {vocabs[1].get(token)} in the "
+            f"draft, {vocabs[0].get(token)} in the target); speculative decoding "
+            "needs a draft with the target's vocabulary (the same tokenizer)"
+        )
 
 
 def _slab(cfg: ServeConfig, spec, model, device: str, fetch) -> AdapterSlab:

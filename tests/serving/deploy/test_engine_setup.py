@@ -10,6 +10,8 @@ from serving.config import parse_config
 from serving.deploy import engine_setup
 from serving.deploy.engine_setup import num_kv_blocks
 
+DEMO_DRAFT = Path(__file__).resolve().parents[3] / "models" / "demo" / "draft"
+
 
 def fake_model(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32):
     config = SimpleNamespace(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim)
@@ -92,3 +94,44 @@ def test_build_engine_sets_the_threads_of_a_cpu_replica(monkeypatch, tmp_path):
     monkeypatch.setattr(engine_setup.torch, "set_num_threads", calls.append)
     engine_setup.build_engine(cfg)
     assert calls == [3]
+
+
+def _draft_like_demo(root: Path, vocab_size=None, swap=None) -> Path:
+    """The demo's draft model, its config's vocab_size or two tokenizer ids changed."""
+    import json
+    import shutil
+
+    draft = root / "draft"
+    shutil.copytree(DEMO_DRAFT, draft)
+    if vocab_size is not None:
+        config = json.loads((draft / "config.json").read_text())
+        (draft / "config.json").write_text(json.dumps({**config, "vocab_size": vocab_size}))
+    if swap is not None:
+        tokenizer = json.loads((draft / "tokenizer.json").read_text())
+        vocab, (a, b) = tokenizer["model"]["vocab"], swap
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        (draft / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return draft
+
+
+def _draft_config(tmp_path: Path, draft: Path):
+    return parse_config({"model": {"path": str(DEMO_DRAFT.parent / "base")},
+                         "draft": {"method": "draft_model", "path": str(draft)},
+                         "lora": {"registry": f"file://{tmp_path}"}})  # fmt: skip
+
+
+def test_the_demo_draft_shares_the_target_vocabulary(tmp_path):
+    engine_setup.check_draft_vocab(_draft_config(tmp_path, DEMO_DRAFT))
+
+
+def test_a_draft_with_another_vocabulary_size_is_refused_before_loading(tmp_path):
+    draft = _draft_like_demo(tmp_path, vocab_size=4000)
+    with pytest.raises(ValueError, match=r"vocabulary has 4000 tokens, the target's 4096"):
+        engine_setup.build_engine(_draft_config(tmp_path, draft))
+
+
+def test_a_draft_whose_tokenizer_maps_tokens_to_other_ids_is_refused(tmp_path):
+    """Same size, same weights shape: without the check it would load and propose nonsense."""
+    draft = _draft_like_demo(tmp_path, swap=("a", "b"))
+    with pytest.raises(ValueError, match=r"draft's tokenizer differs .*2 tokens"):
+        engine_setup.build_engine(_draft_config(tmp_path, draft))

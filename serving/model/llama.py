@@ -77,7 +77,8 @@ class LlamaModel:
         tied = config.tie_word_embeddings or "lm_head.weight" not in state
         self.lm_head = self.embed if tied else get("lm_head.weight", vocab_hidden)
         self.layers = [self._layer(get, i, fp8) for i in range(config.num_layers)]
-        self.inv_freq = rope_inv_freq(config)
+        # [D/2] beside the weights: positions arrive on their device, and cos/sin are made there
+        self.inv_freq = rope_inv_freq(config).to(self.embed.device)
         self.rope_factor = rope_attention_factor(config)  # yarn scales cos/sin; 1.0 otherwise
         self.scale = config.head_dim**-0.5
         # Attention here is full causal: a sliding window (Mistral, some Qwen2) only matters past

@@ -109,3 +109,13 @@ def test_missing_or_misshapen_weights_are_clear_errors(tmp_path):
         ModelLoadError, match=r"k_proj.weight has shape \(16, 64\), the config implies \(32, 64\)"
     ):
         LlamaModel(config, bad, fp8=False, dtype=torch.float32)
+
+
+def test_every_tensor_of_the_model_lives_beside_its_weights(tmp_path):
+    """Weights on another device take the RoPE table along (a CPU table failed every CUDA step)."""
+    path, _ = save_tiny("llama", tmp_path / "l")
+    state = {k: v.to("meta") for k, v in load_state_dict(path).items()}
+    model = LlamaModel(load_model_config(path), state, fp8=False, dtype=torch.float32)
+    tensors = {k: v for k, v in vars(model).items() if isinstance(v, torch.Tensor)}
+    assert "inv_freq" in tensors
+    assert {str(v.device) for v in tensors.values()} == {"meta"}

@@ -2,11 +2,17 @@
 
 Chats go through the model's chat template and are tokenized without added special tokens
 (the template writes them), as transformers does; raw text gets the tokenizer's own (BOS).
+
+Rendering and tokenizing take time in proportion to the text, so they run in worker threads,
+never on the event loop, and only after a cheap cap on characters: no token spans more than
+MAX_CHARS_PER_TOKEN characters, so a longer text could not fit model.max_model_len tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from starlette.concurrency import run_in_threadpool
 
 from serving.api.errors import ApiError
 from serving.api.schemas import ChatMessage
@@ -14,32 +20,54 @@ from serving.api.settings import AppSettings
 from serving.engine.request import SamplingParams
 from serving.model.errors import ChatTemplateError
 
+# Generous: the longest tokens of common vocabularies (runs of spaces, dashes) are far shorter.
+MAX_CHARS_PER_TOKEN = 32
 
-def chat_ids(settings: AppSettings, messages: Sequence[ChatMessage]) -> list[int]:
+
+async def chat_ids(settings: AppSettings, messages: Sequence[ChatMessage]) -> list[int]:
     """The token ids of a chat rendered by the chat template, ready for the reply."""
     chat = [{"role": m.role, "content": m.text()} for m in messages]
+    _cap_chars(settings, sum(len(turn["content"]) for turn in chat), "the messages")
+    return checked(settings, await run_in_threadpool(_render_and_encode, settings, chat))
+
+
+async def text_ids(settings: AppSettings, text: str) -> list[int]:
+    """The token ids of raw text."""
+    _cap_chars(settings, len(text), "the prompt")
+    ids = await run_in_threadpool(settings.tokenizer.encode, text, add_special_tokens=True)
+    return checked(settings, ids)
+
+
+def _render_and_encode(settings: AppSettings, chat: list[dict]) -> list[int]:
     try:
         text = settings.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
     except ChatTemplateError as exc:
         raise ApiError(400, str(exc)) from None
-    return checked(settings, settings.tokenizer.encode(text, add_special_tokens=False))
+    return settings.tokenizer.encode(text, add_special_tokens=False)
 
 
-def text_ids(settings: AppSettings, text: str) -> list[int]:
-    """The token ids of raw text."""
-    return checked(settings, settings.tokenizer.encode(text, add_special_tokens=True))
+def _cap_chars(settings: AppSettings, num_chars: int, what: str) -> None:
+    limit = settings.max_model_len * MAX_CHARS_PER_TOKEN
+    if num_chars > limit:
+        raise ApiError(
+            400,
+            f"{what} hold {num_chars} characters, more than the limit of {limit} "
+            f"(model.max_model_len {settings.max_model_len} tokens x {MAX_CHARS_PER_TOKEN})",
+            code="context_length_exceeded",
+        )
 
 
 def given_ids(settings: AppSettings, ids: Sequence[int]) -> list[int]:
     """Token ids sent by the client, each checked to be one the model embeds."""
+    ids = checked(settings, ids)  # the count first: a long list is refused before it is scanned
     limit = settings.num_token_ids
     bad = next((i for i in ids if not 0 <= i < limit), None)
     if bad is not None:
         raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{limit - 1})")
-    return checked(settings, list(ids))
+    return ids
 
 
-def checked(settings: AppSettings, ids: list[int]) -> list[int]:
+def checked(settings: AppSettings, ids: Sequence[int]) -> list[int]:
     """ids, or a 400 naming the counts when no output token would fit after them."""
     if not ids:
         raise ApiError(400, "the prompt is empty")
@@ -50,7 +78,7 @@ def checked(settings: AppSettings, ids: list[int]) -> list[int]:
             f"{settings.max_model_len} tokens of prompt and output together",
             code="context_length_exceeded",
         )
-    return ids
+    return list(ids)
 
 
 def sampling(

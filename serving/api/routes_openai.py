@@ -40,7 +40,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     version = await _version(ctx, body)
     params = _sampling(body, s)
     rid = fmt.new_id("chatcmpl")
-    ids = chat_ids(s, body.messages)
+    ids = await chat_ids(s, body.messages)
     gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
     if body.stream:
         return _sse(_chat_events(ctx, gen, rid, body))
@@ -56,7 +56,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, _: Ca
     params = _sampling(body, s)
     rid = fmt.new_id("cmpl")
     prompt = body.prompt
-    ids = text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
+    ids = await text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
     gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
     if body.stream:
         return _sse(_completion_events(ctx, gen, rid, body))

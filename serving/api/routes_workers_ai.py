@@ -42,11 +42,11 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, _:
         raise ApiError(404, f"unknown model {model!r}; this server serves {s.model_id!r}")
     version = await resolve_version(s, adapter_from_lora(s, body.lora) if body.lora else None)
     if body.messages is not None:
-        ids = chat_ids(s, body.messages)
+        ids = await chat_ids(s, body.messages)
     elif body.raw:
-        ids = text_ids(s, body.prompt)
+        ids = await text_ids(s, body.prompt)
     else:
-        ids = chat_ids(s, [ChatMessage(role="user", content=body.prompt)])
+        ids = await chat_ids(s, [ChatMessage(role="user", content=body.prompt)])
     params = sampling(
         body,
         s,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import anyio
 from fastapi import Request
 
+from serving.api.auth import Principal
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError
 from serving.api.generator import QueueFull
@@ -115,6 +116,12 @@ async def start(
         await stream.aclose()
         raise failed(first)
     return gen
+
+
+def cache_salt(ctx: ApiContext, caller: Principal) -> str | None:
+    """The prefix-cache salt of caller's requests: its tenant, so that cached_tokens tells no
+    tenant what another sent; None on a keyless server, whose one user shares every hit."""
+    return caller.tenant if ctx.settings.keys else None
 
 
 def failed(out: RequestOutput) -> ApiError:

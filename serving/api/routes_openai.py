@@ -21,7 +21,7 @@ from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError, error_body
-from serving.api.generation import Generation, start
+from serving.api.generation import Generation, cache_salt, start
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, adapter_from_model, pick_adapter, resolve_version
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -35,13 +35,16 @@ PING_SECONDS = 15
 
 
 @router.post("/v1/chat/completions", summary="Chat completion")
-async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, _: Caller):
+async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
     version = await _version(ctx, body)
     params = _sampling(body, s)
     rid = fmt.new_id("chatcmpl")
     ids = await chat_ids(s, body.messages)
-    gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
+    salt = cache_salt(ctx, caller)
+    gen = await start(
+        ctx, GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt), **_who(request, t0)
+    )
     if body.stream:
         return _sse(_chat_events(ctx, gen, rid, body))
     outcome = await gen.collect(request)
@@ -50,14 +53,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
 
 
 @router.post("/v1/completions", summary="Text completion")
-async def completions(body: CompletionRequest, request: Request, ctx: Ctx, _: Caller):
+async def completions(body: CompletionRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
     version = await _version(ctx, body)
     params = _sampling(body, s)
     rid = fmt.new_id("cmpl")
     prompt = body.prompt
     ids = await text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
-    gen = await start(ctx, GenerateRequest(rid, tuple(ids), params, version), **_who(request, t0))
+    salt = cache_salt(ctx, caller)
+    gen = await start(
+        ctx, GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt), **_who(request, t0)
+    )
     if body.stream:
         return _sse(_completion_events(ctx, gen, rid, body))
     outcome = await gen.collect(request)

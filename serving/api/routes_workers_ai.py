@@ -19,7 +19,7 @@ from sse_starlette import EventSourceResponse
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError, error_body
-from serving.api.generation import Generation, start
+from serving.api.generation import Generation, cache_salt, start
 from serving.api.openai_format import new_id
 from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
@@ -36,7 +36,7 @@ PING_SECONDS = 15
 
 
 @router.post("/ai/run/{model:path}", summary="Run the model (Workers AI)")
-async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, _: Caller):
+async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
     if model != s.model_id:
         raise ApiError(404, f"unknown model {model!r}; this server serves {s.model_id!r}")
@@ -56,7 +56,9 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, _:
     request_id = new_id("ai")
     gen = await start(
         ctx,
-        GenerateRequest(request_id, tuple(ids), params, version),
+        GenerateRequest(
+            request_id, tuple(ids), params, version, cache_salt=cache_salt(ctx, caller)
+        ),
         session=request.headers.get(SESSION_HEADER),
         t0=t0,
     )

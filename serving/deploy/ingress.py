@@ -20,7 +20,7 @@ from serving.api.app import create_app
 from serving.api.generator import QueueFull
 from serving.api.settings import settings_from_config
 from serving.config import ServeConfig
-from serving.deploy.replica import DRAIN_TIMEOUT_S, routing_id
+from serving.deploy.replica import DRAIN_TIMEOUT_S, num_session_ids, routing_id
 from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, RequestOutput
 
@@ -31,15 +31,16 @@ PROBE_TIMEOUT_S = 5.0
 class RayGenerator:
     """serving.api's Generator over the ModelServer deployment's replicas."""
 
-    def __init__(self, handle: DeploymentHandle, num_replicas: int):
+    def __init__(self, handle: DeploymentHandle, num_replicas: int, num_session_ids: int):
         self._handle = handle
         self._num_replicas = num_replicas
+        self._num_session_ids = num_session_ids
 
     async def generate(
         self, request: GenerateRequest, *, session: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """The replica's stream of outputs; leaving it early cancels the replica's call."""
-        model_id = routing_id(request.adapter, session)
+        model_id = routing_id(request.adapter, session, self._num_session_ids)
         handle = self._handle.options(stream=True)
         if model_id is not None:
             handle = handle.options(multiplexed_model_id=model_id)
@@ -96,5 +97,7 @@ class Ingress:
         # build() published the preloads before binding this deployment; replica
         # readiness is the generator's to tell.
         settings.ready.set()
-        generator = RayGenerator(self._server, self._cfg.deploy.num_replicas)
+        generator = RayGenerator(
+            self._server, self._cfg.deploy.num_replicas, num_session_ids(self._cfg)
+        )
         return create_app(generator, settings)

@@ -1,17 +1,51 @@
 """Which multiplexed id a request carries, so Ray routes it to a replica with its state."""
 
-from serving.deploy.replica import routing_id
+from collections import OrderedDict
+
+from serving.config import parse_config
+from serving.deploy.replica import models_per_replica, num_session_ids, routing_id
+
+IDS = 16  # session ids in the tests below
 
 
 def test_adapter_version_wins_then_session_then_none():
-    assert routing_id("upper@abc", "s1") == "upper@abc"  # the adapter's hot replica
-    assert routing_id("upper@abc", None) == "upper@abc"
-    assert routing_id(None, "s1") == "session:s1"  # a base-only conversation
-    assert routing_id(None, None) is None  # balanced over every replica
+    assert routing_id("upper@abc", "s1", IDS) == "upper@abc"  # the adapter's hot replica
+    assert routing_id("upper@abc", None, IDS) == "upper@abc"
+    session = routing_id(None, "s1", IDS)  # a base-only conversation
+    assert session.startswith("session:") and session == routing_id(None, "s1", IDS)
+    assert routing_id(None, None, IDS) is None  # balanced over every replica
 
 
 def test_a_reupload_routes_as_a_new_model():
-    assert routing_id("upper@abc", None) != routing_id("upper@def", None)
+    assert routing_id("upper@abc", None, IDS) != routing_id("upper@def", None, IDS)
+
+
+def test_sessions_share_a_fixed_set_of_ids_spread_over_it():
+    ids = {routing_id(None, f"conversation-{i}", IDS) for i in range(2000)}
+    assert len(ids) == IDS  # bounded however many sessions a client invents, and all used
+    assert routing_id(None, "\ud800", IDS)  # a lone surrogate in the header still hashes
+
+
+def test_a_flood_of_sessions_never_evicts_adapter_affinity():
+    """Ray's per-replica LRU of multiplexed ids, fed as a replica would be: max_loras hot
+    adapters, then thousands of new sessions, each adapter still used now and then."""
+    cfg = parse_config({"lora": {"max_loras": 4}, "deploy": {"num_replicas": 2}})
+    capacity, lru = models_per_replica(cfg), OrderedDict()
+
+    def load(model_id):  # what serve.multiplexed does with a call's id
+        lru[model_id] = None
+        lru.move_to_end(model_id)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+
+    adapters = [f"a{i}@digest" for i in range(cfg.lora.max_loras)]
+    for a in adapters:
+        load(a)
+    for i in range(5000):
+        load(routing_id(None, f"session-{i}", num_session_ids(cfg)))
+        if i % 100 == 0:
+            load(routing_id(adapters[(i // 100) % len(adapters)], None, num_session_ids(cfg)))
+    assert all(a in lru for a in adapters)
 
 
 def test_streams_are_paced_by_how_many_are_open():
@@ -26,7 +60,6 @@ def test_streams_are_paced_by_how_many_are_open():
 def test_deployment_options_follow_the_config():
     """max_ongoing_requests follows max_num_seqs (Ray's 5 would starve batching), the ingress
     reserves no CPU, and replicas reserve what deploy.resources asks."""
-    from serving.config import parse_config
     from serving.deploy.app import bind
 
     cfg = parse_config({"scheduler": {"max_num_seqs": 7}, "server": {"max_queue": 9},

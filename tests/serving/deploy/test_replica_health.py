@@ -1,0 +1,58 @@
+"""A replica whose engine step thread has died says so: not ready (so /readyz answers 503),
+unhealthy (so Ray Serve replaces it), and a new request fails at once instead of waiting."""
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from serving.config import parse_config
+from serving.deploy import replica
+from serving.engine.request import GenerateRequest, SamplingParams
+
+DEMO = Path(__file__).resolve().parents[3] / "models" / "demo" / "base"
+
+
+@pytest.fixture
+def server(monkeypatch, tmp_path):
+    """A ModelServer built as Ray Serve would, outside Ray: only the replica id is faked."""
+    context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="r1"))
+    monkeypatch.setattr(replica.serve, "get_replica_context", lambda: context)
+    cfg = parse_config({"model": {"path": str(DEMO), "max_model_len": 64},
+                        "cache": {"num_blocks": 16}, "lora": {"registry": str(tmp_path)}})  # fmt: skip
+    server = replica.ModelServer.func_or_class(cfg)
+    yield server
+    server.generator.close()
+
+
+def _kill_step_thread(engine) -> None:
+    def fatal():
+        raise SystemExit  # not an Exception: the step loop cannot catch it, and ends
+
+    engine.step = fatal
+    deadline = time.monotonic() + 10
+    while engine.alive:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_dead_step_thread_makes_the_replica_unready_and_unhealthy(server):
+    assert asyncio.run(server.ready()) is True
+    server.check_health()
+    _kill_step_thread(server.engine)
+    assert asyncio.run(server.ready()) is False
+    with pytest.raises(RuntimeError, match="step thread"):
+        server.check_health()
+
+
+def test_a_request_to_a_dead_engine_fails_at_once(server):
+    _kill_step_thread(server.engine)
+    request = GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=2), None)
+
+    async def first():
+        return await anext(server.generate(request))
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        asyncio.run(asyncio.wait_for(first(), timeout=10))

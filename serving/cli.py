@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -62,39 +61,31 @@ def serve(
     ),
 ) -> None:
     """Serve the model and its adapters over HTTP until Ctrl-C (a local Ray unless configured)."""
-    from serving.api.auth import load_keys
     from serving.config import ConfigError, load_config
+    from serving.deploy.exposure import load_checked_keys
 
     try:
         cfg = load_config(config)
-        keys = load_keys(cfg.server.api_keys_file)
     except ConfigError as exc:
         _fail(str(exc))
-    host = host or cfg.server.host
     port = cfg.server.port if port is None else port
     if not 1 <= port <= 65535:
         _fail(f"--port must be in 1..65535, got {port}")
-    if not keys and not insecure and not _is_loopback(host):
-        _fail(
-            f"refusing to listen on {host} with no API keys configured: set "
-            "server.api_keys_file or LORASERVE_API_KEYS, or pass --insecure"
-        )
+    # The options become the config the app itself checks, wherever its replicas run.
+    server = {"host": host or cfg.server.host, "port": port}
+    server["insecure"] = insecure or cfg.server.insecure
+    cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update=server)})
+    try:
+        load_checked_keys(cfg)  # here too, so a refusal comes before Ray starts
+    except ValueError as exc:  # ConfigError, OpenServerError
+        _fail(str(exc))
     # Imported here: Ray takes seconds to import, which no other command should pay.
     from serving.deploy.launch import serve_until_stopped
 
     try:
-        serve_until_stopped(cfg, host, port, echo=typer.echo)
+        serve_until_stopped(cfg, echo=typer.echo)
     except (ValueError, OSError, RuntimeError) as exc:  # AdapterError, ModelLoadError, ...
         _fail(str(exc))
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name other than localhost may resolve anywhere
 
 
 def _fail(message: str) -> None:

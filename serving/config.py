@@ -170,6 +170,9 @@ class ServerSection(_Section):
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
     api_keys_file: LocalPath | None = Field(None, description="API keys, one a line; null = open.")
+    insecure: bool = Field(
+        False, description="Serve beyond loopback even with no API keys (every caller is admin)."
+    )
     max_body_mb: int = Field(32, gt=0, description="Largest request body accepted, in MiB.")
     max_queue: int = Field(256, gt=0, description="Waiting requests before answering 429.")
     stream_interval_ms: float = Field(

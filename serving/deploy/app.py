@@ -2,20 +2,27 @@
 
     serve run serving.deploy.app:build config=configs/demo.yaml
 
-build() publishes the config's preloaded adapters, then binds one Ingress (no CPU of its
-own: it only parses HTTP and relays streams) to `deploy.num_replicas` ModelServers.
+build() reads the API keys and refuses a keyless server beyond loopback (see exposure),
+publishes the config's preloaded adapters, then binds one Ingress (no CPU of its own: it
+only parses HTTP and relays streams) to `deploy.num_replicas` ModelServers. The keys travel
+to the Ingress as an argument, so replicas on other nodes need neither the env nor the file.
 A preloaded adapter folder may hold its draft-model companion in a `draft/` subfolder (as
 the demo kit's adapters do); it is published with the adapter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ray.serve import Application
 
 from adapters.base_model import BaseModelSpec
 from adapters.format import load_adapter
 from adapters.registry import Registry, Version
+from serving.api.auth import Principal
 from serving.config import ServeConfig, load_config
+from serving.deploy.engine_setup import check_draft_vocab
+from serving.deploy.exposure import load_checked_keys
 from serving.deploy.ingress import Ingress
 from serving.deploy.replica import ModelServer
 
@@ -28,12 +35,17 @@ def build(args: dict) -> Application:
     if "config" not in args:
         raise ValueError('serving.deploy.app:build needs the argument {"config": PATH}')
     cfg = load_config(args["config"])
+    keys = load_checked_keys(cfg)
+    check_draft_vocab(cfg)
     publish_preloads(cfg)
-    return bind(cfg)
+    return bind(cfg, keys)
 
 
-def bind(cfg: ServeConfig) -> Application:
-    """Ingress + ModelServer bound with the deployment options the config asks for."""
+def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
+    """Ingress + ModelServer bound with the deployment options the config asks for.
+
+    keys: every API key (empty: open, loopback only), as read by whoever builds the app.
+    """
     per_replica = cfg.scheduler.max_num_seqs
     server = ModelServer.options(
         num_replicas=cfg.deploy.num_replicas,
@@ -51,7 +63,7 @@ def bind(cfg: ServeConfig) -> Application:
         # Every stream being generated or queued holds one ingress call open.
         max_ongoing_requests=per_replica * cfg.deploy.num_replicas + cfg.server.max_queue,
     )
-    return ingress.bind(server.bind(cfg), cfg)
+    return ingress.bind(server.bind(cfg), cfg, dict(keys))
 
 
 def publish_preloads(cfg: ServeConfig) -> list[Version]:

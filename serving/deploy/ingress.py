@@ -9,7 +9,8 @@ replica's outputs back, and cancels the replica's call when the stream is left e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
 
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
@@ -17,9 +18,11 @@ from ray.serve.exceptions import BackPressureError, RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from serving.api.app import create_app
+from serving.api.auth import Principal
 from serving.api.generator import QueueFull
-from serving.api.settings import settings_from_config
+from serving.api.settings import AppSettings, settings_from_config
 from serving.config import ServeConfig
+from serving.deploy.exposure import check_open_server, serve_proxy_host
 from serving.deploy.replica import DRAIN_TIMEOUT_S, num_session_ids, routing_id
 from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, RequestOutput
@@ -87,13 +90,17 @@ class RayGenerator:
 class Ingress:
     """Serves the loraserve HTTP API; generation goes to the ModelServer replicas."""
 
-    def __init__(self, model_server: DeploymentHandle, cfg: ServeConfig):
+    def __init__(
+        self, model_server: DeploymentHandle, cfg: ServeConfig, keys: Mapping[str, Principal]
+    ):
         self._server = model_server
         self._cfg = cfg
+        self._keys = dict(keys)  # read where the app was built (see exposure)
 
     async def __serve_build_asgi_app__(self):
         # Built per replica, after __init__, so the app holds this replica's handle.
-        settings = await asyncio.to_thread(settings_from_config, self._cfg)
+        # Raising here fails the replica: a keyless app beyond loopback never serves.
+        settings = await asyncio.to_thread(self._settings)
         # build() published the preloads before binding this deployment; replica
         # readiness is the generator's to tell.
         settings.ready.set()
@@ -101,3 +108,14 @@ class Ingress:
             self._server, self._cfg.deploy.num_replicas, num_session_ids(self._cfg)
         )
         return create_app(generator, settings)
+
+    def _settings(self) -> AppSettings:
+        """The app's settings, once the proxy's host passes the open-server rule (blocking)."""
+        server = self._cfg.server
+        check_open_server([server.host, serve_proxy_host()], self._keys, server.insecure)
+        # The keys file may exist only where the app was built, and this replica's env is
+        # not the builder's: the keys passed in are the only ones.
+        here = self._cfg.model_copy(
+            update={"server": server.model_copy(update={"api_keys_file": None})}
+        )
+        return dataclasses.replace(settings_from_config(here), keys=self._keys)

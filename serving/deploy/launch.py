@@ -22,6 +22,8 @@ from ray import serve
 from serving.api.settings import settings_from_config
 from serving.config import ServeConfig
 from serving.deploy.app import APP_NAME, bind, publish_preloads
+from serving.deploy.engine_setup import check_draft_vocab
+from serving.deploy.exposure import load_checked_keys
 
 # Ray puts unix sockets under its temp dir, and a socket path must stay under 107 bytes:
 # beyond this many characters the session's socket paths would not fit.
@@ -45,13 +47,14 @@ def ray_temp_dir() -> str:
     return str(Path(tempfile.gettempdir()) / f"loraserve-ray-{os.getuid()}")
 
 
-def serve_until_stopped(
-    cfg: ServeConfig, host: str, port: int, echo: Callable[[str], None] = print
-) -> None:
-    """Publish preloads, run the app on host:port, block until a signal, then drain and stop."""
-    # Before Ray starts, so a bad model folder or adapter fails in a second with its own
-    # message, rather than as a replica that failed to deploy.
+def serve_until_stopped(cfg: ServeConfig, echo: Callable[[str], None] = print) -> None:
+    """Publish preloads, run the app on server.host:port, block until a signal, then drain."""
+    host, port = cfg.server.host, cfg.server.port
+    # Before Ray starts, so a keyless public host, a bad model folder or adapter fails in a
+    # second with its own message, rather than as a replica that failed to deploy.
+    keys = load_checked_keys(cfg)
     settings_from_config(cfg)
+    check_draft_vocab(cfg)
     publish_preloads(cfg)
     local = cfg.deploy.ray_address is None
     if local:  # on a cluster the HTTP proxies listen on its nodes, not necessarily here
@@ -66,7 +69,11 @@ def serve_until_stopped(
         serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
         try:
             serve.run(
-                bind(cfg), name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET
+                bind(cfg, keys),
+                name=APP_NAME,
+                route_prefix="/",
+                blocking=False,
+                logging_config=QUIET,
             )
             where = f"[{host}]" if ":" in host else host
             echo(f"loraserve: serving {cfg.model.id} on http://{where}:{port} (OpenAI API at /v1)")

@@ -44,3 +44,27 @@ def test_module_entry_point():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("loraserve ")
+
+
+@pytest.mark.parametrize(
+    ("args", "host", "insecure"),
+    [((), "127.0.0.1", False), (("--host", "0.0.0.0", "--insecure"), "0.0.0.0", True)],
+)
+def test_serve_options_become_the_config_the_app_checks(
+    tmp_path, monkeypatch, args, host, insecure
+):
+    """--host and --insecure reach the app's own open-server check, wherever it runs."""
+    from typer.testing import CliRunner
+
+    from serving import cli
+    from serving.deploy import launch
+
+    monkeypatch.delenv("LORASERVE_API_KEYS", raising=False)
+    started = []
+    monkeypatch.setattr(launch, "serve_until_stopped", lambda cfg, echo: started.append(cfg))
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {id: x}\n")
+    done = CliRunner().invoke(cli.app, ["serve", "--config", str(config), "--port", "8123", *args])
+    assert done.exit_code == 0, done.output
+    (cfg,) = started
+    assert (cfg.server.host, cfg.server.port, cfg.server.insecure) == (host, 8123, insecure)

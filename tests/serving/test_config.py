@@ -41,8 +41,8 @@ lora: {max_loras: 16, max_lora_rank: 64, max_cpu_loras: 128, registry: "file://R
        preload: {}}
 cache: {block_size: 16, num_blocks: auto, prefix_caching: true}
 scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048}
-server: {host: 127.0.0.1, port: 8000, api_keys_file: null, max_body_mb: 32, max_queue: 256,
-         stream_interval_ms: 100}
+server: {host: 127.0.0.1, port: 8000, api_keys_file: null, insecure: false, max_body_mb: 32,
+         max_queue: 256, stream_interval_ms: 100}
 deploy: {num_replicas: 1, ray_address: null, resources: {num_gpus: 0, num_cpus: 1}}
 batch: {store: "sqlite:///ROOT/loraserve-batch.db", max_payload_mb: 10}
 """

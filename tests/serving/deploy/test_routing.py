@@ -64,7 +64,7 @@ def test_deployment_options_follow_the_config():
 
     cfg = parse_config({"scheduler": {"max_num_seqs": 7}, "server": {"max_queue": 9},
                         "deploy": {"num_replicas": 2, "resources": {"num_cpus": 1.5}}})  # fmt: skip
-    ingress = bind(cfg)._bound_deployment
+    ingress = bind(cfg, {})._bound_deployment
     server = ingress.init_args[0]._bound_deployment
     assert ingress.ray_actor_options["num_cpus"] == 0
     assert ingress._deployment_config.max_ongoing_requests == 7 * 2 + 9

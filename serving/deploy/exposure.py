@@ -1,0 +1,81 @@
+"""Fail closed: a server with no API keys serves loopback only, however it was started.
+
+With no keys every caller is an admin, so such a server must be unreachable from other
+machines unless the operator says otherwise (server.insecure: true, or `--insecure`).
+
+Rule: with no keys and not insecure, every host the app listens on must be loopback
+(127.0.0.0/8, ::1, localhost). Two hosts count: the config's server.host, and the host Ray
+Serve's HTTP proxies listen on. The proxy's host is known only inside the cluster (under
+`serve run` or KubeRay the builder runs before, or apart from, `serve.start`), so the same
+rule is applied three times: by `loraserve serve` before Ray starts, by the builder on
+server.host, and by every Ingress replica on both hosts, the proxy's read from the Serve
+controller. A proxy host that cannot be read counts as not loopback.
+
+Keys are read once, where the app is built (the driver, or the builder's task under
+KubeRay): LORASERVE_API_KEYS there and server.api_keys_file there. The builder passes them
+to the Ingress as an argument, so no replica depends on its own environment or files.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+
+from serving.api.auth import ENV_VAR, Principal, load_keys
+from serving.config import ServeConfig
+
+# Stands for the proxy host when the Serve controller cannot be asked: not loopback.
+UNKNOWN_HOST = "<unknown: the Serve controller did not answer>"
+
+
+class OpenServerError(ValueError):
+    """A keyless server would listen beyond loopback without server.insecure."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host is a loopback address or `localhost` (other names may resolve anywhere)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_open_server(
+    hosts: Iterable[str | None], keys: Mapping[str, Principal], insecure: bool
+) -> None:
+    """OpenServerError unless keys exist, insecure is set, or every host is loopback.
+
+    A host of None is a listener that is switched off (Serve's proxies with host None).
+    """
+    if keys or insecure:
+        return
+    exposed = [h for h in hosts if h is not None and not is_loopback(h)]
+    if exposed:
+        raise OpenServerError(
+            f"refusing to serve on {exposed[0]} with no API keys configured: set "
+            f"server.api_keys_file or {ENV_VAR}, or server.insecure: true (--insecure)"
+        )
+
+
+def load_checked_keys(cfg: ServeConfig) -> dict[str, Principal]:
+    """This process's keys (env and server.api_keys_file); OpenServerError per the rule."""
+    keys = load_keys(cfg.server.api_keys_file)
+    check_open_server([cfg.server.host], keys, cfg.server.insecure)
+    return keys
+
+
+def serve_proxy_host() -> str | None:
+    """The host Ray Serve's HTTP proxies listen on, from the controller; UNKNOWN_HOST if unread.
+
+    Blocking (it waits on the controller): call it off the event loop.
+    """
+    try:
+        from ray.serve.context import _get_global_client
+
+        # Private, but the only way to read the proxies' options from inside a replica.
+        client = _get_global_client(raise_if_no_controller_running=False)
+        return UNKNOWN_HOST if client is None else client.http_config.host
+    except Exception:  # any failure to ask counts as exposed: fail closed
+        return UNKNOWN_HOST

@@ -10,11 +10,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 
+
+def _unicode(text: str) -> str:
+    # JSON may escape a lone surrogate ("\ud800"), which no tokenizer, file or log can encode.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the text holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character "
+            f"{exc.start}, which is not Unicode text"
+        ) from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]  # every string a body may carry
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=0)]
@@ -29,7 +43,7 @@ class TextPart(BaseModel):
     """OpenAI's list form of message content: only text parts are served."""
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
@@ -38,7 +52,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # e.g. OpenAI's optional `name`
 
     role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -57,7 +71,7 @@ class _Sampling(BaseModel):
     repetition_penalty: RepetitionPenalty | None = Field(None, description="Default 1 (off).")
     frequency_penalty: Penalty | None = Field(None, description="Default 0 (off).")
     presence_penalty: Penalty | None = Field(None, description="Default 0 (off).")
-    lora: str | None = Field(None, description="Adapter: name, name@digest or <model>:name.")
+    lora: Text | None = Field(None, description="Adapter: name, name@digest or <model>:name.")
 
     @field_validator("max_tokens", check_fields=False)
     @classmethod
@@ -72,7 +86,7 @@ class WorkersAIRequest(_Sampling):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str | None = Field(None, description="Text; the chat template wraps it unless raw.")
+    prompt: Text | None = Field(None, description="Text; the chat template wraps it unless raw.")
     messages: list[ChatMessage] | None = Field(None, description="A chat (instead of prompt).")
     raw: bool = Field(False, description="Send prompt as is, without the chat template.")
     stream: bool = Field(False, description="Answer with server-sent events.")
@@ -95,12 +109,12 @@ class StreamOptions(BaseModel):
 class _OpenAIBody(_Sampling):
     model_config = ConfigDict(extra="ignore")
 
-    model: str = Field(..., description="The model id, an adapter name or <model>:<adapter>.")
+    model: Text = Field(..., description="The model id, an adapter name or <model>:<adapter>.")
     n: int = Field(1, description="Choices to generate; only 1 is supported.")
-    stop: str | list[str] | None = Field(None, description="Strings that end the output.")
+    stop: Text | list[Text] | None = Field(None, description="Strings that end the output.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
 
     @field_validator("n")
     @classmethod
@@ -163,7 +177,7 @@ class ChatCompletionRequest(_OpenAIBody):
 class CompletionRequest(_OpenAIBody):
     """POST /v1/completions: a raw prompt, as text or token ids."""
 
-    prompt: str | list[int] = Field(..., description="Text or token ids; no chat template.")
+    prompt: Text | list[int] = Field(..., description="Text or token ids; no chat template.")
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
         None, description="Return the top-n log-probabilities of each output token."
     )

@@ -97,6 +97,23 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("no-route", "POST", "/v1/embeddings", {"json": {}}, 404, "no such route"),
     ("upload-not-multipart", "POST", "/v1/adapters", {"json": {"name": "x"}, "headers": AUTH},
      400, "name"),
+    # JSON escapes lone surrogates, which no tokenizer encodes: raw bytes, as httpx cannot
+    ("surrogate-prompt", "POST", DONE, raw(b'{"model": "demo", "prompt": "a\\ud800"}'), 400,
+     "prompt: the text holds a lone surrogate (U+D800) at character 1"),
+    ("surrogate-prompt-ai", "POST", AI, raw(b'{"prompt": "\\udfff"}'), 400, "lone surrogate"),
+    ("surrogate-message", "POST", CHAT, raw(b'{"model": "demo", "messages": [{"role": "user", '
+     b'"content": "\\ud83d"}]}'), 400, "lone surrogate"),
+    ("surrogate-part", "POST", CHAT, raw(b'{"model": "demo", "messages": [{"role": "user", '
+     b'"content": [{"type": "text", "text": "\\ud83d"}]}]}'), 400, "lone surrogate"),
+    ("surrogate-stop", "POST", CHAT, raw(b'{"model": "demo", "messages": [{"role": "user", '
+     b'"content": "x"}], "stop": ["\\udc00"]}'), 400, "lone surrogate"),
+    ("surrogate-ai-message", "POST", AI, raw(b'{"messages": [{"role": "user", '
+     b'"content": "\\ud800"}]}'), 400, "lone surrogate"),
+    ("nested-body", "POST", DONE, raw(b'{"model": "demo", "prompt": ' + b"[" * 50_000
+     + b"]" * 50_000 + b"}"), 400, "the JSON body nests too deeply"),
+    ("nested-body-ai", "POST", AI, raw(b"[" * 50_000 + b"]" * 50_000), 400, "nests too deeply"),
+    ("huge-integer", "POST", DONE, raw(b'{"model": "demo", "prompt": "x", "seed": '
+     + b"9" * 5000 + b"}"), 400, "a number with too many digits"),
 ]  # fmt: skip
 
 

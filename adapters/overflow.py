@@ -6,8 +6,8 @@ For one token x, a LoRA adds to its linear's output (scale applied last, as lora
     u = t @ B.T                 B: [out, r]    expand, before the scale
     y = scale * u
 
-With |x_i| <= X and ||M|| the largest row sum of |M| (the infinity norm), the worst cases,
-reached by an input whose signs line up with a row of A, are
+With |x_i| <= X and ||M|| the largest row sum of |M| (the infinity norm), the bounds (the
+first reached by an input whose signs line up with a row of A) are
 
     |t| <= X * ||A||      |u| <= X * ||A|| * ||B||      |y| <= X * ||A|| * ||B|| * |scale|
 
@@ -17,8 +17,9 @@ finite value of the model's dtype (a weight cast to the dtype must not become In
 max|B| * max|A| * scale with the fan-ins an aligned input sums over, and is never looser.
 
 X = ACTIVATION_BOUND = 100: a LoRA reads the normed hidden state (entries of order 1) or
-the attention or MLP intermediate (tens). Trained adapters sit far inside the bound: the
-demo's reach |y| <= 65 * X, a tenth of float16's 65504, and PEFT's initial B is zero.
+the attention or MLP intermediate (tens). Trained adapters sit far inside the bound (the
+demo's use about a tenth of float16's range; tests/adapters/test_overflow.py checks them),
+and PEFT's initial B is zero.
 An unknown dtype is taken to be float16, the narrowest a model is served in.
 """
 
@@ -59,9 +60,9 @@ def check_activation_bound(
         worst = ACTIVATION_BOUND * norm_a * max(1.0, norm_b, norm_b * abs(scale))
         if not (worst <= limit and largest_b <= limit):
             raise AdapterError(
-                f"{label}: {where}: weights too large: an input of magnitude {ACTIVATION_BOUND:g} can "
-                f"give outputs up to {worst:.3g} (|scale| {abs(scale):g} * ||B|| {norm_b:.3g} "
-                f"* ||A|| {norm_a:.3g}), beyond {name}'s {limit:g}"
+                f"{label}: {where}: weights too large: an input of magnitude "
+                f"{ACTIVATION_BOUND:g} can give outputs up to {worst:.3g} (|scale| {abs(scale):g} "
+                f"* ||B|| {norm_b:.3g} * ||A|| {norm_a:.3g}), beyond {name}'s {limit:g}"
             )
 
 

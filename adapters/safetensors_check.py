@@ -95,7 +95,8 @@ def _check_entry(label: str, name: str, entry: object, body: int) -> None:
     if not ok_shape or not ok_offsets:
         raise AdapterError(
             f"{label}: tensor {quoted(name)} has a header that lies about its offsets or shape "
-            f"(offsets {quoted(offsets, 60)}, shape {quoted(shape, 60)}, data section of {body} bytes)"
+            f"(offsets {quoted(offsets, 60)}, shape {quoted(shape, 60)}, "
+            f"data section of {body} bytes)"
         )
     if (offsets[1] - offsets[0]) != math.prod(shape) * ITEM_SIZE[dtype]:
         raise AdapterError(

@@ -3,8 +3,10 @@
 An upload is validated whole against the served model (shapes, layers, modules, rank up
 to lora.max_lora_rank; a draft companion against the draft model when one is configured)
 before anything is stored. Names belong to the uploading key's tenant: a user key may not
-publish over, show or delete another tenant's name (403); an admin key may, and publishing
-over a name keeps its owner. Registry calls are blocking I/O and run in worker threads.
+publish over another tenant's name (403), and to it another tenant's adapter does not exist
+when shown or deleted (404, word for word as for a missing name); an admin key may do all,
+and publishing over a name keeps its owner. Registry calls are blocking I/O and run in
+worker threads.
 """
 
 from __future__ import annotations
@@ -62,8 +64,7 @@ async def list_adapters(ctx: Ctx, caller: Caller):
 @router.get("/v1/adapters/{name}", summary="One adapter with its version history")
 async def show_adapter(name: str, ctx: Ctx, caller: Caller):
     _valid_name(name)
-    entry = await _registry_call(ctx.settings.registry.show, name)
-    require_manage(caller, entry.owner, name)
+    entry = await _registry_call(_visible, ctx.settings.registry, name, caller)
     return {**_entry_json(entry), "history": list(entry.history)}
 
 
@@ -109,8 +110,18 @@ def _publish(registry: Registry, name: str, adapter: Adapter, caller: Principal)
         raise
 
 
+def _visible(registry: Registry, name: str, caller: Principal) -> Entry:
+    """name's entry, as the registry's own "unknown adapter" when caller may not manage it."""
+    entry = registry.show(name)
+    if not caller.may_manage(entry.owner):
+        # Word for word the registry's answer for a name it lacks (a test holds them equal),
+        # so that another tenant's names cannot be told from missing ones.
+        raise AdapterError(f"unknown adapter {name!r}")
+    return entry
+
+
 def _delete(registry: Registry, name: str, caller: Principal) -> None:
-    require_manage(caller, registry.resolve(name).owner, name)
+    _visible(registry, name, caller)
     registry.delete(name)
 
 

@@ -95,7 +95,7 @@ def test_tenants_manage_only_their_own_adapters(served):
 
     auth = {"Authorization": f"Bearer {GLOBEX}"}
     r = httpx.delete(f"{served.url}/v1/adapters/upper", headers=auth)
-    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert served.registry.exists("upper")
 
     # the admin may overwrite (the owner stays) and delete
@@ -113,6 +113,18 @@ def test_server_errors_print_one_line(served):
     assert done.exit_code == 1 and "unknown adapter 'nobody'" in done.stderr
     done = runner.invoke(app, ["list", "--server", "http://127.0.0.1:9"], env={})
     assert done.exit_code == 1 and "cannot reach the server at http://127.0.0.1:9" in done.stderr
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_another_tenants_adapter_answers_as_a_missing_one(served, method):
+    def ask(name):
+        auth = {"Authorization": f"Bearer {GLOBEX}"}
+        r = httpx.request(method, f"{served.url}/v1/adapters/{name}", headers=auth)
+        return r.status_code, r.headers.get("content-type"), r.text.replace(name, "NAME")
+
+    assert served.registry.resolve("rot13").owner == "acme"
+    assert ask("rot13") == ask("rot14")  # acme's, and nobody's
+    assert ask("rot13")[0] == 404 and served.registry.exists("rot13")
 
 
 def wrong_shapes() -> dict[str, bytes]:

@@ -29,8 +29,9 @@ def create_app(generator: Generator, settings: AppSettings) -> FastAPI:
         summary="One base LLM and thousands of LoRA adapters, OpenAI and Workers-AI shaped.",
         version="0.1.0",
     )
-    app.state.context = ApiContext(settings=settings, generator=generator, metrics=Metrics())
     app.state.keys = KeyRing(settings.keys)
+    metrics = Metrics(pseudonym_key=app.state.keys.secret)
+    app.state.context = ApiContext(settings=settings, generator=generator, metrics=metrics)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)

@@ -123,6 +123,11 @@ class KeyRing:
     def open(self) -> bool:
         return not self._entries
 
+    @property
+    def secret(self) -> bytes:
+        """Bytes only the holders of the keys can compute, alike in every process."""
+        return hashlib.sha256(b"".join(sorted(d for d, _ in self._entries))).digest()
+
     def lookup(self, key: str) -> Principal | None:
         presented, found = _digest(key), None
         for digest, principal in self._entries:

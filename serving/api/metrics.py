@@ -5,11 +5,17 @@ bounded: the first MAX_ADAPTER_LABELS adapter names that get traffic keep their 
 for the life of the process (a series cannot be renamed later without breaking rates), all
 later names count as "other", and base-only requests as "base", as the engine's own
 speculative-decoding figures label them. Everything lives in this app's own registry.
+
+Adapter names are tenants' business: a scrape without an admin key (when keys are
+configured) sees each name as a pseudonym instead, a keyed hash that is stable across
+scrapes and ingress replicas but that nobody without the keys can compute from a guess.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import hmac
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -45,7 +51,10 @@ class AdapterLabels:
 class Metrics:
     """The app's metrics and its registry; render() reads the replicas' figures first."""
 
-    def __init__(self, max_adapter_labels: int = MAX_ADAPTER_LABELS) -> None:
+    def __init__(
+        self, max_adapter_labels: int = MAX_ADAPTER_LABELS, pseudonym_key: bytes = b""
+    ) -> None:
+        self.pseudonym_key = pseudonym_key
         self.registry = CollectorRegistry()
         self.label = AdapterLabels(max_adapter_labels)
         reg, by_adapter = self.registry, ["adapter"]
@@ -109,11 +118,38 @@ class Metrics:
             if completion_tokens > 1:
                 self.tpot.labels(label).observe((e2e - ttft) / (completion_tokens - 1))
 
-    def render(self, figures: list[EngineFigures]) -> bytes:
-        """The exposition text, with the engine gauges taken from figures."""
+    def render(self, figures: list[EngineFigures], *, adapter_names: bool = True) -> bytes:
+        """The exposition text, with the engine gauges taken from figures; without
+        adapter_names every adapter label is its pseudonym."""
         # Set and read without an await in between, so concurrent scrapes cannot mix.
         self._engines.figures = figures
-        return generate_latest(self.registry)
+        if adapter_names:
+            return generate_latest(self.registry)
+        return generate_latest(_Relabelled(self.registry, self.pseudonym))
+
+    def pseudonym(self, label: str) -> str:
+        """label's stand-in for scrapes that may not see adapter names."""
+        if label in (BASE, OTHER):
+            return label
+        digest = hmac.new(self.pseudonym_key, label.encode(), hashlib.sha256).hexdigest()
+        return f"adapter-{digest[:16]}"
+
+
+class _Relabelled:
+    """A registry's metrics with every `adapter` label value passed through rename."""
+
+    def __init__(self, registry: CollectorRegistry, rename: Callable[[str], str]) -> None:
+        self.registry, self.rename = registry, rename
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = dict(sample.labels)
+                if "adapter" in labels:
+                    labels["adapter"] = self.rename(labels["adapter"])
+                out.samples.append(sample._replace(labels=labels))
+            yield out
 
 
 class _EngineCollector:

@@ -1,5 +1,6 @@
 """Operations: /metrics (Prometheus), /healthz (liveness), /readyz (readiness). No key needed:
-probes and scrapers carry none, and none of these reveal adapters or prompts."""
+probes and scrapers carry none. None of these reveal prompts, and /metrics shows adapter
+names only to an admin key (or to anyone on a keyless server), pseudonyms to the rest."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from serving.api.auth import Principal, caller_if_any
 from serving.api.context import ApiContext, api_context
 
 router = APIRouter(tags=["Operations"])
@@ -16,9 +18,14 @@ Ctx = Annotated[ApiContext, Depends(api_context)]
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-async def metrics(ctx: Ctx) -> Response:
+async def metrics(
+    ctx: Ctx, caller: Annotated[Principal | None, Depends(caller_if_any)]
+) -> Response:
     figures = await ctx.generator.figures()
-    return Response(ctx.metrics.render(figures), media_type=CONTENT_TYPE_LATEST)
+    names = caller is not None and caller.is_admin
+    return Response(
+        ctx.metrics.render(figures, adapter_names=names), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 @router.get("/healthz", summary="Liveness: the process answers")

@@ -1,5 +1,6 @@
 """/metrics: Prometheus text that parses, request counters and latencies that move, engine
-gauges per replica, and an adapter label set that stays bounded."""
+gauges per replica, an adapter label set that stays bounded, and adapter names shown only to
+an admin key."""
 
 import httpx
 import pytest
@@ -7,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.api.metrics import AdapterLabels, Metrics
 from serving.engine.figures import EngineFigures
-from tests.serving.api.served import ACME, MODEL_ID, serve
+from tests.serving.api.served import ACME, ADMIN, MODEL_ID, serve
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
 
@@ -18,14 +19,23 @@ def served(world, tmp_path_factory):
         yield s
 
 
-def scrape(served) -> dict[tuple[str, tuple], float]:
-    r = httpx.get(served.url + "/metrics")
+def scrape_text(served, key: str | None = ADMIN) -> str:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(served.url + "/metrics", headers=headers)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return r.text
+
+
+def samples_of(text: str) -> dict[tuple[str, tuple], float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(r.text)
+        for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+def scrape(served, key: str | None = ADMIN) -> dict[tuple[str, tuple], float]:
+    return samples_of(scrape_text(served, key))
 
 
 def value(samples, name, **labels) -> float:
@@ -94,12 +104,7 @@ def test_engine_figures_render_per_replica_and_adapter():
         )
         for i in range(2)
     ]
-    text = metrics.render(figures).decode()
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = samples_of(metrics.render(figures).decode())
     assert value(samples, "loraserve_num_requests_running", replica="r1") == 1
     assert value(samples, "loraserve_kv_cache_usage_ratio", replica="r0") == 0.5
     assert value(samples, "loraserve_spec_decode_accepted_tokens_total", replica="r1",
@@ -110,3 +115,32 @@ def test_engine_figures_render_per_replica_and_adapter():
                  adapter="upper") == 0.7  # fmt: skip
     assert value(samples, "loraserve_adapter_slab_occupancy_ratio", replica="r0") == 0.25
     assert value(samples, "loraserve_adapter_evictions_total", replica="r1") == 1
+
+
+def adapter_labels(samples) -> set[str]:
+    return {dict(labels)["adapter"] for _, labels in samples if "adapter" in dict(labels)}
+
+
+def test_adapter_names_need_an_admin_key(served):
+    body = {"model": "rot13", "prompt": "secret plans", "max_tokens": 1}
+    r = httpx.post(served.url + "/v1/completions", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 200
+    assert "rot13" in adapter_labels(scrape(served, ADMIN))
+    pseudonyms = adapter_labels(scrape(served, None))
+    for key in (None, ACME, "not-a-key"):
+        text = scrape_text(served, key)
+        assert "rot13" not in text and "upper" not in text, key
+        assert adapter_labels(samples_of(text)) == pseudonyms  # stable from scrape to scrape
+    assert any(label.startswith("adapter-") for label in pseudonyms) and "base" in pseudonyms
+
+
+def test_pseudonyms_depend_on_the_keys():
+    figures = [
+        EngineFigures("r0", 0, 0, 0.0, 0.0, 0, 0, 0, spec={"upper": dict.fromkeys(
+            ("proposed", "accepted", "emitted", "steps"), 1)})
+    ]  # fmt: skip
+    one, other = Metrics(pseudonym_key=b"one"), Metrics(pseudonym_key=b"two")
+    hidden = samples_of(one.render(figures, adapter_names=False).decode())
+    assert adapter_labels(hidden) == {one.pseudonym("upper")}
+    assert one.pseudonym("upper") != other.pseudonym("upper") != "upper"
+    assert one.pseudonym("base") == "base" and one.pseudonym("other") == "other"

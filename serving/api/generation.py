@@ -47,6 +47,7 @@ class Generation:
         self._ctx, self._stream, self._first, self.label = ctx, stream, first, label
         self._t0, self._ttft = t0, time.perf_counter() - t0
         self._last: RequestOutput = first
+        self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         try:
@@ -57,10 +58,17 @@ class Generation:
                 self._last = out
                 yield out
         finally:
-            # Shielded: closing is what aborts the request, even while being cancelled.
-            with anyio.CancelScope(shield=True):
-                await self._stream.aclose()
-            self._record()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the stream, which aborts the request if it runs on, and record it; once."""
+        if self._closed:
+            return
+        self._closed = True
+        # Shielded: closing is what aborts the request, even while being cancelled.
+        with anyio.CancelScope(shield=True):
+            await self._stream.aclose()
+        self._record()
 
     async def collect(self, request: Request) -> Outcome:
         """Every output joined; a client that disconnects meanwhile aborts the request."""
@@ -112,8 +120,7 @@ async def start(
         raise
     gen = Generation(ctx, stream, first, ctx.metrics.label(request.adapter), t0)
     if first.finish_reason == "error":
-        gen._record()
-        await stream.aclose()
+        await gen.aclose()
         raise failed(first)
     return gen
 

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from serving.api import openai_format as fmt
@@ -25,13 +24,13 @@ from serving.api.generation import Generation, cache_salt, start
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, adapter_from_model, pick_adapter, resolve_version
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest
+from serving.api.sse import event_stream
 from serving.engine.request import GenerateRequest
 
 router = APIRouter(tags=["OpenAI"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
 SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
-PING_SECONDS = 15
 
 
 @router.post("/v1/chat/completions", summary="Chat completion")
@@ -46,7 +45,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
         ctx, GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt), **_who(request, t0)
     )
     if body.stream:
-        return _sse(_chat_events(ctx, gen, rid, body))
+        return event_stream(gen, _chat_events(ctx, gen, rid, body), s.send_timeout_s)
     outcome = await gen.collect(request)
     logprobs = fmt.chat_logprobs(s.tokenizer, outcome.logprobs) if body.logprobs else None
     return fmt.chat_completion(rid, body.model, outcome, logprobs)
@@ -65,7 +64,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
         ctx, GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt), **_who(request, t0)
     )
     if body.stream:
-        return _sse(_completion_events(ctx, gen, rid, body))
+        return event_stream(gen, _completion_events(ctx, gen, rid, body), s.send_timeout_s)
     outcome = await gen.collect(request)
     logprobs = None
     if body.logprobs is not None:
@@ -109,10 +108,6 @@ async def _version(ctx: ApiContext, body) -> str | None:
 
 def _who(request: Request, t0: float) -> dict:
     return {"session": request.headers.get(SESSION_HEADER), "t0": t0}
-
-
-def _sse(events: AsyncIterator[str]) -> EventSourceResponse:
-    return EventSourceResponse(events, sep="\n", ping=PING_SECONDS)
 
 
 async def _chat_events(

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from sse_starlette import EventSourceResponse
 
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
@@ -24,6 +23,7 @@ from serving.api.openai_format import new_id
 from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
 from serving.api.schemas import ChatMessage, WorkersAIRequest
+from serving.api.sse import event_stream
 from serving.engine.request import GenerateRequest, RequestOutput
 
 router = APIRouter(tags=["Workers AI"])
@@ -32,7 +32,6 @@ Caller = Annotated[Principal, Depends(authenticate)]
 DEFAULT_MAX_TOKENS = 256  # Workers AI's default
 DEFAULT_TEMPERATURE = 0.6  # Workers AI's default
 SESSION_HEADER = "x-session-affinity"
-PING_SECONDS = 15
 
 
 @router.post("/ai/run/{model:path}", summary="Run the model (Workers AI)")
@@ -63,7 +62,7 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
         t0=t0,
     )
     if body.stream:
-        return EventSourceResponse(_events(gen), sep="\n", ping=PING_SECONDS)
+        return event_stream(gen, _events(gen), s.send_timeout_s)
     outcome = await gen.collect(request)
     usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
     return {

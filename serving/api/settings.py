@@ -34,6 +34,9 @@ class AppSettings:
     insecure: bool = False
     max_body_bytes: int = 32 * 2**20
     vocab_size: int | None = None  # token ids a prompt may hold; None: the tokenizer's
+    # A stream whose client stops reading is closed, and its request aborted, once one write
+    # has waited this long (a reader that keeps up never makes a write wait).
+    send_timeout_s: float = 30.0
     ready: threading.Event = field(default_factory=threading.Event)
     owned_by: str = "loraserve"  # /v1/models' owned_by of the base model
 

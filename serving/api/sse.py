@@ -1,0 +1,48 @@
+"""Server-sent event answers of a generation, which end when their client stops reading.
+
+A client that stops reading without disconnecting would otherwise hold its engine slot (KV
+blocks, a sequence, an adapter pin) for as long as it likes: once the socket's buffers are
+full, every write waits. Each write here may wait send_timeout seconds; then the stream is
+closed, which aborts the request in the engine, and the connection is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
+
+from serving.api.generation import Generation
+
+log = logging.getLogger("loraserve.api")
+PING_SECONDS = 15
+
+
+def event_stream(
+    gen: Generation, events: AsyncGenerator[str, None], send_timeout: float
+) -> EventSourceResponse:
+    """An SSE answer of events (the data of each event) that closes gen however it ends."""
+
+    async def closing() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        finally:
+            # When a write times out, events is closed where it stands, at a yield, which
+            # does not reach the iteration of gen inside it: close both here.
+            await events.aclose()
+            await gen.aclose()
+
+    return _Stream(closing(), sep="\n", ping=PING_SECONDS, send_timeout=send_timeout)
+
+
+class _Stream(EventSourceResponse):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            # The request is aborted by now; the server drops the half-sent answer.
+            log.info("closed the stream of %s: its client stopped reading", scope.get("path"))

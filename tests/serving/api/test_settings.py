@@ -19,13 +19,14 @@ def test_settings_from_config(world, tmp_path, monkeypatch):
         {
             "model": {"id": "tiny", "path": str(model), "max_model_len": 100000},
             "lora": {"registry": str(tmp_path / "reg"), "max_lora_rank": 8},
-            "server": {"api_keys_file": str(tmp_path / "keys"), "max_body_mb": 3},
+            "server": {"api_keys_file": str(tmp_path / "keys"), "max_body_mb": 3, "insecure": True},
         }
     )
     settings = settings_from_config(cfg)
     assert settings.model_id == "tiny" and settings.max_lora_rank == 8
     assert settings.max_model_len == 512  # the model's max_position_embeddings caps it
     assert settings.max_body_bytes == 3 * 2**20 and settings.vocab_size == 512
+    assert settings.insecure  # server.insecure: the gate then leaves Host unchecked
     assert settings.keys["k1"].tenant == "acme" and settings.draft_spec is None
     assert settings.base_spec.num_layers == 2 and settings.tokenizer.chat_template
     assert not settings.ready.is_set()

@@ -160,7 +160,18 @@ BAD_UPLOADS = [  # (id, form, status, message)
     ("half-a-draft", lambda: upload_form({**peft_adapter_files(),
                                           "draft_adapter_config.json": b"{}"}), 400, "both"),
     ("no-name", lambda: {"files": upload_form(peft_adapter_files())["files"]}, 400, "name"),
+    ("nested-config", lambda: upload_form({**peft_adapter_files(), "adapter_config.json":
+                                           b"[" * 50_000 + b"]" * 50_000}), 400, "nests deeper"),
+    ("nested-header", lambda: upload_form({**peft_adapter_files(), "adapter_model.safetensors":
+                                           nested_safetensors()}), 400, "nests deeper"),
+    ("long-number", lambda: upload_form({**peft_adapter_files(), "adapter_config.json":
+                                         b'{"r": ' + b"9" * 5000 + b"}"}), 400, "adapter"),
 ]  # fmt: skip
+
+
+def nested_safetensors() -> bytes:
+    header = b"[" * 50_000 + b"]" * 50_000
+    return len(header).to_bytes(8, "little") + header
 
 
 @pytest.mark.parametrize(("form", "status", "message"), [b[1:] for b in BAD_UPLOADS],

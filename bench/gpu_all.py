@@ -77,7 +77,7 @@ def _guarded(section, device: str, dry_run: bool) -> list[tuple[str, ...]]:
     """The section's rows, or one failed row naming its exception: one fault loses one section."""
     try:
         return list(section(device, dry_run))
-    except Exception as exc:  # noqa: BLE001 - reported as a row, the run goes on
+    except Exception as exc:  # reported as a row: the run goes on
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".replace("|", "/").replace("\n", " ")[:160]
         return [(section.__name__.removesuffix("_rows"), "-", message, "-", "runs", "no")]

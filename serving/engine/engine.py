@@ -16,15 +16,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.engine.kv_cache import BlockManager
+from serving.engine.admission import check_request
+from serving.engine.faults import blame_forward, sample_each
+from serving.engine.kv_cache import BlockManager, prefix_key
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
 from serving.engine.runner import build_batch
-from serving.engine.sampler import SamplingState, sample
+from serving.engine.sampler import RowFault, SamplingState, sample
 from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import SeqStatus, Sequence
 from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.decoder import Proposal, SpecDecoder
+from serving.engine.step_loop import StepLoop
 from serving.engine.stopping import StopChecker
 from serving.engine.streams import stream_outputs
 from serving.engine.tracked import Sink, Tracked
@@ -63,6 +66,7 @@ class Engine:
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
+        self.vocab_size = model.config.vocab_size
         self.residency = Residency(slab) if slab is not None else None
         ready = self.residency.ready if self.residency else lambda version: False
         self.scheduler = Scheduler(config.scheduler, self.blocks, ready)
@@ -72,33 +76,20 @@ class Engine:
         self._intake: list[tuple[GenerateRequest, Sink]] = []
         self._aborts: list[str] = []
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = StepLoop(self.step, self._fail_in_flight)
 
     # ---- callers (any thread) ----
 
     def validate(self, request: GenerateRequest) -> None:
         """Raise ValueError for a request that can never run."""
-        n, limit = len(request.prompt_token_ids), self.max_model_len
-        if n == 0:
-            raise ValueError("the prompt is empty")
-        if n >= limit:
-            raise ValueError(f"the prompt has {n} tokens; the model serves at most {limit}")
-        if request.sampling.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {request.sampling.max_tokens}")
-        seed = request.sampling.seed
-        if seed is not None and not 0 <= seed < 2**63:
-            raise ValueError(f"seed must be in 0..2**63-1, got {seed}")
-        if request.adapter and self.slab is None:
-            raise ValueError(f"adapter {request.adapter!r}: this engine serves no adapters")
+        check_request(request, self.max_model_len, self.vocab_size, self.slab is not None)
 
     def submit(self, request: GenerateRequest, sink: Sink) -> None:
         """Queue a request; sink(output) is called from the step thread for each increment."""
         self.validate(request)
         with self._lock:
             self._intake.append((request, sink))
-        self._wake.set()
+        self._loop.wake()
 
     def add_request(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they come; leaving the stream early aborts it."""
@@ -107,23 +98,19 @@ class Engine:
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._aborts.append(request_id)
-        self._wake.set()
+        self._loop.wake()
 
     def start(self) -> None:
         """Run the step loop on a daemon thread until shutdown()."""
-        self._thread = threading.Thread(target=self._loop, name="engine-step", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def shutdown(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._loop.stop()
 
     @property
     def alive(self) -> bool:
         """False once start() ran and the step thread has ended (shut down or died)."""
-        return self._thread is None or self._thread.is_alive()
+        return self._loop.alive
 
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Step in this thread until every request has finished (tests, batch jobs)."""
@@ -134,18 +121,10 @@ class Engine:
 
     # ---- the step loop (one thread) ----
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                busy = self.step()
-            except Exception as exc:  # a fault must not end the loop that serves everyone
-                logger.exception("engine step failed; failing the requests in flight")
-                for t in list(self._tracked.values()):
-                    self._finish(t, "error", error=f"internal error: {type(exc).__name__}")
-                busy = True
-            if not busy:
-                self._wake.wait(timeout=0.05)
-                self._wake.clear()
+    def _fail_in_flight(self, exc: Exception) -> None:
+        """A whole step failed and no one request was to blame: every request in flight fails."""
+        for t in list(self._tracked.values()):
+            self._finish(t, "error", error=f"internal error: {type(exc).__name__}")
 
     def step(self) -> bool:
         """One scheduling + forward + sampling step; False when there was nothing to do."""
@@ -154,7 +133,7 @@ class Engine:
             return False
         schedule = self.scheduler.schedule()
         for seq in schedule.preempted:
-            self._unpin(self._tracked[seq.request.request_id])
+            self._tracked[seq.request.request_id].unpin(self.residency)
             if self.spec:
                 self.spec.forget(seq)
         for seq in schedule.admitted:
@@ -169,8 +148,12 @@ class Engine:
         slot_of = self.residency.slot_of if self.residency else None
         batch = build_batch(schedule.scheduled, self.config.block_size, slot_of, drafts)
         start = time.perf_counter()
-        with torch.inference_mode():
-            logits = self.model.forward(batch.inputs, self.kv, self.slab)
+        try:
+            with torch.inference_mode():
+                logits = self.model.forward(batch.inputs, self.kv, self.slab)
+        except Exception:
+            self._forward_failed(schedule.scheduled, drafts)
+            return True
         if proposals:
             self.spec.target_step(time.perf_counter() - start)
         for item in schedule.scheduled:
@@ -184,17 +167,52 @@ class Engine:
         ]
         if plain:
             rows = logits if not proposals else logits[[row for _, row in plain]]
-            result = sample(rows, [t.sampling for t, _ in plain])
-            for (t, _), token, logprob in zip(plain, result.token_ids, result.logprobs):
-                self._emit_token(t, token, logprob)
+            states = [t.sampling for t, _ in plain]
+            try:
+                result = sample(rows, states)
+            except Exception:  # some row's data broke the batched draw: find which
+                result = sample_each(rows, states)
+            for (t, _), token, logprob, error in zip(
+                plain, result.token_ids, result.logprobs, result.errors
+            ):
+                if error is not None:
+                    self._fail(t, error)
+                else:
+                    self._guarded(t, lambda t=t, x=token, lp=logprob: self._emit_token(t, x, lp))
         for s, row in zip(batch.sampled, batch.first_rows):
             proposal = proposals.get(s.seq.seq_id)
             if proposal is not None:
-                k = len(proposal.tokens)
-                self._verify(
-                    self._tracked[s.seq.request.request_id], proposal, logits[row : row + k + 1]
+                t, k = self._tracked[s.seq.request.request_id], len(proposal.tokens)
+                self._guarded(
+                    t, lambda t=t, p=proposal, r=row, k=k: self._verify(t, p, logits[r : r + k + 1])
                 )
         return True
+
+    # ---- faults: a request's own fault fails that request only ----
+
+    def _guarded(self, t: Tracked, work) -> None:
+        """Run one request's share of the step; what it raises fails that request alone."""
+        try:
+            work()
+        except RowFault as exc:
+            self._fail(t, str(exc))
+        except Exception as exc:
+            logger.exception("request %s failed in its own step work", t.seq.request.request_id)
+            self._fail(t, f"internal error: {type(exc).__name__}")
+
+    def _fail(self, t: Tracked, error: str) -> None:
+        if self._tracked.get(t.seq.request.request_id) is t:  # not already finished
+            self._finish(t, "error", error=error)
+
+    def _forward_failed(self, scheduled, drafts) -> None:
+        """The batched forward raised: fail the requests whose rows raise alone (see faults)."""
+        if self.spec:  # this step's proposals are dropped; drafts resync from committed tokens
+            for item in scheduled:
+                self.spec.forget(item.seq)
+        slot_of = self.residency.slot_of if self.residency else None
+        build = lambda item: build_batch([item], self.config.block_size, slot_of, drafts).inputs  # noqa: E731
+        for item, error in blame_forward(scheduled, build, self.model, self.kv, self.slab):
+            self._fail(self._tracked[item.seq.request.request_id], error)
 
     # ---- speculative decoding ----
 
@@ -225,7 +243,13 @@ class Engine:
             intake, aborts = self._intake, self._aborts
             self._intake, self._aborts = [], []
         for request, sink in intake:
-            self._start(request, sink)
+            try:
+                self._start(request, sink)
+            except Exception as exc:  # this request's own data: it alone fails
+                logger.exception("request %s could not start", request.request_id)
+                self._tracked.pop(request.request_id, None)
+                sink(RequestOutput(request.request_id, (), "", True, "error",
+                                   error=f"internal error: {type(exc).__name__}"))  # fmt: skip
         for request_id in aborts:
             t = self._tracked.get(request_id)
             if t is not None:
@@ -233,8 +257,7 @@ class Engine:
 
     def _start(self, request: GenerateRequest, sink: Sink) -> None:
         prompt = list(request.prompt_token_ids)
-        key = request.adapter.partition("@")[2] or request.adapter if request.adapter else None
-        seq = Sequence(request=request, token_ids=prompt, adapter_key=key)
+        seq = Sequence(request=request, token_ids=prompt, adapter_key=prefix_key(request))
         room = self.max_model_len - len(prompt)
         stop = StopChecker(
             params=request.sampling,
@@ -260,7 +283,7 @@ class Engine:
         self.scheduler.remove(t.seq)
         if self.spec:
             self.spec.forget(t.seq)
-        self._unpin(t)
+        t.unpin(self.residency)
         self._tracked.pop(t.seq.request.request_id, None)
         if not emitted:
             t.sink(dataclasses.replace(t.output((), "", reason), error=error))
@@ -276,12 +299,4 @@ class Engine:
     def _admitted(self, t: Tracked) -> None:
         if t.cached_tokens < 0:
             t.cached_tokens = t.seq.num_prefix_hit_tokens
-        version = t.seq.request.adapter
-        if version and not t.pinned:
-            self.residency.pin(version)
-            t.pinned = True
-
-    def _unpin(self, t: Tracked) -> None:
-        if t.pinned:
-            self.residency.unpin(t.seq.request.adapter)
-            t.pinned = False
+        t.pin(self.residency)

@@ -36,6 +36,22 @@ from serving.engine.sequence import Sequence
 BlockKey = tuple[int | None, tuple[int, ...], str | None]  # (parent hash, tokens, adapter key)
 
 
+def prefix_key(request) -> str | None:
+    """What a request's blocks are keyed on beside their tokens: adapter digest and cache salt.
+
+    The digest (not the name) keys the adapter's content, so a re-uploaded adapter never reads
+    stale KV; the salt (the tenant) keeps hits within one tenant, so that cached_tokens tells
+    no tenant whether another sent a prompt. None: the base model, unsalted.
+    """
+    adapter = request.adapter
+    digest = (adapter.partition("@")[2] or adapter) if adapter else None
+    salt = request.cache_salt
+    if salt is None:
+        return digest
+    # length-prefixed, so no salt and digest pair reads as another
+    return f"salt:{len(salt)}:{salt}:{digest or ''}"
+
+
 def hash_block(parent: int | None, token_ids: tuple[int, ...], adapter_key: str | None) -> int:
     """Stable 64-bit hash of one full block, chained on its parent block's hash."""
     h = hashlib.blake2b(digest_size=8)

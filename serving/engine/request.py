@@ -5,6 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+# Temperatures below this are greedy, as vLLM treats them: dividing logits by a smaller one
+# only overflows, and the distribution is a point mass on the argmax to float precision anyway.
+GREEDY_BELOW = 1e-5
+
 
 class Priority(enum.IntEnum):
     """Lower runs first: interactive requests before batch items."""
@@ -15,7 +19,7 @@ class Priority(enum.IntEnum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. temperature 0 is greedy."""
+    """How to pick tokens and when to stop. temperature below GREEDY_BELOW (0 too) is greedy."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -32,7 +36,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,17 @@ tokens only. Top-p is the nucleus of Holtzman et al. 2019, taken after top-k has
 
 Each random row draws with its own torch.Generator (seeded from SamplingParams.seed), on the
 CPU, so a seeded request gets the same tokens whatever else shares its batch. Greedy rows
-(temperature 0) take the argmax of the penalized logits. Simplified: the token counts for the
+(temperature below 1e-5) take the argmax of the penalized logits.
+
+A row whose own data cannot be sampled (non-finite logits, say from its adapter, or no valid
+distribution) is reported in SampleResult.errors and draws nothing; every other row's token
+is computed exactly as without it, since each step here is row-wise. Simplified: the token counts for the
 penalties are rebuilt from the id lists every step rather than kept incrementally on device.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +46,20 @@ class SamplingState:
         return SamplingState(params, generator, list(prompt_ids), [])
 
 
+class RowFault(ValueError):
+    """One request's own data made its row unsampleable; the message is meant for its caller."""
+
+
+NON_FINITE = (
+    "the model produced non-finite logits for this request (NaN or inf); its adapter may be broken"
+)
+
+
 @dataclass(frozen=True)
 class SampleResult:
-    token_ids: list[int]  # one per row
+    token_ids: list[int]  # one per row (0 for a failed row)
     logprobs: list[TokenLogprob | None]  # None for rows whose params.logprobs is None
+    errors: list[str | None]  # why a row could not be sampled; None for every row that was
 
 
 def sample(
@@ -59,8 +74,15 @@ def sample(
     """
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} states")
+    errors: list[str | None] = [None] * len(states)
     # float32 throughout (a no-op when it already is): bf16 logprobs and cumsums are coarse
-    logits = apply_penalties(logits.float(), states)
+    logits = logits.float()
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    if not all(finite):
+        # A bad row is zeroed, so nothing downstream raises on it; the others are untouched.
+        logits = logits.masked_fill(~torch.tensor(finite, device=logits.device)[:, None], 0.0)
+        errors = [None if ok else NON_FINITE for ok in finite]
+    logits = apply_penalties(logits, states)
     token_ids = [0] * len(states)
 
     greedy = [i for i, s in enumerate(states) if s.params.greedy]
@@ -74,11 +96,26 @@ def sample(
     if rows:
         probs = _sampling_probs(logits[rows], [states[i].params for i in rows]).cpu()
         for j, i in enumerate(rows):
+            if errors[i] is not None:
+                continue
             own = states[i].generator
             gen = own if own is not None else default_generator
-            token_ids[i] = int(torch.multinomial(probs[j], 1, generator=gen))
+            try:
+                token_ids[i] = draw(probs[j], gen)
+            except RowFault as exc:
+                errors[i] = str(exc)
 
-    return SampleResult(token_ids, _logprobs(logits, states, token_ids))
+    return SampleResult(token_ids, _logprobs(logits, states, token_ids), errors)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token id drawn from probs [V]; RowFault when probs is no distribution."""
+    total = float(probs.sum())
+    if not (math.isfinite(total) and total > 0 and bool((probs >= 0).all())):
+        raise RowFault(
+            "sampling failed: the request's sampling parameters leave no valid distribution"
+        )
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
@@ -132,7 +169,10 @@ def _sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     """softmax(logits / T) restricted to the top-k, then to the top-p nucleus: [R, V]."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
-    scaled = logits / temperature
+    # A temperature just above the greedy cut divides a large logit past float range: inf would
+    # make softmax NaN, while the largest finite value still makes that token certain.
+    big = torch.finfo(logits.dtype).max
+    scaled = (logits / temperature).clamp(-big, big)
     vocab = scaled.shape[1]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]

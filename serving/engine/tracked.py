@@ -36,3 +36,15 @@ class Tracked:
             cached_tokens=max(self.cached_tokens, 0),
             logprobs=tuple(logprobs),
         )
+
+    def pin(self, residency) -> None:
+        """Hold the request's adapter in its slab slot while the request runs (once)."""
+        version = self.seq.request.adapter
+        if version and not self.pinned:
+            residency.pin(version)
+            self.pinned = True
+
+    def unpin(self, residency) -> None:
+        if self.pinned:
+            residency.unpin(self.seq.request.adapter)
+            self.pinned = False

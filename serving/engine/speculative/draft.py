@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from adapters.slab import SlabFull
-from serving.engine.sampler import SamplingState, _sampling_probs, apply_penalties
+from serving.engine.sampler import RowFault, SamplingState, _sampling_probs, apply_penalties, draw
 from serving.engine.sequence import Sequence
 from serving.model.llama import StepInputs
 
@@ -117,7 +117,15 @@ class DraftModelProposer:
                 r.tokens.append(int(row.argmax()))
                 continue
             q = _sampling_probs(row[None].cpu(), [s.params])[0]  # the request's CPU generator
-            r.tokens.append(int(torch.multinomial(q, 1, generator=s.generator)))
+            try:
+                token = draw(q, s.generator)
+            except RowFault:
+                # The draft cannot sample this row (say, its companion overflows): propose a
+                # point mass instead. Verification is exact for whatever q a draft came from.
+                token = int(row.nan_to_num(nan=float("-inf")).argmax())
+                q = torch.zeros_like(q)
+                q[token] = 1.0
+            r.tokens.append(token)
             r.probs.append(q)
 
     def _companion_slots(self, requests: list[DraftRequest]) -> tuple[dict[int, int], list[str]]:

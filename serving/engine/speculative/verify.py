@@ -21,7 +21,15 @@ from dataclasses import dataclass
 import torch
 
 from serving.engine.request import TokenLogprob
-from serving.engine.sampler import SamplingState, _logprobs, _sampling_probs, apply_penalties
+from serving.engine.sampler import (
+    NON_FINITE,
+    RowFault,
+    SamplingState,
+    _logprobs,
+    _sampling_probs,
+    apply_penalties,
+    draw,
+)
 
 
 @dataclass(frozen=True)
@@ -60,10 +68,13 @@ def verify(
     """Accept a prefix of drafts against the target's logits [k + 1, V] (see module doc).
 
     draft_probs [k, V]: the distribution each draft was drawn from; None: point masses.
+    RowFault: this sequence's rows cannot be verified (its caller fails this request only).
     """
     k = len(drafts)
     if logits.shape[0] != k + 1:
         raise ValueError(f"{k} drafts need {k + 1} rows of logits, got {logits.shape[0]}")
+    if not bool(torch.isfinite(logits).all()):
+        raise RowFault(NON_FINITE)
     states = row_states(state, drafts)
     # on the CPU, where each request's generator lives (k + 1 rows: a small copy)
     penalized = apply_penalties(logits.float().cpu(), states)  # [k + 1, V]
@@ -92,7 +103,7 @@ def _speculative_sample(penalized, states, drafts, draft_probs, default_generato
         else:
             q = torch.zeros_like(p[j])
             q[d] = 1.0
-        token = int(torch.multinomial(residual(p[j], q), 1, generator=gen))
+        token = draw(residual(p[j], q), gen)
         return j, [*drafts[:j], token]
-    token = int(torch.multinomial(p[len(drafts)], 1, generator=gen))
+    token = draw(p[len(drafts)], gen)
     return len(drafts), [*drafts, token]

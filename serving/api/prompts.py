@@ -24,16 +24,19 @@ from serving.model.errors import ChatTemplateError
 MAX_CHARS_PER_TOKEN = 32
 
 
-async def chat_ids(settings: AppSettings, messages: Sequence[ChatMessage]) -> list[int]:
-    """The token ids of a chat rendered by the chat template, ready for the reply."""
+async def chat_ids(
+    settings: AppSettings, messages: Sequence[ChatMessage], field: str = "messages"
+) -> list[int]:
+    """The token ids of a chat rendered by the chat template, ready for the reply; field
+    names what the client sent, for errors."""
     chat = [{"role": m.role, "content": m.text()} for m in messages]
-    _cap_chars(settings, sum(len(turn["content"]) for turn in chat), "the messages")
+    _cap_chars(settings, sum(len(turn["content"]) for turn in chat), field)
     return checked(settings, await run_in_threadpool(_render_and_encode, settings, chat))
 
 
 async def text_ids(settings: AppSettings, text: str) -> list[int]:
     """The token ids of raw text."""
-    _cap_chars(settings, len(text), "the prompt")
+    _cap_chars(settings, len(text), "prompt")
     ids = await run_in_threadpool(settings.tokenizer.encode, text, add_special_tokens=True)
     return checked(settings, ids)
 
@@ -51,7 +54,7 @@ def _cap_chars(settings: AppSettings, num_chars: int, what: str) -> None:
     if num_chars > limit:
         raise ApiError(
             400,
-            f"{what} hold {num_chars} characters, more than the limit of {limit} "
+            f"{what} too long: {num_chars} characters, more than the limit of {limit} "
             f"(model.max_model_len {settings.max_model_len} tokens x {MAX_CHARS_PER_TOKEN})",
             code="context_length_exceeded",
         )

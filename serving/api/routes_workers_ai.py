@@ -45,7 +45,7 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
     elif body.raw:
         ids = await text_ids(s, body.prompt)
     else:
-        ids = await chat_ids(s, [ChatMessage(role="user", content=body.prompt)])
+        ids = await chat_ids(s, [ChatMessage(role="user", content=body.prompt)], "prompt")
     params = sampling(
         body,
         s,

@@ -28,17 +28,21 @@ def huge_bodies():
         "completion": ("/v1/completions", {"model": MODEL_ID, "prompt": text}),
         "chat": ("/v1/chat/completions", {"model": MODEL_ID, "messages": [turn]}),
         "workers-ai": (f"/ai/run/{MODEL_ID}", {"prompt": text, "raw": True}),
-        "workers-ai-chat": (f"/ai/run/{MODEL_ID}", {"messages": [turn, turn]}),
+        "workers-ai-templated": (f"/ai/run/{MODEL_ID}", {"prompt": text}),
+        "workers-ai-chat": (f"/ai/run/{MODEL_ID}", {"messages": [turn]}),
     }
 
 
-@pytest.mark.parametrize("route", ["completion", "chat", "workers-ai", "workers-ai-chat"])
+@pytest.mark.parametrize(
+    "route", ["completion", "chat", "workers-ai", "workers-ai-templated", "workers-ai-chat"]
+)
 def test_healthz_answers_while_a_30mb_prompt_is_refused(served, route):
     path, body = huge_bodies()[route]
     r, latencies = answered_while_probing(served, path, body)
     assert r.status_code == 400, r.text[:300]
     limit = MAX_MODEL_LEN * MAX_CHARS_PER_TOKEN
-    assert f"more than the limit of {limit}" in r.text
+    field = "messages" if "chat" in route else "prompt"
+    assert f"{field} too long: {HUGE} characters, more than the limit of {limit}" in r.text
     assert max(latencies) < 0.5, latencies
 
 

@@ -176,7 +176,7 @@ class Engine:
                 plain, result.token_ids, result.logprobs, result.errors
             ):
                 if error is not None:
-                    self._fail(t, error)
+                    self._fail(t, error, own=True)
                 else:
                     self._guarded(t, lambda t=t, x=token, lp=logprob: self._emit_token(t, x, lp))
         for s, row in zip(batch.sampled, batch.first_rows):
@@ -195,14 +195,15 @@ class Engine:
         try:
             work()
         except RowFault as exc:
-            self._fail(t, str(exc))
+            self._fail(t, str(exc), own=True)
         except Exception as exc:
             logger.exception("request %s failed in its own step work", t.seq.request.request_id)
             self._fail(t, f"internal error: {type(exc).__name__}")
 
-    def _fail(self, t: Tracked, error: str) -> None:
+    def _fail(self, t: Tracked, error: str, *, own: bool = False) -> None:
+        """own: the request's own data is the cause (RequestOutput.own_fault), not the engine."""
         if self._tracked.get(t.seq.request.request_id) is t:  # not already finished
-            self._finish(t, "error", error=error)
+            self._finish(t, "error", error=error, own=own)
 
     def _forward_failed(self, scheduled, drafts) -> None:
         """The batched forward raised: fail the requests whose rows raise alone (see faults)."""
@@ -279,14 +280,14 @@ class Engine:
             self._finish(t, reason, emitted=True)
         t.sink(out)
 
-    def _finish(self, t: Tracked, reason: str, *, emitted: bool = False, error: str | None = None):
+    def _finish(self, t: Tracked, reason: str, *, emitted=False, error=None, own=False) -> None:
         self.scheduler.remove(t.seq)
         if self.spec:
             self.spec.forget(t.seq)
         t.unpin(self.residency)
         self._tracked.pop(t.seq.request.request_id, None)
         if not emitted:
-            t.sink(dataclasses.replace(t.output((), "", reason), error=error))
+            t.sink(dataclasses.replace(t.output((), "", reason), error=error, own_fault=own))
 
     # ---- adapters ----
 

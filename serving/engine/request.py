@@ -74,3 +74,6 @@ class RequestOutput:
     cached_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None
+    # With an error: True when the request's own data (its adapter's output, its sampling
+    # parameters) is the cause, so the API answers it as the caller's problem, not a 5xx.
+    own_fault: bool = False

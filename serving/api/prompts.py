@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from starlette.concurrency import run_in_threadpool
 
+from adapters.errors import quoted
 from serving.api.errors import ApiError
 from serving.api.schemas import ChatMessage
 from serving.api.settings import AppSettings
@@ -66,7 +67,9 @@ def given_ids(settings: AppSettings, ids: Sequence[int]) -> list[int]:
     limit = settings.num_token_ids
     bad = next((i for i in ids if not 0 <= i < limit), None)
     if bad is not None:
-        raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary (0..{limit - 1})")
+        raise ApiError(
+            400, f"prompt: token id {quoted(bad)} is outside the vocabulary (0..{limit - 1})"
+        )
     return ids
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import AdapterError
+from adapters.errors import AdapterError, quoted
 from adapters.names import parse_ref
 from serving.api.errors import ApiError
 from serving.api.settings import AppSettings
@@ -39,7 +39,8 @@ def adapter_from_lora(settings: AppSettings, lora: str) -> str:
     if sep and base != settings.model_id:
         raise ApiError(
             404,
-            f"lora {lora!r} names base model {base!r}; this server serves {settings.model_id!r}",
+            f"lora {quoted(lora)} names base model {quoted(base)}; this server serves "
+            f"{settings.model_id!r}",
             code="model_not_found",
         )
     try:
@@ -74,4 +75,5 @@ async def resolve_version(settings: AppSettings, ref: str | None) -> str | None:
 
 
 def _model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"the model {model!r} does not exist", code="model_not_found")
+    # quoted: a client's model string may be megabytes long
+    return ApiError(404, f"the model {quoted(model)} does not exist", code="model_not_found")

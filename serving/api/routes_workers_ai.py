@@ -15,6 +15,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
+from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError, error_body
@@ -38,7 +39,7 @@ SESSION_HEADER = "x-session-affinity"
 async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
     if model != s.model_id:
-        raise ApiError(404, f"unknown model {model!r}; this server serves {s.model_id!r}")
+        raise ApiError(404, f"unknown model {quoted(model)}; this server serves {s.model_id!r}")
     version = await resolve_version(s, adapter_from_lora(s, body.lora) if body.lora else None)
     if body.messages is not None:
         ids = await chat_ids(s, body.messages)

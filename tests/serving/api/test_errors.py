@@ -112,6 +112,10 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("nested-body", "POST", DONE, raw(b'{"model": "demo", "prompt": ' + b"[" * 50_000
      + b"]" * 50_000 + b"}"), 400, "the JSON body nests too deeply"),
     ("nested-body-ai", "POST", AI, raw(b"[" * 50_000 + b"]" * 50_000), 400, "nests too deeply"),
+    ("huge-model-name", "POST", CHAT, {"json": chat(model="m" * 500_000)}, 404,
+     "the model 'mmmm"),
+    ("huge-token-id", "POST", DONE, raw(b'{"model": "demo", "prompt": [' + b"9" * 4000
+     + b"]}"), 400, "prompt: token id 9999"),
     ("huge-integer", "POST", DONE, raw(b'{"model": "demo", "prompt": "x", "seed": '
      + b"9" * 5000 + b"}"), 400, "a number with too many digits"),
 ]  # fmt: skip
@@ -140,7 +144,7 @@ def test_bad_input_is_a_json_error(served, method, path, kwargs, status, message
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"}
         text = body["error"]["message"]
     assert message in text, text
-    assert "Traceback" not in r.text
+    assert "Traceback" not in r.text and len(r.content) < 2000  # no echo of a huge input
 
 
 def test_the_table_is_wide():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from fastapi import Request
 
 from serving.api.auth import Principal
 from serving.api.context import ApiContext
-from serving.api.errors import ApiError
+from serving.api.errors import ApiError, error_body
 from serving.api.generator import QueueFull
 from serving.engine.request import GenerateRequest, RequestOutput, TokenLogprob
 
@@ -89,9 +90,10 @@ class Generation:
     def _record(self) -> None:
         out = self._last
         reason = (out.finish_reason or "stop") if out.finished else "abort"
+        status = {"abort": CLIENT_CLOSED, "error": failed(out).status}.get(reason, 200)
         self._ctx.metrics.observe(
             self.label,
-            status={"abort": CLIENT_CLOSED, "error": 500}.get(reason, 200),
+            status=status,
             finish_reason=reason,
             ttft=self._ttft,
             e2e=time.perf_counter() - self._t0,
@@ -132,8 +134,16 @@ def cache_salt(ctx: ApiContext, caller: Principal) -> str | None:
 
 
 def failed(out: RequestOutput) -> ApiError:
-    """The error of an output that finished with finish_reason "error"."""
-    return ApiError(500, f"generation failed: {out.error or 'unknown engine error'}")
+    """The error of an output that finished with finish_reason "error": a 400 when the
+    request's own data caused it (its sampling fields, its adapter's numbers), else a 500."""
+    status = 400 if out.own_fault else 500
+    return ApiError(status, f"generation failed: {out.error or 'unknown engine error'}")
+
+
+def stream_error(path: str, out: RequestOutput) -> str:
+    """The data of the event that ends a stream whose request failed, in path's style."""
+    error = failed(out)
+    return json.dumps(error_body(path, error.status, error.message))
 
 
 async def _drain(gen: Generation) -> Outcome:

@@ -19,8 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
-from serving.api.errors import ApiError, error_body
-from serving.api.generation import Generation, cache_salt, start
+from serving.api.errors import ApiError
+from serving.api.generation import Generation, cache_salt, start, stream_error
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, adapter_from_model, pick_adapter, resolve_version
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -123,7 +123,7 @@ async def _chat_events(
     yield chunk({"role": "assistant", "content": ""})
     async for out in gen:
         if out.finish_reason == "error":
-            yield _stream_error(out.error)
+            yield stream_error("/v1", out)
             return
         if out.new_text or (body.logprobs and out.logprobs):
             lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
@@ -148,7 +148,7 @@ async def _completion_events(
 
     async for out in gen:
         if out.finish_reason == "error":
-            yield _stream_error(out.error)
+            yield stream_error("/v1", out)
             return
         if out.new_text or (body.logprobs is not None and out.logprobs):
             lp = None
@@ -162,11 +162,6 @@ async def _completion_events(
                 usage = fmt.output_usage(out)
                 yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
     yield "[DONE]"
-
-
-def _stream_error(message: str | None) -> str:
-    text = f"generation failed: {message or 'unknown engine error'}"
-    return json.dumps(error_body("/v1", 500, text))
 
 
 def _card(model: str, created: int, owned_by: str, parent: str | None, root: str) -> dict:

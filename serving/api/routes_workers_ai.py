@@ -18,8 +18,8 @@ from fastapi import APIRouter, Depends, Request
 from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
-from serving.api.errors import ApiError, error_body
-from serving.api.generation import Generation, cache_salt, start
+from serving.api.errors import ApiError
+from serving.api.generation import Generation, cache_salt, start, stream_error
 from serving.api.openai_format import new_id
 from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
@@ -77,8 +77,7 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
 async def _events(gen: Generation) -> AsyncIterator[str]:
     async for out in gen:
         if out.finish_reason == "error":
-            message = f"generation failed: {out.error or 'unknown engine error'}"
-            yield json.dumps(error_body("/ai/run", 500, message))
+            yield stream_error("/ai/run", out)
             return
         if out.new_text and not out.finished:
             yield json.dumps({"response": out.new_text})

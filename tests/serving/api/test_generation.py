@@ -1,6 +1,7 @@
 """How a generation reaches the client: a full queue is a 429, an invalid request a 400, an
 engine failure a JSON 500, and a client that leaves aborts its request in the engine."""
 
+import json
 import time
 from contextlib import aclosing
 from typing import ClassVar
@@ -62,6 +63,32 @@ def test_an_engine_error_is_a_json_500(world, tmp_path, stream):
     r = client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers=AUTH)
     assert r.status_code == 500
     assert r.json()["error"]["message"] == "generation failed: adapter x@1: load failed"
+
+
+class OwnFault(Stub):
+    """A request that yields one token, then fails through its own data (say, its sampling)."""
+
+    async def generate(self, request, *, session=None):
+        yield RequestOutput(request.request_id, (5,), "a")
+        yield RequestOutput(
+            request.request_id, (), "", True, "error", 2, 1, error=self.fail, own_fault=True
+        )
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/ai/run/demo"])
+def test_a_request_failed_by_its_own_data_is_a_400(world, tmp_path, path):
+    app = create_app(OwnFault("non-finite probabilities"), stub_settings(world, tmp_path))
+    client = TestClient(app, raise_server_exceptions=False)
+    body = CHAT if path.startswith("/v1") else {"prompt": "hi"}
+    r = client.post(path, json=body, headers=AUTH)
+    assert r.status_code == 400 and "non-finite probabilities" in r.text
+    # streamed: the status is sent by then, so the last event carries the 400
+    r = client.post(path, json={**body, "stream": True}, headers=AUTH)
+    last = json.loads(next(x for x in reversed(r.text.splitlines()) if x.startswith("data:"))[5:])
+    if path.startswith("/ai"):
+        assert last["errors"][0]["code"] == 400
+    else:
+        assert last["error"]["type"] == "invalid_request_error"
 
 
 def test_an_unexpected_fault_is_a_generic_json_500(world, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,13 +53,13 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
     context = min(model.max_position_embeddings, model.sliding_window or 1 << 62)
     draft = None
     if cfg.draft.method == "draft_model":
-        draft = BaseModelSpec.from_dir(cfg.draft.path)
+        draft = served_spec(cfg.draft.path, cfg.model.dtype)
     return AppSettings(
         model_id=cfg.model.id,
         max_model_len=min(cfg.model.max_model_len, context),
         tokenizer=load_tokenizer(cfg.model.path),
         registry=Registry(cfg.lora.registry),
-        base_spec=BaseModelSpec.from_dir(cfg.model.path),
+        base_spec=served_spec(cfg.model.path, cfg.model.dtype),
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
         keys=load_keys(cfg.server.api_keys_file),
@@ -66,3 +67,13 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         vocab_size=model.vocab_size,
     )
+
+
+def served_spec(model_dir, dtype: str) -> BaseModelSpec:
+    """The model's spec for checking adapters, with the dtype it is served in.
+
+    An adapter is bounded against the activations' range (adapters.overflow): a configured
+    model.dtype is that range; with `auto` the checkpoint's own dtype is, or one as wide.
+    """
+    spec = BaseModelSpec.from_dir(model_dir)
+    return spec if dtype == "auto" else dataclasses.replace(spec, dtype=dtype)

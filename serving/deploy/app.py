@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 from ray.serve import Application
 
-from adapters.base_model import BaseModelSpec
 from adapters.format import load_adapter
 from adapters.registry import Registry, Version
 from serving.api.auth import Principal
+from serving.api.settings import served_spec
 from serving.config import ServeConfig, load_config
 from serving.deploy.engine_setup import check_draft_vocab
 from serving.deploy.exposure import load_checked_keys
@@ -71,7 +71,7 @@ def publish_preloads(cfg: ServeConfig) -> list[Version]:
     if not cfg.lora.preload:
         return []
     registry = Registry(cfg.lora.registry)
-    spec = BaseModelSpec.from_dir(cfg.model.path)
+    spec = served_spec(cfg.model.path, cfg.model.dtype)
     versions = []
     for name, path in cfg.lora.preload.items():
         companion = path / "draft"

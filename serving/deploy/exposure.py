@@ -18,10 +18,10 @@ to the Ingress as an argument, so no replica depends on its own environment or f
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
 
 from serving.api.auth import ENV_VAR, Principal, load_keys
+from serving.api.gate import is_loopback as gate_is_loopback
 from serving.config import ServeConfig
 
 # Stands for the proxy host when the Serve controller cannot be asked: not loopback.
@@ -33,13 +33,8 @@ class OpenServerError(ValueError):
 
 
 def is_loopback(host: str) -> bool:
-    """Whether host is a loopback address or `localhost` (other names may resolve anywhere)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    """Whether host is a loopback address or `localhost`, bracketed IPv6 allowed (gate's rule)."""
+    return gate_is_loopback(host.strip("[]"))
 
 
 def check_open_server(

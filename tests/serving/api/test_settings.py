@@ -33,6 +33,18 @@ def test_settings_from_config(world, tmp_path, monkeypatch):
     assert create_app(generator=None, settings=settings).title == "loraserve"
 
 
+@pytest.mark.parametrize(("dtype", "want"), [("auto", "float32"), ("float16", "float16")])
+def test_adapters_are_bounded_in_the_dtype_served(world, tmp_path, dtype, want):
+    """A configured model.dtype is the activations' range an upload is checked against."""
+    cfg = parse_config(
+        {
+            "model": {"path": str(world.base_dir), "dtype": dtype},
+            "lora": {"registry": str(tmp_path / "reg")},
+        }
+    )
+    assert settings_from_config(cfg).base_spec.dtype == want
+
+
 def test_a_bad_keys_file_stops_start_up(world, tmp_path):
     (tmp_path / "keys").write_text("k1 acme\n")
     cfg = parse_config(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from serving.engine.request import GenerateRequest, RequestOutput, TokenLogprob
 
 RETRY_AFTER_SECONDS = 1
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
+log = logging.getLogger("loraserve.api")
 
 
 @dataclass
@@ -55,11 +57,30 @@ class Generation:
             out = self._first
             yield out
             while not out.finished:
-                out = await anext(self._stream)
+                try:
+                    out = await anext(self._stream)
+                except Exception as exc:  # the replica died mid-stream, or its stream broke
+                    out = self._lost(exc)
                 self._last = out
                 yield out
         finally:
             await self.aclose()
+
+    def _lost(self, exc: Exception) -> RequestOutput:
+        """The error output that ends a stream whose generator raised after its first output.
+
+        The status line has gone by then: the answer ends with an error event, as a failed
+        step's does, rather than being cut; the log gets the cause, the client no traceback.
+        """
+        cause = (str(exc).splitlines() or [""])[0]
+        log.warning(
+            "%s failed mid-stream: %s: %s", self._first.request_id, type(exc).__name__, cause
+        )
+        return RequestOutput(
+            self._first.request_id, (), "", finished=True, finish_reason="error",
+            prompt_tokens=self._last.prompt_tokens, completion_tokens=self._last.completion_tokens,
+            error="the model replica serving this request failed; retry the request",
+        )  # fmt: skip
 
     async def aclose(self) -> None:
         """Close the stream, which aborts the request if it runs on, and record it; once."""

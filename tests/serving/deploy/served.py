@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import socket
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,3 +101,34 @@ def wait_ready(url: str, timeout: float = 180) -> None:
             pass
         time.sleep(0.5)
     pytest.fail(f"{url}/readyz did not answer 200 within {timeout} s")
+
+
+@contextlib.contextmanager
+def serving(config: Path, port: int, home: Path) -> Iterator[str]:
+    """The app of config served on loopback port by a Ray of its own; yields its URL once ready.
+
+    Ray gets a short temp dir of its own (its socket paths must fit 107 bytes) and HOME is
+    home meanwhile (whatever Ray or a worker writes under ~); it stops with serve.shutdown()
+    and ray.shutdown(), never `ray stop`, which would stop every Ray on the machine.
+    """
+    import ray
+    from ray import serve
+
+    from serving.deploy.app import APP_NAME, build
+
+    ray_dir = tempfile.mkdtemp(prefix="lsray-")
+    saved = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build({"config": str(config)}), name=APP_NAME, route_prefix="/", blocking=False)
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url)
+        yield url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        if saved is not None:
+            os.environ["HOME"] = saved
+        shutil.rmtree(ray_dir, ignore_errors=True)

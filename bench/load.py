@@ -61,7 +61,8 @@ class Record:
     error: str | None = None
 
 
-async def _one(client: httpx.AsyncClient, url: str, index: int, body: dict) -> Record:
+async def stream_request(client: httpx.AsyncClient, url: str, index: int, body: dict) -> Record:
+    """One streamed /v1/completions request (body as sent) read to its end, as a Record."""
     rec, usage, chunks = Record(index), None, 0
     t0 = time.perf_counter()
     try:
@@ -109,7 +110,7 @@ async def _run(url: str, requests: list[dict], concurrency: int, extra: dict, ti
             while not queue.empty():
                 i = queue.get_nowait()
                 body = {**requests[i], **extra, "stream": True}
-                records.append(await _one(client, url, i, body))
+                records.append(await stream_request(client, url, i, body))
 
         await asyncio.gather(*(stream() for _ in range(concurrency)))
         wall = time.perf_counter() - t_origin

@@ -61,3 +61,12 @@ def test_load_generator_against_an_in_process_server(tmp_path):
     assert figures["requests"] == 9 and figures["errors"] == 0
     assert figures["output_tokens"] == sum(r.tokens for r in records) > 0
     assert figures["ttft_p50_ms"] <= figures["ttft_p99_ms"]
+
+
+@pytest.mark.slow
+def test_soak_short_against_loraserve_serve():
+    # Starts `loraserve serve` (Ray) for a few seconds of streams: zero errors or exit 1.
+    out = _run("bench.soak", "--short")
+    row = next(line for line in out.splitlines() if line.startswith("| 8 |"))
+    assert row.split("|")[4].strip() == "0", out  # errors
+    assert "| server process tree (" in out and "| ModelServer replica |" in out

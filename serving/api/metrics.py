@@ -94,6 +94,8 @@ class Metrics:
             ["adapter", "finish_reason", "status"],
             registry=reg,
         )
+        self._own = (self.ttft, self.tpot, self.e2e, self.prompt_tokens,
+                     self.generation_tokens, self.requests)  # fmt: skip
         self._engines = _EngineCollector()
         reg.register(self._engines)
 
@@ -123,9 +125,23 @@ class Metrics:
         adapter_names every adapter label is its pseudonym."""
         # Set and read without an await in between, so concurrent scrapes cannot mix.
         self._engines.figures = figures
+        registry = self.registry
+        if any(f.api for f in figures):  # every replica serves HTTP: show the sum of their apps
+            registry = _Summed(registry, [f.api for f in figures])
         if adapter_names:
-            return generate_latest(self.registry)
-        return generate_latest(_Relabelled(self.registry, self.pseudonym))
+            return generate_latest(registry)
+        return generate_latest(_Relabelled(registry, self.pseudonym))
+
+    def samples(self) -> tuple[tuple[str, str, tuple, float], ...]:
+        """This app's request metrics as plain data (family, sample, labels, value), for a
+        scrape of another replica to add up (EngineFigures.api); creation times left out."""
+        return tuple(
+            (family.name, sample.name, tuple(sorted(sample.labels.items())), sample.value)
+            for metric in self._own
+            for family in metric.collect()
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        )
 
     def pseudonym(self, label: str) -> str:
         """label's stand-in for scrapes that may not see adapter names."""
@@ -133,6 +149,28 @@ class Metrics:
             return label
         digest = hmac.new(self.pseudonym_key, label.encode(), hashlib.sha256).hexdigest()
         return f"adapter-{digest[:16]}"
+
+
+class _Summed:
+    """A registry whose request metrics are the sums of every replica's samples instead."""
+
+    def __init__(self, registry: CollectorRegistry, replicas: list[tuple]) -> None:
+        self.registry = registry
+        self.totals: dict[str, dict[tuple, float]] = {}  # family -> (sample, labels) -> sum
+        for samples in replicas:
+            for family, name, labels, value in samples:
+                totals = self.totals.setdefault(family, {})
+                totals[name, labels] = totals.get((name, labels), 0.0) + value
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            if family.name not in self.totals:
+                yield family  # the engine figures, already from every replica
+                continue
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            for (name, labels), value in self.totals[family.name].items():
+                out.add_sample(name, dict(labels), value)
+            yield out
 
 
 class _Relabelled:
@@ -214,6 +252,18 @@ class _EngineCollector:
         )
         for f in filter(_has_slab, self.figures):
             family.add_metric([f.replica], f.slab["resident"] / max(f.slab["num_slots"], 1))
+        yield family
+        family = CounterMetricFamily(
+            "loraserve_adapter_arrivals",
+            "Requests reaching a replica's engine, by whether their adapter was in a slot.",
+            labels=["replica", "adapter", "resident"],
+        )
+        for f in self.figures:
+            for label, counts in sorted(f.arrivals.items()):
+                for state in ("resident", "missing"):
+                    family.add_metric(
+                        [f.replica, label, str(state == "resident").lower()], counts[state]
+                    )
         yield family
         # tokens per verification step = emitted / steps; acceptance = accepted / proposed
         for key, name, doc in (

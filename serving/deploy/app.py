@@ -3,9 +3,10 @@
     serve run serving.deploy.app:build config=configs/demo.yaml
 
 build() reads the API keys and refuses a keyless server beyond loopback (see exposure),
-publishes the config's preloaded adapters, then binds one Ingress (no CPU of its own: it
-only parses HTTP and relays streams) to `deploy.num_replicas` ModelServers. The keys travel
-to the Ingress as an argument, so replicas on other nodes need neither the env nor the file.
+publishes the config's preloaded adapters, then binds one deployment: `deploy.num_replicas`
+ModelServers, each serving the HTTP app in front of its own engine (see replica). The keys
+travel to the replicas as an argument, so replicas on other nodes need neither the env nor
+the file.
 A preloaded adapter folder may hold its draft-model companion in a `draft/` subfolder (as
 the demo kit's adapters do); it is published with the adapter.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from adapters.format import load_adapter
 from adapters.registry import Registry, Version
@@ -23,8 +25,9 @@ from serving.api.settings import served_spec
 from serving.config import ServeConfig, load_config
 from serving.deploy.engine_setup import check_draft_vocab
 from serving.deploy.exposure import load_checked_keys
-from serving.deploy.ingress import Ingress
 from serving.deploy.replica import ModelServer
+from serving.deploy.router import ROUTING_STATS_PERIOD_S, AdapterRouter
+from serving.deploy.routing import spread_at
 
 APP_NAME = "loraserve"
 PRELOAD_OWNER = "default"  # the tenant an open (keyless) server uses; see serving.api.auth
@@ -42,28 +45,30 @@ def build(args: dict) -> Application:
 
 
 def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
-    """Ingress + ModelServer bound with the deployment options the config asks for.
+    """The ModelServer deployment with the options the config asks for.
 
     keys: every API key (empty: open, loopback only), as read by whoever builds the app.
     """
-    per_replica = cfg.scheduler.max_num_seqs
     server = ModelServer.options(
         num_replicas=cfg.deploy.num_replicas,
         ray_actor_options={
             "num_cpus": cfg.deploy.resources.num_cpus,
             "num_gpus": cfg.deploy.resources.num_gpus,
         },
-        # Ray's default of 5 in flight per replica would starve continuous batching:
-        # a replica takes as many calls as its engine runs sequences at once.
-        max_ongoing_requests=per_replica,
+        # A replica's calls are its own HTTP requests, served here or forwarded, plus those
+        # forwarded to it. Ray's default of 5 would starve continuous batching; the engine's
+        # queue (server.max_queue) answers 429 beyond what it can hold.
+        max_ongoing_requests=cfg.scheduler.max_num_seqs * cfg.deploy.num_replicas
+        + cfg.server.max_queue,
         # Beyond this many waiting calls the caller gets QueueFull (HTTP 429) at once.
         max_queued_requests=cfg.server.max_queue,
+        request_router_config=RequestRouterConfig(
+            request_router_class=AdapterRouter,
+            request_router_kwargs={"spread_at": spread_at(cfg)},
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        ),
     )
-    ingress = Ingress.options(
-        # Every stream being generated or queued holds one ingress call open.
-        max_ongoing_requests=per_replica * cfg.deploy.num_replicas + cfg.server.max_queue,
-    )
-    return ingress.bind(server.bind(cfg), cfg, dict(keys))
+    return server.bind(cfg, dict(keys))
 
 
 def publish_preloads(cfg: ServeConfig) -> list[Version]:

@@ -8,12 +8,12 @@ Rule: with no keys and not insecure, every host the app listens on must be loopb
 Serve's HTTP proxies listen on. The proxy's host is known only inside the cluster (under
 `serve run` or KubeRay the builder runs before, or apart from, `serve.start`), so the same
 rule is applied three times: by `loraserve serve` before Ray starts, by the builder on
-server.host, and by every Ingress replica on both hosts, the proxy's read from the Serve
+server.host, and by every ModelServer replica (each serves HTTP) on both hosts, the proxy's read from the Serve
 controller. A proxy host that cannot be read counts as not loopback.
 
 Keys are read once, where the app is built (the driver, or the builder's task under
 KubeRay): LORASERVE_API_KEYS there and server.api_keys_file there. The builder passes them
-to the Ingress as an argument, so no replica depends on its own environment or files.
+to the replicas as an argument, so no replica depends on its own environment or files.
 """
 
 from __future__ import annotations

@@ -1,29 +1,23 @@
-"""The HTTP ingress under Ray Serve: the FastAPI app over a Generator that calls ModelServer.
+"""The HTTP side of a ModelServer replica: serve a request here, or forward it to a peer.
 
-The app is the same one `serving.api` serves in-process; only its Generator differs.
-RayGenerator routes each request by its multiplexed id (replica.routing_id), streams the
-replica's outputs back, and cancels the replica's call when the stream is left early
+ReplicaGenerator is the app's Generator in each replica (serving.deploy.replica): a request
+whose routing id this replica holds, or that has none, runs on this replica's engine; any
+other goes through PeerReplicas, a handle to the same deployment whose AdapterRouter picks
+the replica that holds the id. A forwarded call is cancelled when its stream is left early
 (a client disconnect, an error), which aborts the request in that replica's engine.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 
-from ray import serve
 from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError, RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from serving.api.app import create_app
-from serving.api.auth import Principal
 from serving.api.generator import QueueFull
-from serving.api.settings import AppSettings, settings_from_config
-from serving.config import ServeConfig
-from serving.deploy.exposure import check_open_server, serve_proxy_host
-from serving.deploy.replica import DRAIN_TIMEOUT_S, num_session_ids, routing_id
+from serving.deploy.routing import routing_id
 from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, RequestOutput
 
@@ -31,22 +25,18 @@ from serving.engine.request import GenerateRequest, RequestOutput
 PROBE_TIMEOUT_S = 5.0
 
 
-class RayGenerator:
-    """serving.api's Generator over the ModelServer deployment's replicas."""
+class PeerReplicas:
+    """The ModelServer deployment's replicas, this one included, through a handle."""
 
-    def __init__(self, handle: DeploymentHandle, num_replicas: int, num_session_ids: int):
+    def __init__(self, handle: DeploymentHandle, num_replicas: int):
         self._handle = handle
         self._num_replicas = num_replicas
-        self._num_session_ids = num_session_ids
 
-    async def generate(
-        self, request: GenerateRequest, *, session: str | None = None
+    async def forward(
+        self, request: GenerateRequest, model_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """The replica's stream of outputs; leaving it early cancels the replica's call."""
-        model_id = routing_id(request.adapter, session, self._num_session_ids)
-        handle = self._handle.options(stream=True)
-        if model_id is not None:
-            handle = handle.options(multiplexed_model_id=model_id)
+        """The outputs of the replica Ray routes model_id to; leaving early cancels its call."""
+        handle = self._handle.options(stream=True, multiplexed_model_id=model_id)
         response = handle.generate.remote(request)
         finished = False
         try:
@@ -85,37 +75,29 @@ class RayGenerator:
             return []
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
-@serve.ingress()
-class Ingress:
-    """Serves the loraserve HTTP API; generation goes to the ModelServer replicas."""
+class ReplicaGenerator:
+    """serving.api's Generator of one ModelServer replica: its engine, else a peer's."""
 
-    def __init__(
-        self, model_server: DeploymentHandle, cfg: ServeConfig, keys: Mapping[str, Principal]
-    ):
-        self._server = model_server
-        self._cfg = cfg
-        self._keys = dict(keys)  # read where the app was built (see exposure)
+    def __init__(self, server, peers: PeerReplicas, num_session_ids: int):
+        self._server = server  # the ModelServer: serve_here(request, model_id), held
+        self._peers = peers
+        self._num_session_ids = num_session_ids
 
-    async def __serve_build_asgi_app__(self):
-        # Built per replica, after __init__, so the app holds this replica's handle.
-        # Raising here fails the replica: a keyless app beyond loopback never serves.
-        settings = await asyncio.to_thread(self._settings)
-        # build() published the preloads before binding this deployment; replica
-        # readiness is the generator's to tell.
-        settings.ready.set()
-        generator = RayGenerator(
-            self._server, self._cfg.deploy.num_replicas, num_session_ids(self._cfg)
-        )
-        return create_app(generator, settings)
+    async def generate(
+        self, request: GenerateRequest, *, session: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs from this engine when it holds the request's id, else from a peer's."""
+        model_id = routing_id(request.adapter, session, self._num_session_ids)
+        if model_id is None or model_id in self._server.held:
+            stream = self._server.serve_here(request, model_id)
+        else:
+            stream = self._peers.forward(request, model_id)
+        async with aclosing(stream):
+            async for out in stream:
+                yield out
 
-    def _settings(self) -> AppSettings:
-        """The app's settings, once the proxy's host passes the open-server rule (blocking)."""
-        server = self._cfg.server
-        check_open_server([server.host, serve_proxy_host()], self._keys, server.insecure)
-        # The keys file may exist only where the app was built, and this replica's env is
-        # not the builder's: the keys passed in are the only ones.
-        here = self._cfg.model_copy(
-            update={"server": server.model_copy(update={"api_keys_file": None})}
-        )
-        return dataclasses.replace(settings_from_config(here), keys=self._keys)
+    async def figures(self) -> list[EngineFigures]:
+        return await self._peers.figures()
+
+    async def ready(self) -> bool:
+        return await self._peers.ready()

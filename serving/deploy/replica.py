@@ -1,72 +1,44 @@
-"""ModelServer: one engine replica as a Ray Serve deployment, routed by adapter version.
+"""ModelServer: one engine replica that also serves the HTTP app, routed by adapter version.
 
-A call may carry a multiplexed model id (see `routing_id`). Ray Serve prefers a replica
-that reported the id as loaded, so a request goes where its adapter is hot: the id of an
-adapter request is its version, `name@digest`, and loading that "model" prefetches the
-adapter into the slab. A re-uploaded adapter has a new digest, so it routes as a new
-model, and the old version ages out of the slab like any other. Ray keeps its own LRU of
-ids per replica (see models_per_replica); dropping an id only stops the replica from
-attracting that adapter or session, so nothing is unloaded then.
+Ray Serve's proxy hands each HTTP request to some replica (by queue length); that replica's
+app serves it on its own engine when it holds the request's routing id (routing.routing_id:
+the adapter version `name@digest`, else a session bucket), or when the request has none.
+Otherwise the app forwards it to the replica that holds the id, through a handle whose
+AdapterRouter (serving.deploy.router) also copies a hot adapter to a second replica. So a
+request reaches its engine in one Ray hop when it lands where its adapter is hot, and two
+when it does not; the stream comes back the same way.
+
+Holding an id means having served it, as Ray's multiplexed LRU keeps it: loading that "model"
+prefetches the adapter into the slab, and Ray routes the id's next forwarded requests here. A
+re-uploaded adapter has a new digest, so it routes as a new model, and the old version ages
+out of the slab like any other. Dropping an id only stops the replica from attracting that
+adapter or session, so nothing is unloaded then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import AsyncIterator
+import dataclasses
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 
 from ray import serve
 
+from serving.api.app import create_app
+from serving.api.auth import Principal
 from serving.api.generator import LocalGenerator
+from serving.api.settings import AppSettings, settings_from_config
 from serving.config import ServeConfig
+from serving.deploy.arrivals import Arrivals, is_resident
 from serving.deploy.engine_setup import build_engine
+from serving.deploy.exposure import check_open_server, serve_proxy_host
+from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
+from serving.deploy.routing import SESSION_PREFIX, HeldIds, models_per_replica, num_session_ids
 from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, RequestOutput
 
-SESSION_PREFIX = "session:"
-# Sessions hash into this many routing ids per replica: enough to spread base-only
-# conversations over the replicas, few enough to bound what they take of Ray's LRU.
-SESSION_IDS_PER_REPLICA = 8
 # Seconds a stopping replica waits for its streams to finish before it is killed.
 DRAIN_TIMEOUT_S = 30.0
-
-
-def routing_id(adapter: str | None, session: str | None, num_session_ids: int) -> str | None:
-    """The multiplexed model id of a request: its adapter version, else its session's bucket
-    (one of num_session_ids), else None.
-
-    An adapter request goes where its version is hot, which also keeps a conversation on one
-    replica while that replica holds it. A base-only conversation has no adapter to follow,
-    so its session (the x-session-affinity header) picks its id: the first request loads the
-    "model" on some replica and later ones prefer that replica, and its prefix cache. Sessions
-    are hashed into a fixed set of ids, so however many a client invents they cannot crowd
-    adapter versions out of Ray's LRU (see models_per_replica); sessions that share a bucket
-    share a replica. Other base-only requests carry no id, so Ray balances them over all
-    replicas by queue length (one shared id would pile them onto one replica).
-    """
-    if adapter:
-        return adapter
-    if session:
-        # sha256, not hash(): every ingress replica must map a session to the same id.
-        digest = hashlib.sha256(session.encode("utf-8", "surrogatepass")).digest()
-        return f"{SESSION_PREFIX}{int.from_bytes(digest[:8], 'big') % num_session_ids}"
-    return None
-
-
-def num_session_ids(cfg: ServeConfig) -> int:
-    """How many routing ids all sessions share: SESSION_IDS_PER_REPLICA per replica."""
-    return SESSION_IDS_PER_REPLICA * cfg.deploy.num_replicas
-
-
-def models_per_replica(cfg: ServeConfig) -> int:
-    """Ray's max_num_models_per_replica: lora.max_loras adapter versions plus every session id.
-
-    Even when one replica holds every session id, its lora.max_loras most recently used
-    adapter versions keep their ids in Ray's LRU, so sessions never evict adapter affinity.
-    """
-    return cfg.lora.max_loras + num_session_ids(cfg)
-
-
 MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
 
 
@@ -81,16 +53,20 @@ def stream_pause(active_streams: int, longest: float) -> float:
     return min(longest, active_streams / MESSAGES_PER_SECOND)
 
 
-@serve.deployment(graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
-class ModelServer:
-    """One engine (model, draft, adapter slabs, KV cache) behind a LocalGenerator."""
+class EngineReplica:
+    """One engine (model, draft, adapter slabs, KV cache) and the HTTP app in front of it."""
 
-    def __init__(self, cfg: ServeConfig):
+    def __init__(self, cfg: ServeConfig, keys: Mapping[str, Principal] | None = None):
+        self.cfg = cfg
+        self.keys = dict(keys or {})  # read where the app was built (see exposure)
         self.engine = build_engine(cfg)
         replica = serve.get_replica_context().replica_id.unique_id
         self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
         self.stream_interval = cfg.server.stream_interval_ms / 1000
         self.active_streams = 0
+        self.held = HeldIds(models_per_replica(cfg))
+        self.in_flight: Counter[str] = Counter()  # routing id -> streams open here
+        self.arrivals = Arrivals()
 
         async def load(model_id: str) -> str:
             if not model_id.startswith(SESSION_PREFIX):
@@ -99,18 +75,54 @@ class ModelServer:
                 self.engine.slab.prefetch(model_id)
             return model_id
 
-        # Built here because the limit comes from the config.
-        self._load = serve.multiplexed(max_num_models_per_replica=models_per_replica(cfg))(load)
+        # Built here because the limit comes from the config; held mirrors its LRU.
+        self._load = serve.multiplexed(max_num_models_per_replica=self.held.capacity)(load)
+
+    async def __serve_build_asgi_app__(self):
+        # Built per replica, after __init__. Raising here fails the replica: a keyless app
+        # beyond loopback never serves.
+        settings = await asyncio.to_thread(self._settings)
+        # build() published the preloads before binding this deployment; replica
+        # readiness is the generator's to tell.
+        settings.ready.set()
+        context = serve.get_replica_context()
+        peers = PeerReplicas(
+            serve.get_deployment_handle(context.deployment, context.app_name),
+            self.cfg.deploy.num_replicas,
+        )
+        app = create_app(ReplicaGenerator(self, peers, num_session_ids(self.cfg)), settings)
+        self.metrics = app.state.context.metrics  # its request counts go out with figures()
+        return app
+
+    def _settings(self) -> AppSettings:
+        """The app's settings, once the proxy's host passes the open-server rule (blocking)."""
+        server = self.cfg.server
+        check_open_server([server.host, serve_proxy_host()], self.keys, server.insecure)
+        # The keys file may exist only where the app was built, and this replica's env is
+        # not the builder's: the keys passed in are the only ones.
+        here = self.cfg.model_copy(
+            update={"server": server.model_copy(update={"api_keys_file": None})}
+        )
+        return dataclasses.replace(settings_from_config(here), keys=self.keys)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs; a cancelled call aborts it in the engine."""
+        """A request forwarded here by another replica's app; see serve_here."""
+        async for out in self.serve_here(request, serve.get_multiplexed_model_id() or None):
+            yield out
+
+    async def serve_here(
+        self, request: GenerateRequest, model_id: str | None
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs from this engine; closing the stream aborts it."""
         if not self.engine.alive:  # queued, it would wait forever for a step
             raise RuntimeError("this replica's engine has stopped; retry the request")
-        model_id = serve.get_multiplexed_model_id()
+        self.arrivals.record(request.adapter, is_resident(self.engine, request.adapter))
         if model_id:  # reported to Ray, which routes this id's next requests here
+            self.held.use(model_id)
             await self._load(model_id)
         stream = self.generator.generate(request)
         self.active_streams += 1
+        self.in_flight[model_id] += 1
         try:
             async for out in stream:
                 yield out
@@ -119,14 +131,22 @@ class ModelServer:
                     await asyncio.sleep(stream_pause(self.active_streams, self.stream_interval))
         finally:
             self.active_streams -= 1
+            self.in_flight[model_id] -= 1
             # Cancellation lands here while the engine stream is suspended: closing it
             # runs its own cleanup, which aborts the request.
             await stream.aclose()
 
+    def record_routing_stats(self) -> dict:
+        """What AdapterRouter reads: open streams per routing id, and in all."""
+        ids = {k: n for k, n in self.in_flight.items() if k and n > 0}
+        return {"in_flight": ids, "running": self.active_streams}
+
     async def figures(self) -> EngineFigures:
         """This replica's engine figures, labelled with its replica id."""
         (figures,) = await self.generator.figures()
-        return figures
+        metrics = getattr(self, "metrics", None)  # None until the app is built
+        api = metrics.samples() if metrics is not None else ()
+        return dataclasses.replace(figures, arrivals=self.arrivals.snapshot(), api=api)
 
     async def ready(self) -> bool:
         """True once the engine is loaded and taking requests, while its step thread runs."""
@@ -142,3 +162,9 @@ class ModelServer:
         generator = getattr(self, "generator", None)
         if generator is not None:
             generator.close()
+
+
+# The deployment; EngineReplica stays a plain class, so tests can build one outside Ray.
+ModelServer = serve.deployment(name="ModelServer", graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)(
+    serve.ingress()(EngineReplica)
+)

@@ -27,6 +27,12 @@ class EngineFigures:
     spec: dict[str, dict[str, int]] = field(default_factory=dict)
     # the slab's SlabStats as a dict plus num_slots; empty when the engine serves no adapters
     slab: dict[str, float] = field(default_factory=dict)
+    # adapter label -> {resident, missing}: requests whose adapter was (not) in a slot on
+    # arrival, counted by a Ray replica (serving.deploy.arrivals); empty elsewhere
+    arrivals: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the replica's HTTP app's request metrics (serving.api.metrics.Metrics.samples), where
+    # every replica serves HTTP; empty elsewhere
+    api: tuple = ()
 
 
 def engine_figures(engine, replica: str) -> EngineFigures:

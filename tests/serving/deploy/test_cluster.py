@@ -123,7 +123,7 @@ def test_keys_from_the_driver_reach_the_replicas(cluster, tmp_path):
 
 def test_a_keyless_app_refuses_a_public_serve_proxy(cluster, tmp_path, monkeypatch):
     """The builder sees server.host 127.0.0.1, but Serve's proxy listens on 0.0.0.0 (as under
-    `serve run` or KubeRay): each Ingress replica reads that host and refuses to start."""
+    `serve run` or KubeRay): each ModelServer replica reads that host and refuses to start."""
     monkeypatch.delenv("LORASERVE_API_KEYS", raising=False)
     port = free_port()
     config = _config(tmp_path, cluster, port)
@@ -133,7 +133,7 @@ def test_a_keyless_app_refuses_a_public_serve_proxy(cluster, tmp_path, monkeypat
         serve.start(http_options={"host": "0.0.0.0", "port": port})
         with pytest.raises(RuntimeError, match="Deploying application"):
             serve.run(build({"config": str(config)}), name=APP_NAME, route_prefix="/")
-        why = serve.status().applications[APP_NAME].deployments["Ingress"].message
+        why = serve.status().applications[APP_NAME].deployments["ModelServer"].message
         assert "refusing to serve on 0.0.0.0" in why and "--insecure" in why, why
         with pytest.raises(httpx.HTTPError):  # nothing answers, or not with a model list
             httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).raise_for_status()

@@ -1,4 +1,4 @@
-"""A keyless server serves loopback only, and the builder hands its keys to the Ingress.
+"""A keyless server serves loopback only, and the builder hands its keys to the replicas.
 
 These run without Ray: build() refuses before it binds anything. The same rule inside a
 replica, against the Serve proxy's host on a real cluster, is in test_cluster.py.
@@ -49,7 +49,7 @@ def _config(tmp_path: Path, **server) -> str:
 
 
 def _ingress_keys(app) -> dict:
-    _, _, keys = app._bound_deployment.init_args
+    _, keys = app._bound_deployment.init_args
     return keys
 
 

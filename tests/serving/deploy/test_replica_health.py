@@ -21,7 +21,7 @@ def server(monkeypatch, tmp_path):
     monkeypatch.setattr(replica.serve, "get_replica_context", lambda: context)
     cfg = parse_config({"model": {"path": str(DEMO), "max_model_len": 64},
                         "cache": {"num_blocks": 16}, "lora": {"registry": str(tmp_path)}})  # fmt: skip
-    server = replica.ModelServer.func_or_class(cfg)
+    server = replica.EngineReplica(cfg)
     yield server
     server.generator.close()
 

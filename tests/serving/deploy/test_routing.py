@@ -3,7 +3,7 @@
 from collections import OrderedDict
 
 from serving.config import parse_config
-from serving.deploy.replica import models_per_replica, num_session_ids, routing_id
+from serving.deploy.routing import models_per_replica, num_session_ids, routing_id
 
 IDS = 16  # session ids in the tests below
 
@@ -58,17 +58,39 @@ def test_streams_are_paced_by_how_many_are_open():
 
 
 def test_deployment_options_follow_the_config():
-    """max_ongoing_requests follows max_num_seqs (Ray's 5 would starve batching), the ingress
-    reserves no CPU, and replicas reserve what deploy.resources asks."""
+    """One deployment: replicas reserve what deploy.resources asks, take every stream of the
+    app (Ray's 5 would starve batching), and route through AdapterRouter."""
     from serving.deploy.app import bind
+    from serving.deploy.router import AdapterRouter
 
-    cfg = parse_config({"scheduler": {"max_num_seqs": 7}, "server": {"max_queue": 9},
+    cfg = parse_config({"scheduler": {"max_num_seqs": 8}, "server": {"max_queue": 9},
                         "deploy": {"num_replicas": 2, "resources": {"num_cpus": 1.5}}})  # fmt: skip
-    ingress = bind(cfg, {})._bound_deployment
-    server = ingress.init_args[0]._bound_deployment
-    assert ingress.ray_actor_options["num_cpus"] == 0
-    assert ingress._deployment_config.max_ongoing_requests == 7 * 2 + 9
-    assert server._deployment_config.max_ongoing_requests == 7
-    assert server._deployment_config.max_queued_requests == 9
-    assert server._deployment_config.num_replicas == 2
+    server = bind(cfg, {})._bound_deployment
+    config = server._deployment_config
+    assert config.max_ongoing_requests == 8 * 2 + 9
+    assert config.max_queued_requests == 9
+    assert config.num_replicas == 2
     assert server.ray_actor_options == {"num_cpus": 1.5, "num_gpus": 0.0}
+    assert config.request_router_config.get_request_router_class() is AdapterRouter
+    assert config.request_router_config.request_router_kwargs == {"spread_at": 2}
+
+
+def test_a_hot_adapter_is_copied_to_the_least_busy_replica_and_a_cold_one_stays():
+    from types import SimpleNamespace
+
+    from serving.deploy.router import copy_target
+
+    def replica(ids, in_flight, running):
+        stats = {"in_flight": in_flight, "running": running}
+        return SimpleNamespace(multiplexed_model_ids=set(ids), routing_stats=stats)
+
+    holder = replica({"hot", "cold"}, {"hot": 4, "cold": 1}, 5)
+    idle, busy = replica(set(), {}, 0), replica({"other"}, {"other": 2}, 2)
+    assert copy_target([holder, busy, idle], "hot", spread_at=4) is idle
+    assert copy_target([holder, busy, idle], "cold", spread_at=4) is None  # stays
+    assert copy_target([holder, busy, idle], "new", spread_at=4) is None  # Ray places it
+    copy = replica({"hot"}, {"hot": 3}, 3)  # copied once, and that copy is not busy yet
+    assert copy_target([holder, copy, idle], "hot", spread_at=4) is None
+    assert copy_target([holder], "hot", spread_at=4) is None  # nowhere else to go
+    no_stats = SimpleNamespace(multiplexed_model_ids={"hot"}, routing_stats=None)
+    assert copy_target([no_stats, idle], "hot", spread_at=4) is None

@@ -1,6 +1,7 @@
 """The HTTP server under load against vLLM's CPU OpenAI server, side by side in one run.
 
     python -m bench.serve [--quick] [--servers ...] [--concurrency 32 64] [--rounds N]
+                          [--env KEY=VALUE ...]
 
 Both serve the demo kit (models/demo: base model and the adapters upper, comment, rot13),
 fp32, greedy, no speculative decoding. Each server runs alone, one after the other (the
@@ -148,12 +149,18 @@ class Server:
         return "\n".join(f"    {line}" for line in text[-lines:])
 
 
-def start_loraserve(tmp: Path, max_num_seqs: int, local: bool = False) -> Server:
+def start_loraserve(
+    tmp: Path, max_num_seqs: int, local: bool = False, env: tuple[str, ...] = ()
+) -> Server:
+    """loraserve on a free port; env: KEY=VALUE settings for `loraserve serve` (and the Ray it
+    starts), `{port}` in a value standing for that port."""
     config = loraserve_config(tmp, max_num_seqs)
     module = ["bench.peers.local_server"] if local else ["serving", "serve"]
-    cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(free_port())]
+    port = free_port()
+    cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(port)]
     name = "loraserve-local" if local else "loraserve"
-    return Server(name, cmd, "/readyz", tmp / f"{name}.log")
+    extra = dict(item.replace("{port}", str(port)).split("=", 1) for item in env)
+    return Server(name, cmd, "/readyz", tmp / f"{name}.log", env={**os.environ, **extra})
 
 
 def start_vllm(tmp: Path, max_num_seqs: int) -> Server:
@@ -188,7 +195,8 @@ def bench_server(name: str, tmp: Path, args) -> dict:
     if name == "vllm":
         server = start_vllm(tmp, max(args.concurrency))
     else:
-        server = start_loraserve(tmp, max(args.concurrency), local=name == "loraserve-local")
+        local = name == "loraserve-local"
+        server = start_loraserve(tmp, max(args.concurrency), local, () if local else args.env)
     results = {}
     try:
         _log(f"{name} ready in {server.wait_ready(args.ready_timeout):.0f} s")
@@ -250,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help="default: 64 (16 with --quick)")
     ap.add_argument("--requests", type=int, default=None, help="per level; default: 2 per stream")
     ap.add_argument("--rounds", type=int, default=1, help="start each server N times; odd N")
+    ap.add_argument("--env", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="settings for the loraserve row's server; {port} is its port")  # fmt: skip
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds per server start")
     args = ap.parse_args(argv)
     args.concurrency = args.concurrency or ([4] if args.quick else [32, 64])

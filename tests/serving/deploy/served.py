@@ -107,6 +107,8 @@ def wait_ready(url: str, timeout: float = 180) -> None:
 def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     """The app of config served on loopback port by a Ray of its own; yields its URL once ready.
 
+    The proxy runs serving.deploy.stream_end's middleware, as every proxy should (PROXY_ENV).
+
     Ray gets a short temp dir of its own (its socket paths must fit 107 bytes) and HOME is
     home meanwhile (whatever Ray or a worker writes under ~); it stops with serve.shutdown()
     and ray.shutdown(), never `ray stop`, which would stop every Ray on the machine.
@@ -115,10 +117,11 @@ def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     from ray import serve
 
     from serving.deploy.app import APP_NAME, build
+    from serving.deploy.stream_end import PROXY_ENV
 
     ray_dir = tempfile.mkdtemp(prefix="lsray-")
-    saved = os.environ.get("HOME")
-    os.environ["HOME"] = str(home)
+    saved = {k: os.environ.get(k) for k in ("HOME", *PROXY_ENV)}
+    os.environ.update(HOME=str(home), **PROXY_ENV)  # Ray's processes inherit it
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -129,6 +132,9 @@ def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     finally:
         serve.shutdown()
         ray.shutdown()
-        if saved is not None:
-            os.environ["HOME"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         shutil.rmtree(ray_dir, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""A middleware for Ray Serve's HTTP proxy: an answer cut short by a dying replica ends cleanly.
+
+The HTTP app runs on the replicas. When one dies while streaming, Ray's proxy has already
+sent the status line and part of the body; it drops the replica's exception and returns
+without ending the body, so the client sees a broken connection. This middleware, run in
+the proxy, ends such an answer itself: a server-sent event stream gets a last error event
+in the style of the route (serving.api.errors), then the body is closed.
+
+Ray Serve takes proxy middlewares only from a callback named in the proxy's environment
+(PROXY_ENV): set it where Ray starts, before ray.init for a local Ray, in each node's
+environment on a cluster or under KubeRay.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serving.api.errors import error_body
+
+CUT_MESSAGE = "the model replica serving this request failed; retry the request"
+# The environment that has Ray Serve's proxies run EndCutStreams.
+PROXY_ENV = {
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serving.deploy.stream_end.proxy_middlewares"
+}
+
+
+class EndCutStreams:
+    """Ends an HTTP answer whose app returned after the status line but before the body's end."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = ended = events = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started, ended, events
+            if message["type"] == "http.response.start":
+                started = True
+                kind = dict(message.get("headers") or ()).get(b"content-type", b"")
+                events = kind.startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                ended = True
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if started and not ended:
+            body = b""
+            if events:
+                data = json.dumps(error_body(scope.get("path", ""), 500, CUT_MESSAGE))
+                body = f"data: {data}\r\n\r\n".encode()
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def proxy_middlewares() -> list[Middleware]:
+    """The proxy's middlewares; also the callback Ray Serve imports from the environment."""
+    return [Middleware(EndCutStreams)]

@@ -1,10 +1,10 @@
 """Faults on the served path: a ModelServer replica killed through Ray while it streams.
 
 Its clients get a clean error event (never a hang or a cut stream: the proxy runs
-serving.deploy.stream_end), Ray Serve starts a new
-replica, and the next requests succeed on it with their adapters loaded again. One replica
-on the demo kit, in a Ray of this module's own (its temp dir and HOME), stopped with
-serve.shutdown() and ray.shutdown(), never `ray stop`.
+serving.deploy.stream_end), Ray Serve starts a new replica, and the next requests succeed
+on it with their adapters loaded again. One replica on the demo kit, in a Ray of this
+module's own (its temp dir and HOME), stopped with serve.shutdown() and ray.shutdown(),
+never `ray stop`.
 """
 
 from __future__ import annotations

@@ -86,6 +86,9 @@ def serve(
         serve_until_stopped(cfg, echo=typer.echo)
     except (ValueError, OSError, RuntimeError) as exc:  # AdapterError, ModelLoadError, ...
         _fail(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C while starting, or a second one while draining
+        typer.echo("loraserve: stopped at once", err=True)
+        raise typer.Exit(130) from None
 
 
 def _fail(message: str) -> None:

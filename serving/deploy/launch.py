@@ -7,6 +7,7 @@ only its own application is removed at exit; the cluster keeps running.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -22,15 +23,15 @@ from ray import serve
 from serving.api.settings import settings_from_config
 from serving.config import ServeConfig
 from serving.deploy.app import APP_NAME, bind, publish_preloads
+from serving.deploy.console import new_log_path, quiet_console
 from serving.deploy.engine_setup import check_draft_vocab
 from serving.deploy.exposure import load_checked_keys
 
 # Ray puts unix sockets under its temp dir, and a socket path must stay under 107 bytes:
 # beyond this many characters the session's socket paths would not fit.
 MAX_TEMP_DIR_CHARS = 40
-# Ray and Serve log every start-up step and request at INFO; the console gets warnings and
-# errors only (Ray's session folder keeps the full logs).
-LOG_LEVEL = logging.WARNING
+# Serve's actors log every request at INFO: the log file gets their warnings and errors only
+# (Ray's session folder keeps the full logs).
 QUIET = {"log_level": "WARNING"}
 
 
@@ -47,8 +48,12 @@ def ray_temp_dir() -> str:
     return str(Path(tempfile.gettempdir()) / f"loraserve-ray-{os.getuid()}")
 
 
-def serve_until_stopped(cfg: ServeConfig, echo: Callable[[str], None] = print) -> None:
-    """Publish preloads, run the app on server.host:port, block until a signal, then drain."""
+def serve_until_stopped(cfg: ServeConfig, echo: Callable[..., None] = print) -> None:
+    """Publish preloads, run the app on server.host:port, block until a signal, then drain.
+
+    `echo` prints one of our lines, as print does (it is given file=, the terminal, while
+    Ray's own output goes to the log file that the second line names).
+    """
     host, port = cfg.server.host, cfg.server.port
     # Before Ray starts, so a keyless public host, a bad model folder or adapter fails in a
     # second with its own message, rather than as a replica that failed to deploy.
@@ -59,35 +64,56 @@ def serve_until_stopped(cfg: ServeConfig, echo: Callable[[str], None] = print) -
     local = cfg.deploy.ray_address is None
     if local:  # on a cluster the HTTP proxies listen on its nodes, not necessarily here
         _check_free(host, port)
-    logging.getLogger("ray.serve").setLevel(LOG_LEVEL)  # this process's own Serve client
+    log_path = new_log_path()
     echo(f"loraserve: starting {cfg.model.id} ({cfg.deploy.num_replicas} replica(s))")
-    if local:
-        ray.init(include_dashboard=False, _temp_dir=ray_temp_dir(), logging_level=LOG_LEVEL)
-    else:
-        ray.init(address=cfg.deploy.ray_address, logging_level=LOG_LEVEL)
-    try:
-        serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
+    echo(f"loraserve: Ray logs in {log_path}")
+    with quiet_console(log_path) as terminal:
+        _serve_on_ray(cfg, keys, functools.partial(echo, file=terminal))
+
+
+def _serve_on_ray(cfg: ServeConfig, keys, echo: Callable[[str], None]) -> None:
+    """Start or join Ray, run the app until a signal, then drain it and leave Ray."""
+    local = cfg.deploy.ray_address is None
+    # The driver logs at INFO into the log file; the actors stay at WARNING (QUIET), as
+    # at INFO the proxy and replicas would log a line per request.
+    logging.getLogger("ray.serve").setLevel(logging.INFO)  # this process's own Serve client
+    # The handlers go in before Ray starts: a first Ctrl-C stops gently from any point,
+    # while Ray starts (interrupting ray.init would leave its processes behind) or before
+    # serve.run returns (/readyz may already answer 200), not only once serving.
+    with _StopSignals() as stop:
+        if local:
+            ray.init(include_dashboard=False, _temp_dir=ray_temp_dir(), logging_level=logging.INFO)
+        else:
+            ray.init(address=cfg.deploy.ray_address, logging_level=logging.INFO)
+        stop.arm(signal.SIGTERM)  # ray.init put in its own, which exits at once
         try:
-            serve.run(
-                bind(cfg, keys),
-                name=APP_NAME,
-                route_prefix="/",
-                blocking=False,
-                logging_config=QUIET,
-            )
-            where = f"[{host}]" if ":" in host else host
-            echo(f"loraserve: serving {cfg.model.id} on http://{where}:{port} (OpenAI API at /v1)")
-            _wait_for_stop_signal()
-            echo("loraserve: stopping: finishing requests in flight")
+            if not stop.requested.is_set():
+                _serve_app(cfg, keys, echo, stop.requested)
         finally:
-            # Deleting the app drains it: each replica stops taking calls and finishes the
-            # ones in flight (up to replica.DRAIN_TIMEOUT_S) while the HTTP proxy still
-            # relays their streams. serve.shutdown() alone would kill the replicas at once.
-            serve.delete(APP_NAME)
+            if local:  # a cluster's Serve may run other applications: only ours was removed
+                serve.shutdown()
+            ray.shutdown()
+    echo("loraserve: stopped")
+
+
+def _serve_app(cfg: ServeConfig, keys, echo: Callable[[str], None], stop: threading.Event):
+    """Run the app on server.host:port until `stop` is set, then drain it."""
+    host, port = cfg.server.host, cfg.server.port
+    serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
+    try:
+        serve.run(
+            bind(cfg, keys), name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET
+        )
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        echo(f"loraserve: serving {cfg.model.id} on {url} (OpenAI API at /v1)")
+        while not stop.wait(0.5):  # a timed wait lets the handler run promptly
+            pass
+        echo("loraserve: stopping: finishing requests in flight")
     finally:
-        if local:  # a cluster's Serve may run other applications: only ours was removed
-            serve.shutdown()
-        ray.shutdown()
+        # Deleting the app drains it: each replica stops taking calls and finishes the
+        # ones in flight (up to replica.DRAIN_TIMEOUT_S) while the HTTP proxy still
+        # relays their streams. serve.shutdown() alone would kill the replicas at once.
+        serve.delete(APP_NAME)
 
 
 def _check_free(host: str, port: int) -> None:
@@ -102,19 +128,28 @@ def _check_free(host: str, port: int) -> None:
             raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def _wait_for_stop_signal() -> None:
-    stop = threading.Event()
+class _StopSignals:
+    """While entered, the first SIGINT or SIGTERM sets `requested`; a second SIGINT raises
+    KeyboardInterrupt (stop at once)."""
 
-    def on_signal(signum, frame):
-        stop.set()
-        # A second Ctrl-C while draining stops at once.
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self.arm(s)
+        return self
+
+    def arm(self, signum: int) -> None:
+        previous = signal.signal(signum, self._on_signal)
+        self._previous.setdefault(signum, previous)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.requested.set()
+        # A second Ctrl-C, while starting or draining, stops at once.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):  # a timed wait lets the handler run promptly
-            pass
-    finally:
-        for s, handler in previous.items():
-            if signal.getsignal(s) is on_signal:
-                signal.signal(s, handler)
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)

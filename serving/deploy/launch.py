@@ -26,6 +26,7 @@ from serving.deploy.app import APP_NAME, bind, publish_preloads
 from serving.deploy.console import new_log_path, quiet_console
 from serving.deploy.engine_setup import check_draft_vocab
 from serving.deploy.exposure import load_checked_keys
+from serving.deploy.stream_end import PROXY_ENV
 
 # Ray puts unix sockets under its temp dir, and a socket path must stay under 107 bytes:
 # beyond this many characters the session's socket paths would not fit.
@@ -82,6 +83,9 @@ def _serve_on_ray(cfg: ServeConfig, keys, echo: Callable[[str], None]) -> None:
     # serve.run returns (/readyz may already answer 200), not only once serving.
     with _StopSignals() as stop:
         if local:
+            # Ray's processes inherit this: the proxies then end streams cut by a dying replica
+            # (on a cluster each node's environment must carry it; see stream_end).
+            os.environ.update(PROXY_ENV)
             ray.init(include_dashboard=False, _temp_dir=ray_temp_dir(), logging_level=logging.INFO)
         else:
             ray.init(address=cfg.deploy.ray_address, logging_level=logging.INFO)

@@ -153,14 +153,23 @@ def start_loraserve(
     tmp: Path, max_num_seqs: int, local: bool = False, env: tuple[str, ...] = ()
 ) -> Server:
     """loraserve on a free port; env: KEY=VALUE settings for `loraserve serve` (and the Ray it
-    starts), `{port}` in a value standing for that port."""
+    starts), `{port}` in a value standing for the port the client talks to.
+
+    With RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in env, Ray Serve's proxy listens on another free
+    port and the client talks to the replica's own HTTP server, which direct ingress starts
+    on the first port of its range: set RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT={port}.
+    """
     config = loraserve_config(tmp, max_num_seqs)
     module = ["bench.peers.local_server"] if local else ["serving", "serve"]
     port = free_port()
-    cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(port)]
+    direct = "RAY_SERVE_ENABLE_DIRECT_INGRESS=1" in env
+    served = free_port() if direct else port
+    cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(served)]
     name = "loraserve-local" if local else "loraserve"
     extra = dict(item.replace("{port}", str(port)).split("=", 1) for item in env)
-    return Server(name, cmd, "/readyz", tmp / f"{name}.log", env={**os.environ, **extra})
+    server = Server(name, cmd, "/readyz", tmp / f"{name}.log", env={**os.environ, **extra})
+    server.port, server.url = port, f"http://127.0.0.1:{port}"
+    return server
 
 
 def start_vllm(tmp: Path, max_num_seqs: int) -> Server:

@@ -30,6 +30,10 @@ from serving.deploy.router import ROUTING_STATS_PERIOD_S, AdapterRouter
 from serving.deploy.routing import spread_at
 
 APP_NAME = "loraserve"
+# Ray Serve runs a replica's user code on a second event loop by default, so every HTTP
+# message of the app crosses threads; on the replica's own loop the streams cost less
+# (bench/README.md, "Serving topologies"). The engine's step loop has its own thread.
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 PRELOAD_OWNER = "default"  # the tenant an open (keyless) server uses; see serving.api.auth
 
 
@@ -54,6 +58,7 @@ def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
         ray_actor_options={
             "num_cpus": cfg.deploy.resources.num_cpus,
             "num_gpus": cfg.deploy.resources.num_gpus,
+            "runtime_env": {"env_vars": REPLICA_ENV},
         },
         # A replica's calls are its own HTTP requests, served here or forwarded, plus those
         # forwarded to it. Ray's default of 5 would starve continuous batching; the engine's

@@ -70,7 +70,9 @@ def test_deployment_options_follow_the_config():
     assert config.max_ongoing_requests == 8 * 2 + 9
     assert config.max_queued_requests == 9
     assert config.num_replicas == 2
-    assert server.ray_actor_options == {"num_cpus": 1.5, "num_gpus": 0.0}
+    options = server.ray_actor_options
+    assert (options["num_cpus"], options["num_gpus"]) == (1.5, 0.0)
+    assert options["runtime_env"]["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert config.request_router_config.get_request_router_class() is AdapterRouter
     assert config.request_router_config.request_router_kwargs == {"spread_at": 2}
 

@@ -1,4 +1,5 @@
-"""A middleware for Ray Serve's HTTP proxy: an answer cut short by a dying replica ends cleanly.
+"""Middlewares for Ray Serve's HTTP proxy: an answer cut short by a dying replica ends cleanly,
+and /readyz says "starting" before any replica serves the app.
 
 The HTTP app runs on the replicas. When one dies while streaming, Ray's proxy has already
 sent the status line and part of the body; it drops the replica's exception and returns
@@ -58,6 +59,39 @@ class EndCutStreams:
             await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class StartingProbe:
+    """/readyz answers 503 {"status": "starting"} while the app has no replica to answer it.
+
+    The HTTP app runs on the replicas, so until one is up Ray's proxy knows no route and
+    answers 404 (as after the last replica died): to a probe that is "not ready yet", the
+    same answer the app gives while it loads (serving.api.routes_ops).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") != "/readyz":
+            await self.app(scope, receive, send)
+            return
+        unrouted = False
+
+        async def watch(message: Message) -> None:
+            nonlocal unrouted
+            if message["type"] == "http.response.start" and message["status"] == 404:
+                unrouted = True
+            if not unrouted:
+                await send(message)
+
+        await self.app(scope, receive, watch)
+        if unrouted:
+            body = json.dumps({"status": "starting"}).encode()
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode())]  # fmt: skip
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 def proxy_middlewares() -> list[Middleware]:
     """The proxy's middlewares; also the callback Ray Serve imports from the environment."""
-    return [Middleware(EndCutStreams)]
+    return [Middleware(StartingProbe), Middleware(EndCutStreams)]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from serving.deploy.stream_end import CUT_MESSAGE, EndCutStreams
+from serving.deploy.stream_end import CUT_MESSAGE, EndCutStreams, StartingProbe
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 
@@ -56,3 +56,37 @@ def test_a_finished_answer_is_untouched():
 
     assert len(run(app, "/v1/completions")) == 2
     assert run(app_cut_after(SSE), "/v1/completions")[-1]["more_body"] is False
+
+
+def probe(app) -> list[dict]:
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/readyz", "method": "GET", "headers": []}
+    asyncio.run(StartingProbe(app)(scope, receive, send))
+    return sent
+
+
+def answering(status, body):
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return app
+
+
+def test_readyz_with_no_replica_to_route_to_is_starting():
+    sent = probe(answering(404, b"Path '/readyz' not found. Ping http://.../-/routes"))
+    assert sent[0]["status"] == 503 and json.loads(sent[1]["body"]) == {"status": "starting"}
+    assert len(sent) == 2
+
+
+def test_the_apps_own_readyz_answers_pass_untouched():
+    for status, body in ((200, b'{"status":"ready"}'), (503, b'{"status":"starting"}')):
+        sent = probe(answering(status, body))
+        assert sent[0]["status"] == status and sent[1]["body"] == body

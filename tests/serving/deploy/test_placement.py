@@ -66,8 +66,8 @@ def arrivals(url: str) -> Counter:
     return counts
 
 
-def drive(url: str, models: list[str], max_tokens: int = 8) -> None:
-    """Each model's completion, STREAMS at a time; every one must succeed."""
+def drive(url: str, models: list[str], max_tokens: int = 8, streams: int = STREAMS) -> None:
+    """Each model's completion, `streams` at a time; every one must succeed."""
 
     def one(model: str) -> None:
         body = {"model": model, "prompt": "hello there", "max_tokens": max_tokens,
@@ -76,7 +76,7 @@ def drive(url: str, models: list[str], max_tokens: int = 8) -> None:
             assert r.status_code == 200, r.read()
             assert b"[DONE]" in r.read()
 
-    with ThreadPoolExecutor(STREAMS) as pool:
+    with ThreadPoolExecutor(streams) as pool:
         list(pool.map(one, models))
 
 
@@ -88,12 +88,19 @@ def measured(url: str, models: list[str], max_tokens: int = 8) -> Counter:
 
 
 def test_requests_land_where_their_adapter_is_resident(url):
-    drive(url, NAMES * 2)  # each adapter placed on some replica and loaded there
+    # Warm-up: each adapter's first request alone, so that Ray places it on one replica
+    # (concurrent first requests of one adapter may each pick a replica before either
+    # replica has reported it), then traffic at once.
+    for name in NAMES:
+        drive(url, [name], streams=1)
+        time.sleep(ROUTING_UPDATE_S / 4)
     time.sleep(ROUTING_UPDATE_S)
+    drive(url, NAMES * 2)
+    # Round-robin: a burst of one adapter (4 of the 8 streams at once) would rightly copy it.
     models = NAMES * 20
-    random.Random(0).shuffle(models)
     counts = measured(url, models)
     resident = sum(n for (_, _, r), n in counts.items() if r == "true")
+    print(f"resident on arrival: {resident}/{len(models)}; {dict(counts)}")  # shown with -s
     assert sum(counts.values()) == len(models)
     assert resident >= 0.9 * len(models), counts
 
@@ -114,6 +121,7 @@ def test_a_hot_adapter_spreads_while_cold_ones_stay(url):
     replicas = {replica for replica, _ in by_replica}
     assert len(replicas) == 2, by_replica
     hot = sum(n for (_, a), n in by_replica.items() if a == HOT)
+    print(f"requests by replica and adapter: {dict(by_replica)}")  # shown with -s
     for replica in replicas:
         assert 0.3 <= by_replica[replica, HOT] / hot <= 0.7, by_replica
     for adapter in cold:

@@ -11,7 +11,9 @@ however busy it gets (ray-project/ray#65691). The rule added here:
 The replica that receives the copy loads the adapter and reports its id, so from then on
 Ray's routing (and the HTTP path's serve-where-held rule) splits that adapter's requests
 between both. A cold adapter never has that many requests in flight, so it stays on the one
-replica that holds it. The counts come from each replica's `record_routing_stats`
+replica that holds it. A copy is not undone: it lasts while the replica's LRU of ids keeps
+the adapter (routing.models_per_replica), so a brief burst of one adapter may leave it on
+two replicas for a while. The counts come from each replica's `record_routing_stats`
 (`{"in_flight": {id: n}, "running": n}`), refreshed every ROUTING_STATS_PERIOD_S.
 """
 

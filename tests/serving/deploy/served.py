@@ -120,8 +120,12 @@ def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     from serving.deploy.stream_end import PROXY_ENV
 
     ray_dir = tempfile.mkdtemp(prefix="lsray-")
-    saved = {k: os.environ.get(k) for k in ("HOME", *PROXY_ENV)}
-    os.environ.update(HOME=str(home), **PROXY_ENV)  # Ray's processes inherit it
+    # Ray's processes inherit these. A process keeps the auth token of the first Ray it
+    # joined, so a second loopback test cluster (another module, another HOME) would never
+    # start for it: these clusters run without token auth.
+    env = {"HOME": str(home), "RAY_AUTH_MODE": "disabled", **PROXY_ENV}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -7,21 +7,15 @@ in-process engine over the same folder running the request alone.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import ray
 from openai import AsyncOpenAI
-from ray import serve
 
-from serving.deploy.app import APP_NAME, build
 from serving.engine.speculative.config import SpecConfig
 from serving.model.tokenizer import load_tokenizer
 from tests.serving.deploy.served import (
@@ -31,7 +25,7 @@ from tests.serving.deploy.served import (
     TEMPLATE,
     Served,
     free_port,
-    wait_ready,
+    serving,
     write_config,
 )
 from tests.serving.engine.world import World, build_world
@@ -51,26 +45,11 @@ def served(tmp_path_factory):
     world.tokenizer = load_tokenizer(world.base_dir)
     port = free_port()
     config = write_config(root, world, port)
-    # Ray's socket paths must stay short, hence a temp dir of its own rather than tmp_path.
-    ray_dir = tempfile.mkdtemp(prefix="lsray-")
-    home = os.environ.get("HOME")
-    os.environ["HOME"] = str(root / "home")  # whatever Ray or a worker writes under ~
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build({"config": str(config)}), name=APP_NAME, route_prefix="/", blocking=False)
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url)
+    with serving(config, port, root / "home") as url:
         reference = world.engine(
             num_slots=8, max_model_len=512, speculative=SpecConfig(**SPEC), num_blocks=1024
         )
         yield Served(url, world, str(root / "registry"), reference)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        if home is not None:
-            os.environ["HOME"] = home
-        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def chat_ids(world: World, messages) -> list[int]:

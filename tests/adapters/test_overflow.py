@@ -53,7 +53,6 @@ def test_real_peft_adapters_pass_on_a_float16_base(tmp_path, init):
     assert load_adapter(path, base=fp16).rank == 16
 
 
-@pytest.mark.skipif(not DEMO.is_dir(), reason="the demo kit is not built")
 @pytest.mark.parametrize("name", ["comment", "rot13", "upper"])
 def test_trained_demo_adapters_pass_even_the_float16_fallback(name):
     adapter = load_adapter(DEMO / name, draft=DEMO / name / "draft")

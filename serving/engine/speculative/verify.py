@@ -73,11 +73,13 @@ def verify(
     k = len(drafts)
     if logits.shape[0] != k + 1:
         raise ValueError(f"{k} drafts need {k + 1} rows of logits, got {logits.shape[0]}")
-    if not bool(torch.isfinite(logits).all()):
+    # on the CPU, where each request's generator lives (k + 1 rows: a small copy); checked
+    # there, so the check adds no wait on the device
+    rows = logits.float().cpu()  # [k + 1, V]
+    if not bool(torch.isfinite(rows).all()):
         raise RowFault(NON_FINITE)
     states = row_states(state, drafts)
-    # on the CPU, where each request's generator lives (k + 1 rows: a small copy)
-    penalized = apply_penalties(logits.float().cpu(), states)  # [k + 1, V]
+    penalized = apply_penalties(rows, states)  # [k + 1, V]
     if state.params.greedy:
         target = penalized.argmax(dim=-1).tolist()
         a = 0

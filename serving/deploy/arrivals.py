@@ -2,16 +2,14 @@
 
 "Resident on arrival" means the replica's slab held the request's adapter version in a slot
 when the request reached its engine: the request paid no load. The share of such arrivals
-is the measure of adapter affinity (tests/serving/deploy/test_affinity.py); the counts per
-adapter show where each adapter is served (test_spreading.py).
+is the measure of adapter affinity; the counts per adapter show where each adapter is
+served (both in tests/serving/deploy/test_placement.py).
 """
 
 from __future__ import annotations
 
-from adapters.names import parse_ref
+from serving.engine.speculative.stats import bounded_label
 
-BASE = "base"
-OTHER = "other"
 MAX_LABELS = 20  # adapter names counted by name; the rest count as "other"
 
 
@@ -23,9 +21,7 @@ class Arrivals:
         self.counts: dict[str, dict[str, int]] = {}
 
     def record(self, version: str | None, resident: bool) -> None:
-        name = BASE if version is None else parse_ref(version)[0]
-        if name not in self.counts and len(self.counts) >= self.max_labels:
-            name = OTHER
+        name = bounded_label(version, self.counts, self.max_labels)
         counts = self.counts.setdefault(name, {"resident": 0, "missing": 0})
         counts["resident" if resident else "missing"] += 1
 

@@ -8,6 +8,15 @@ OTHER = "other"  # the label of every adapter past the first max_labels seen
 BASE = "base"  # requests with no adapter
 
 
+def bounded_label(adapter_version: str | None, seen, max_labels: int) -> str:
+    """An adapter version's metrics label: its name, "base", or "other" once max_labels
+    other names are in seen (a collection of the labels given so far)."""
+    name = BASE if adapter_version is None else adapter_version.partition("@")[0]
+    if name in seen or len(seen) < max_labels:
+        return name
+    return OTHER
+
+
 @dataclass
 class SpecCounts:
     """Proposed and accepted tokens, tokens emitted by verification, verification steps."""
@@ -44,10 +53,7 @@ class SpecStats:
 
     def label(self, adapter_version: str | None) -> str:
         """The metrics label of an adapter version: its name, "base", or "other" past the bound."""
-        name = BASE if adapter_version is None else adapter_version.partition("@")[0]
-        if name in self.by_adapter or len(self.by_adapter) < self.max_labels:
-            return name
-        return OTHER
+        return bounded_label(adapter_version, self.by_adapter, self.max_labels)
 
     def record(
         self, adapter_version: str | None, proposed: int, accepted: int, emitted: int

@@ -96,3 +96,18 @@ def test_a_hot_adapter_is_copied_to_the_least_busy_replica_and_a_cold_one_stays(
     assert copy_target([holder], "hot", spread_at=4) is None  # nowhere else to go
     no_stats = SimpleNamespace(multiplexed_model_ids={"hot"}, routing_stats=None)
     assert copy_target([no_stats, idle], "hot", spread_at=4) is None
+
+
+def test_arrivals_count_by_adapter_name_with_bounded_labels():
+    from serving.deploy.arrivals import Arrivals
+
+    arrivals = Arrivals(max_labels=2)
+    arrivals.record(None, True)
+    arrivals.record("a@d1", False)
+    arrivals.record("a@d2", True)  # a re-upload counts under its name
+    arrivals.record("b@d3", True)  # past the bound: "other"
+    assert arrivals.snapshot() == {
+        "base": {"resident": 1, "missing": 0},
+        "a": {"resident": 1, "missing": 1},
+        "other": {"resident": 1, "missing": 0},
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -81,6 +82,7 @@ def _sqlite_uri(value: Any, info: ValidationInfo) -> Any:
 LocalPath = Annotated[Path, BeforeValidator(_local_path)]
 RegistryURI = Annotated[str, BeforeValidator(_registry_uri)]
 SqliteURI = Annotated[str, BeforeValidator(_sqlite_uri)]
+Limit = Annotated[int | None, Field(gt=0)]  # null = no limit
 Quant = Literal["auto", "fp8", "none"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Method = Literal["none", "draft_model", "ngram"]
@@ -202,6 +204,53 @@ class BatchSection(_Section):
     max_payload_mb: int = Field(10, gt=0, description="Largest batch input file, in MiB.")
 
 
+class UsageSection(_Section):
+    """Usage metering: requests and tokens counted per tenant, key and adapter."""
+
+    store: SqliteURI = Field("sqlite:///./loraserve-usage.db", description="Usage database URL.")
+
+
+class TenantLimitsSection(_Section):
+    """One tenant's limits; null = no limit."""
+
+    requests_per_minute: Limit = Field(None, description="Requests admitted in any 60 s.")
+    tokens_per_minute: Limit = Field(None, description="Tokens (prompt + output) in any 60 s.")
+    concurrent_requests: Limit = Field(None, description="Requests running at once.")
+    max_adapters: Limit = Field(None, description="Adapters the tenant may own.")
+    max_adapter_mb: Limit = Field(None, description="Largest adapter upload, in MiB.")
+
+
+class LimitsSection(TenantLimitsSection):
+    """The default limits; `tenants` replaces them key by key (a null given = no limit)."""
+
+    tenants: dict[str, TenantLimitsSection] = Field({}, description="{tenant: its overrides}.")
+
+    @field_validator("tenants")
+    @classmethod
+    def _check_tenants(cls, value: dict) -> dict:
+        for name in value:  # tenant names follow the model id's rule
+            if not MODEL_ID_RE.match(name):
+                raise ValueError(f"invalid tenant name {name!r}: {MODEL_ID_RULE}")
+        return value
+
+    @field_serializer("tenants")
+    def _dump_tenants(self, value: dict) -> dict:
+        # Only the keys written: a dumped config read back must not turn "absent" into null.
+        return {name: limits.model_dump(exclude_unset=True) for name, limits in value.items()}
+
+    def for_tenant(self, name: str) -> dict[str, int | None]:
+        """The five limits of one tenant: each key its override gives, else the default."""
+        override = self.tenants.get(name)
+        given = override.model_fields_set if override is not None else set()
+        keys = TenantLimitsSection.model_fields
+        return {key: getattr(override if key in given else self, key) for key in keys}
+
+    def any_set(self, *keys: str) -> bool:
+        """Whether any of these limits (all five by default) is set, by default or for a tenant."""
+        keys = keys or tuple(TenantLimitsSection.model_fields)
+        return any(getattr(s, k) is not None for s in (self, *self.tenants.values()) for k in keys)
+
+
 class ServeConfig(_Section):
     """The whole server configuration; every section is optional ({} = all its defaults)."""
 
@@ -213,6 +262,8 @@ class ServeConfig(_Section):
     server: ServerSection = Field({}, description="HTTP server.")
     deploy: DeploySection = Field({}, description="Replicas.")
     batch: BatchSection = Field({}, description="Batch API.")
+    usage: UsageSection = Field({}, description="Usage metering.")
+    limits: LimitsSection = Field({}, description="Per-tenant limits.")
 
     @model_validator(mode="before")
     @classmethod
@@ -286,8 +337,12 @@ def _describe(exc: ValidationError) -> str:
 def _section_at(loc: tuple) -> type[BaseModel] | None:
     """The model class at a location inside ServeConfig, or None if it is not a section."""
     model: type[BaseModel] = ServeConfig
-    for part in loc:
+    parts = iter(loc)
+    for part in parts:
         kind = model.model_fields[part].annotation if part in model.model_fields else None
+        if get_origin(kind) is dict:  # {name: section}: the next part is a name, not a field
+            kind = get_args(kind)[1]
+            next(parts, None)
         if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
             return None
         model = kind

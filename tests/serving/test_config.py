@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from serving.config import (
+    LimitsSection,
     ServeConfig,
+    TenantLimitsSection,
     load_config,
     parse_config,
 )
@@ -28,6 +30,16 @@ scheduler: {max_num_seqs: 32, max_num_batched_tokens: 512}
 server: {host: 0.0.0.0, port: 9000, api_keys_file: keys.txt, max_body_mb: 8, max_queue: 10}
 deploy: {num_replicas: 2, ray_address: auto, resources: {num_gpus: 0.5, num_cpus: 2}}
 batch: {store: "sqlite:///./jobs.db", max_payload_mb: 20}
+usage: {store: "sqlite:///./usage.db"}
+limits:
+  requests_per_minute: 60
+  tokens_per_minute: 100000
+  concurrent_requests: 4
+  max_adapters: 10
+  max_adapter_mb: 200
+  tenants:
+    acme: {requests_per_minute: 600, concurrent_requests: null}
+    beta.team_2: {}
 """
 
 
@@ -45,6 +57,9 @@ server: {host: 127.0.0.1, port: 8000, api_keys_file: null, insecure: false, max_
          max_queue: 256, stream_interval_ms: 100}
 deploy: {num_replicas: 1, ray_address: null, resources: {num_gpus: 0, num_cpus: 1}}
 batch: {store: "sqlite:///ROOT/loraserve-batch.db", max_payload_mb: 10}
+usage: {store: "sqlite:///ROOT/loraserve-usage.db"}
+limits: {requests_per_minute: null, tokens_per_minute: null, concurrent_requests: null,
+         max_adapters: null, max_adapter_mb: null, tenants: {}}
 """
 
 
@@ -58,6 +73,7 @@ def test_every_field_is_documented():
     sections.append(
         ServeConfig.model_fields["deploy"].annotation.model_fields["resources"].annotation
     )
+    sections.append(TenantLimitsSection)
     for section in sections:
         assert section.model_config["extra"] == "forbid", section
         for name, field in section.model_fields.items():
@@ -70,6 +86,7 @@ def test_without_base_dir_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
         assert cfg.model.path == tmp_path / "models/demo/base"
         assert cfg.lora.registry == f"file://{tmp_path}/registry"
         assert cfg.batch.store == f"sqlite:///{tmp_path}/loraserve-batch.db"
+        assert cfg.usage.store == f"sqlite:///{tmp_path}/loraserve-usage.db"
 
 
 def test_empty_sections_mean_their_defaults(tmp_path):
@@ -89,6 +106,8 @@ def test_full_yaml_loads_and_round_trips(tmp_path):
     assert cfg.server.port == 9000
     assert cfg.deploy.resources.num_gpus == 0.5
     assert cfg.batch.max_payload_mb == 20
+    assert cfg.limits.tokens_per_minute == 100000
+    assert set(cfg.limits.tenants) == {"acme", "beta.team_2"}
     # Resolved values are absolute, so resolving them again changes nothing.
     assert parse_config(cfg.model_dump(), base_dir=tmp_path / "elsewhere") == cfg
     dumped = yaml.safe_dump(cfg.model_dump(mode="json"))
@@ -107,6 +126,7 @@ def test_relative_paths_resolve_against_base_dir(tmp_path):
     assert cfg.server.api_keys_file == root / "keys.txt"
     assert cfg.lora.registry == f"file://{root}/reg"
     assert cfg.batch.store == f"sqlite:///{root}/jobs.db"
+    assert cfg.usage.store == f"sqlite:///{root}/usage.db"
     plain = parse_config({"lora": {"registry": "shared/reg"}}, base_dir=root)
     assert plain.lora.registry == f"file://{root}/shared/reg"  # a folder becomes a file:// URI
 
@@ -142,3 +162,71 @@ def test_a_url_where_a_local_path_belongs_is_rejected():
     msg = _error({"lora": {"preload": {"a": "s3://bucket/a"}}})
     assert "lora.preload.a: 's3://bucket/a' is a URL; a local path is expected here" in msg
     assert "model.path: a path is required" in _error({"model": {"path": ""}})
+
+
+def test_usage_store_in_memory_is_kept(tmp_path):
+    cfg = parse_config({"usage": {"store": "sqlite:///:memory:"}}, base_dir=tmp_path)
+    assert cfg.usage.store == "sqlite:///:memory:"
+
+
+def _limits(cfg):
+    return {key: getattr(cfg, key) for key in TenantLimitsSection.model_fields}
+
+
+def test_a_tenant_override_replaces_only_the_keys_it_gives(tmp_path):
+    limits = load_config(_write(tmp_path, FULL_YAML)).limits
+    defaults = {
+        "requests_per_minute": 60,
+        "tokens_per_minute": 100000,
+        "concurrent_requests": 4,
+        "max_adapters": 10,
+        "max_adapter_mb": 200,
+    }
+    assert _limits(limits) == defaults
+    # An explicit null is "no limit" for that tenant, not "fall back to the default".
+    assert limits.for_tenant("acme") == {
+        **defaults,
+        "requests_per_minute": 600,
+        "concurrent_requests": None,
+    }
+    assert limits.for_tenant("beta.team_2") == defaults  # an empty override changes nothing
+    assert limits.for_tenant("unknown") == defaults
+
+
+def test_limits_overrides_survive_a_dump_and_reload(tmp_path):
+    cfg = load_config(_write(tmp_path, FULL_YAML), base_dir=tmp_path)
+    dumped = yaml.safe_dump(cfg.model_dump(mode="json"))
+    # Keys a tenant did not write must stay absent, or they would read back as null = no limit.
+    assert yaml.safe_load(dumped)["limits"]["tenants"] == {
+        "acme": {"requests_per_minute": 600, "concurrent_requests": None},
+        "beta.team_2": {},
+    }
+    again = load_config(_write(tmp_path, dumped, "again.yaml")).limits
+    for tenant in ("acme", "beta.team_2", "other"):
+        assert again.for_tenant(tenant) == cfg.limits.for_tenant(tenant)
+
+
+@pytest.mark.parametrize(
+    ("data", "everything", "rates"),
+    [
+        ({}, False, False),
+        ({"max_adapter_mb": 5}, True, False),
+        ({"tokens_per_minute": 5}, True, True),
+        ({"tenants": {"a": {"concurrent_requests": 1}}}, True, True),
+        ({"tenants": {"a": {"requests_per_minute": None}}}, False, False),
+    ],
+)
+def test_any_set_looks_at_the_defaults_and_every_tenant(data, everything, rates):
+    limits = LimitsSection.model_validate(data)
+    assert limits.any_set() is everything
+    assert (
+        limits.any_set("requests_per_minute", "tokens_per_minute", "concurrent_requests") is rates
+    )
+
+
+def test_the_demo_config_sets_no_limits():
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs" / "demo.yaml", base_dir=root)
+    assert cfg.usage.store == f"sqlite:///{root}/.loraserve/usage.db"
+    assert not cfg.limits.any_set()
+    assert cfg.limits.tenants == {}

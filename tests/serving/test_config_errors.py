@@ -11,7 +11,7 @@ def test_unknown_top_level_key_is_named_with_the_allowed_ones():
     msg = _error({"modle": {"id": "x"}})
     assert msg == (
         "config: modle: unknown key 'modle'; allowed under the top level: "
-        "model, draft, lora, cache, scheduler, server, deploy, batch"
+        "model, draft, lora, cache, scheduler, server, deploy, batch, usage, limits"
     )
 
 
@@ -54,6 +54,12 @@ def test_unknown_nested_keys_are_named(tmp_path):
         ("server", "max_queue", 0, "Input should be greater than 0"),
         ("deploy", "num_replicas", 0, "Input should be greater than 0"),
         ("batch", "max_payload_mb", 0, "Input should be greater than 0"),
+        ("limits", "requests_per_minute", 0, "Input should be greater than 0 (got 0)"),
+        ("limits", "tokens_per_minute", -5, "Input should be greater than 0 (got -5)"),
+        ("limits", "concurrent_requests", 1.5, "Input should be a valid integer"),
+        ("limits", "max_adapters", "many", "Input should be a valid integer"),
+        ("limits", "max_adapter_mb", 0, "Input should be greater than 0 (got 0)"),
+        ("limits", "tenants", [], "Input should be a valid dictionary"),
     ],
 )
 def test_each_range_violation_names_its_dotted_field(section, key, value, expected):
@@ -157,3 +163,42 @@ def test_config_error_is_a_value_error_and_the_config_is_read_only():
     cfg = parse_config({})
     with pytest.raises(pydantic.ValidationError):
         cfg.server.port = 1
+
+
+LIMIT_KEYS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "concurrent_requests",
+    "max_adapters",
+    "max_adapter_mb",
+)
+
+
+@pytest.mark.parametrize("key", LIMIT_KEYS)
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_tenant_limit_below_one_names_the_tenant_and_the_key(key, value):
+    msg = _error({"limits": {"tenants": {"acme": {key: value}}}})
+    assert msg == f"config: limits.tenants.acme.{key}: Input should be greater than 0 (got {value})"
+
+
+@pytest.mark.parametrize("name", ["a b", "-acme", "x" * 65, "a:b", "a/b", ""])
+def test_a_bad_tenant_name_is_rejected(name):
+    msg = _error({"limits": {"tenants": {name: {"requests_per_minute": 1}}}})
+    assert msg.startswith(f"config: limits.tenants: invalid tenant name {name!r}: use 1-64 of")
+
+
+def test_an_unknown_key_in_a_tenant_override_names_the_allowed_ones():
+    msg = _error({"limits": {"tenants": {"acme": {"rpm": 5}}}})
+    assert msg == (
+        "config: limits.tenants.acme.rpm: unknown key 'rpm'; allowed under limits.tenants.acme: "
+        + ", ".join(LIMIT_KEYS)
+    )
+    assert _error({"limits": {"rpm": 5}}).endswith(", ".join((*LIMIT_KEYS, "tenants")))
+    assert _error({"limits": {"tenants": {"acme": 5}}}) == (
+        "config: limits.tenants.acme: Input should be a mapping of keys (got 5)"
+    )
+
+
+def test_non_sqlite_usage_store_is_rejected():
+    msg = _error({"usage": {"store": "postgresql://db/usage"}})
+    assert msg.startswith("config: usage.store: 'postgresql://db/usage' is not a sqlite:///<path>")

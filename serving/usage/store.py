@@ -1,0 +1,199 @@
+"""Usage metering in SQLite: requests and tokens per tenant, key, adapter and kind, by the minute.
+
+Each finished request adds its counts to one row per (minute, tenant, key_id, adapter, kind),
+so the table grows with the minutes that saw traffic, not with the number of requests, and
+grouping by day or filtering by time still works. The price is resolution: start and end
+resolve to the minute (a minute counts when any part of it lies in [start, end]).
+
+The database runs in WAL mode with a busy timeout, so several processes (replicas, a batch
+feeder) can write one file at once; record() commits before it returns. A UsageStore object is
+safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = ("interactive", "batch")
+# group_by -> (the group's key in a row, its SQL); day is the UTC date of the minute.
+GROUPS = {
+    "adapter": ("adapter", "adapter"),
+    "key": ("key_id", "key_id"),
+    "day": ("day", "strftime('%Y-%m-%d', minute, 'unixepoch')"),
+    "tenant": (None, "''"),
+}
+COUNTS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+BUSY_TIMEOUT_MS = 30_000  # writers wait this long for another process's transaction
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    minute INTEGER NOT NULL,  -- epoch seconds of the minute's start (UTC)
+    tenant TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    adapter TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    PRIMARY KEY (minute, tenant, key_id, adapter, kind)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS usage_by_tenant ON usage (tenant, minute);
+"""
+_UPSERT = f"""
+INSERT INTO usage (minute, tenant, key_id, adapter, kind, {", ".join(COUNTS)})
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (minute, tenant, key_id, adapter, kind) DO UPDATE SET
+{", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTS)}
+"""
+
+
+class UsageStoreError(RuntimeError):
+    """A usage database that cannot be opened or used; the message names its path."""
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """What one request (or several, with requests > 1) used, ended at `time`."""
+
+    tenant: str
+    key_id: str  # a key's public id, never the key itself
+    adapter: str  # "base" or the adapter's label "tenant/name"
+    kind: str  # "interactive" | "batch"
+    prompt_tokens: int  # cached_tokens included, as in OpenAI's usage
+    cached_tokens: int
+    completion_tokens: int
+    time: float  # epoch seconds when the request ended
+    requests: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"usage kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        for name in COUNTS:
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"usage {name} must be an integer >= 0, got {value!r}")
+
+
+def empty_counts() -> dict[str, int]:
+    """Zero requests and tokens: the counts of one kind in a usage row."""
+    return dict.fromkeys(COUNTS, 0)
+
+
+class UsageStore:
+    """Per-minute usage in one SQLite file (or in memory); safe across threads and processes."""
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith("sqlite:///"):
+            raise ValueError(f"{url!r} is not a sqlite:///<path> URL, the only usage store")
+        self.path = url.removeprefix("sqlite:///") or ":memory:"
+        self._lock = threading.Lock()
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode: transactions are begun explicitly, IMMEDIATE, so a writer takes
+            # the write lock up front and waits (busy_timeout) rather than failing on upgrade.
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise UsageStoreError(f"usage store {self.path}: cannot open it: {exc}") from None
+
+    def record(self, records: Sequence[UsageRecord]) -> None:
+        """Add the records' counts to their minutes, in one transaction committed on return."""
+        rows: dict[tuple, list[int]] = {}
+        for r in records:  # sum in memory first: a batch often repeats a row's key
+            key = (int(r.time // 60) * 60, r.tenant, r.key_id, r.adapter, r.kind)
+            counts = rows.setdefault(key, [0] * len(COUNTS))
+            for i, name in enumerate(COUNTS):
+                counts[i] += getattr(r, name)
+        if not rows:
+            return
+        with self._lock, self._failing("write to"):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(_UPSERT, [(*key, *counts) for key, counts in rows.items()])
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def query(
+        self,
+        *,
+        start: float | None = None,
+        end: float | None = None,
+        group_by: str = "adapter",
+        tenant: str | None = None,
+    ) -> list[dict]:
+        """Usage per tenant and group, interactive and batch apart, sorted; tenant None = all.
+
+        group_by: "adapter" (rows keyed "adapter"), "key" ("key_id"), "day" ("day",
+        YYYY-MM-DD in UTC) or "tenant" (the tenant alone). start and end are epoch seconds,
+        resolved to the minute; None = unbounded.
+        """
+        if group_by not in GROUPS:
+            raise ValueError(f"group_by must be one of {', '.join(GROUPS)}, got {group_by!r}")
+        label, column = GROUPS[group_by]
+        where, args = _where(start, end, tenant)
+        sql = (
+            f"SELECT tenant, {column} AS grp, kind, "
+            f"{', '.join(f'SUM({c})' for c in COUNTS)} FROM usage{where} "
+            "GROUP BY tenant, grp, kind ORDER BY tenant, grp"
+        )
+        with self._lock, self._failing("read"):
+            found = self._db.execute(sql, args).fetchall()
+        rows: dict[tuple[str, str], dict] = {}
+        for tenant_name, group, kind, *sums in found:
+            row = rows.get((tenant_name, group))
+            if row is None:
+                row = {"tenant": tenant_name, **({label: group} if label else {})}
+                row.update({k: empty_counts() for k in KINDS})
+                rows[(tenant_name, group)] = row
+            row[kind] = dict(zip(COUNTS, sums, strict=True))
+        return list(rows.values())
+
+    def totals(
+        self, *, start: float | None = None, end: float | None = None, tenant: str | None = None
+    ) -> dict[str, dict[str, int]]:
+        """Counts summed over every group: {"interactive": {...}, "batch": {...}}."""
+        totals = {k: empty_counts() for k in KINDS}
+        for row in self.query(start=start, end=end, group_by="tenant", tenant=tenant):
+            for kind in KINDS:
+                for name in COUNTS:
+                    totals[kind][name] += row[kind][name]
+        return totals
+
+    def close(self) -> None:
+        """Close the database; closing twice is harmless."""
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _failing(self, action: str) -> Iterator[None]:
+        """sqlite3's errors, raised as UsageStoreError naming the database's path."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise UsageStoreError(f"usage store {self.path}: cannot {action} it: {exc}") from exc
+
+
+def _where(start: float | None, end: float | None, tenant: str | None) -> tuple[str, list]:
+    """The WHERE clause: minutes overlapping [start, end], of one tenant or all."""
+    clauses, args = [], []
+    if start is not None:
+        clauses.append("minute > ?")  # the minute's end lies after start
+        args.append(start - 60)
+    if end is not None:
+        clauses.append("minute <= ?")
+        args.append(end)
+    if tenant is not None:
+        clauses.append("tenant = ?")
+        args.append(tenant)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), args

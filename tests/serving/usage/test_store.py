@@ -1,0 +1,217 @@
+"""serving.usage.store: exact sums, every grouping, time filters, kinds apart, restarts."""
+
+import random
+import sqlite3
+from datetime import datetime, timezone
+
+import pytest
+
+from serving.usage.store import COUNTS, KINDS, UsageRecord, UsageStore, UsageStoreError
+
+T0 = datetime(2024, 3, 1, 23, 58, tzinfo=timezone.utc).timestamp()  # two minutes to midnight
+GROUP_KEYS = {"adapter": "adapter", "key": "key_id", "day": "day", "tenant": None}
+
+
+def _rec(tenant="acme", key_id="k1", adapter="base", kind="interactive", time=T0, **counts):
+    counts = {"prompt_tokens": 10, "cached_tokens": 2, "completion_tokens": 5, **counts}
+    return UsageRecord(tenant, key_id, adapter, kind, time=time, **counts)
+
+
+def _day(time: float) -> str:
+    return datetime.fromtimestamp(time, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def _expected(records, group_by, start=None, end=None, tenant=None) -> list[dict]:
+    """The rows query() should give, summed record by record (no minutes, no SQL)."""
+    label = GROUP_KEYS[group_by]
+    rows = {}
+    for r in records:
+        minute = r.time // 60 * 60
+        if (start is not None and minute + 60 <= start) or (end is not None and minute > end):
+            continue
+        if tenant is not None and r.tenant != tenant:
+            continue
+        group = {"adapter": r.adapter, "key": r.key_id, "day": _day(r.time), "tenant": ""}
+        key = (r.tenant, group[group_by])
+        row = rows.setdefault(
+            key,
+            {"tenant": r.tenant, **({label: key[1]} if label else {})}
+            | {k: dict.fromkeys(COUNTS, 0) for k in KINDS},
+        )
+        for name in COUNTS:
+            row[r.kind][name] += getattr(r, name)
+    return [rows[k] for k in sorted(rows)]
+
+
+def _random_records(rng: random.Random, n: int) -> list[UsageRecord]:
+    return [
+        _rec(
+            tenant=rng.choice(["acme", "beta", "zeta"]),
+            key_id=rng.choice(["k1", "k2", "k3"]),
+            adapter=rng.choice(["base", "acme/sql", "beta/chat"]),
+            kind=rng.choice(KINDS),
+            time=T0 + rng.uniform(-3600, 3 * 3600),  # across midnight: two days
+            prompt_tokens=rng.randrange(0, 500),
+            cached_tokens=rng.randrange(0, 100),
+            completion_tokens=rng.randrange(0, 300),
+            requests=rng.choice([1, 1, 1, 3]),
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = UsageStore(f"sqlite:///{tmp_path}/usage.db")
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("group_by", sorted(GROUP_KEYS))
+def test_grouped_sums_are_exact(store, group_by):
+    records = _random_records(random.Random(7), 600)
+    for i in range(0, len(records), 37):  # several transactions of several records
+        store.record(records[i : i + 37])
+    rows = store.query(group_by=group_by)
+    assert rows == _expected(records, group_by)
+    assert len({r["tenant"] for r in rows}) == 3
+    if group_by == "day":
+        assert {r["day"] for r in rows} == {"2024-03-01", "2024-03-02"}
+    for tenant in ("acme", "nobody"):
+        expected = _expected(records, group_by, tenant=tenant)
+        assert store.query(group_by=group_by, tenant=tenant) == expected
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(T0, None), (None, T0), (T0 + 30, T0 + 3600), (T0 + 60, T0 + 61), (T0 + 7200, T0)],
+)
+def test_start_and_end_resolve_to_the_minute(store, start, end):
+    records = _random_records(random.Random(11), 400)
+    store.record(records)
+    for group_by in GROUP_KEYS:
+        rows = store.query(start=start, end=end, group_by=group_by)
+        assert rows == _expected(records, group_by, start, end)
+
+
+def test_a_minute_counts_when_any_part_of_it_is_in_the_range(store):
+    store.record([_rec(time=T0 + 10), _rec(time=T0 + 70)])  # minutes T0 and T0 + 60
+    requests = lambda **kw: store.totals(**kw)["interactive"]["requests"]  # noqa: E731
+    assert requests(start=T0 + 59, end=T0 + 59) == 1  # inside minute T0, not its record's second
+    assert requests(start=T0 + 60, end=T0 + 60) == 1
+    assert requests(start=T0 + 59, end=T0 + 60) == 2
+    assert requests(start=T0 + 120) == 0
+    assert requests(end=T0 - 0.001) == 0
+
+
+def test_interactive_and_batch_are_counted_apart(store):
+    store.record([_rec(kind="interactive", requests=2), _rec(kind="batch", prompt_tokens=7)])
+    store.record([_rec(kind="batch", adapter="acme/sql", completion_tokens=1)])
+    assert store.query(group_by="adapter") == [
+        {
+            "tenant": "acme",
+            "adapter": "acme/sql",
+            "interactive": dict.fromkeys(COUNTS, 0),
+            "batch": {
+                "requests": 1,
+                "prompt_tokens": 10,
+                "cached_tokens": 2,
+                "completion_tokens": 1,
+            },
+        },
+        {
+            "tenant": "acme",
+            "adapter": "base",
+            "interactive": {
+                "requests": 2,
+                "prompt_tokens": 10,
+                "cached_tokens": 2,
+                "completion_tokens": 5,
+            },
+            "batch": {
+                "requests": 1,
+                "prompt_tokens": 7,
+                "cached_tokens": 2,
+                "completion_tokens": 5,
+            },
+        },
+    ]
+
+
+def test_rows_are_aggregated_by_the_minute(store, tmp_path):
+    store.record([_rec(time=T0 + i * 0.5) for i in range(100)])  # 50 s: one minute
+    store.record([_rec(time=T0 + 61)])
+    with sqlite3.connect(tmp_path / "usage.db") as db:
+        assert db.execute("SELECT COUNT(*), SUM(requests) FROM usage").fetchone() == (2, 101)
+
+
+def test_usage_survives_a_restart(tmp_path):
+    url = f"sqlite:///{tmp_path}/state/usage.db"  # the folder is created
+    records = _random_records(random.Random(3), 50)
+    first = UsageStore(url)
+    first.record(records)
+    first.close()
+    first.close()  # twice is harmless
+    again = UsageStore(url)
+    again.record(records[:1])
+    assert again.query(group_by="key") == _expected([*records, records[0]], "key")
+    again.close()
+
+
+def test_in_memory_stores_are_private():
+    a, b = UsageStore("sqlite:///:memory:"), UsageStore("sqlite:///:memory:")
+    a.record([_rec()])
+    assert a.totals()["interactive"]["requests"] == 1
+    assert b.query() == []
+    assert b.totals() == {k: dict.fromkeys(COUNTS, 0) for k in KINDS}
+
+
+def test_empty_record_list_is_a_no_op(store):
+    store.record([])
+    assert store.query() == []
+
+
+def test_bad_group_by_names_the_allowed_values(store):
+    with pytest.raises(ValueError, match="group_by must be one of adapter, key, day, tenant"):
+        store.query(group_by="model")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"kind": "stream"}, "usage kind must be one of interactive, batch, got 'stream'"),
+        ({"prompt_tokens": -1}, "usage prompt_tokens must be an integer >= 0, got -1"),
+        ({"completion_tokens": 1.5}, "usage completion_tokens must be an integer >= 0"),
+        ({"requests": 0}, None),
+    ],
+)
+def test_records_are_checked(change, message):
+    if message is None:
+        assert _rec(**change).requests == 0  # a record of tokens alone is allowed
+        return
+    with pytest.raises(ValueError, match=message):
+        _rec(**change)
+
+
+def test_only_sqlite_urls_are_accepted():
+    with pytest.raises(ValueError, match="is not a sqlite:///<path> URL"):
+        UsageStore("postgresql://db/usage")
+
+
+def test_a_folder_is_not_a_usage_store(tmp_path):
+    with pytest.raises(UsageStoreError, match=f"usage store {tmp_path}: cannot open it"):
+        UsageStore(f"sqlite:///{tmp_path}")
+
+
+def test_a_file_that_is_not_a_database_is_named(tmp_path):
+    path = tmp_path / "usage.db"
+    path.write_bytes(b"not a database, just text " * 100)
+    with pytest.raises(UsageStoreError, match=f"usage store {path}: cannot open it: .*not a data"):
+        UsageStore(f"sqlite:///{path}")
+
+
+def test_a_store_under_a_file_is_named(tmp_path):
+    (tmp_path / "plain").write_text("x")
+    path = tmp_path / "plain" / "usage.db"
+    with pytest.raises(UsageStoreError, match=f"usage store {path}: cannot open it"):
+        UsageStore(f"sqlite:///{path}")

@@ -1,5 +1,14 @@
 """Tenants' usage and limits: metering in SQLite, exact per-minute rate limits, one facade."""
 
+from serving.usage.limits import Admission, Limiter, Limits, RateLimited
 from serving.usage.store import UsageRecord, UsageStore, UsageStoreError
 
-__all__ = ["UsageRecord", "UsageStore", "UsageStoreError"]
+__all__ = [
+    "Admission",
+    "Limiter",
+    "Limits",
+    "RateLimited",
+    "UsageRecord",
+    "UsageStore",
+    "UsageStoreError",
+]

@@ -1,0 +1,243 @@
+"""Per-tenant rate limits, exact over a sliding 60 s window (a log of admissions, not a bucket).
+
+Semantics, per tenant; a limit of None is no limit:
+  requests_per_minute N   a request arriving at t is admitted only if fewer than N were
+                          admitted in (t - 60, t]; so no 60 s window ever holds more than N.
+  tokens_per_minute M     admit(tenant, tokens) reserves `tokens` (the caller passes prompt
+                          tokens + max_tokens) at the admission time t, and is admitted only if
+                          the charges of the admissions in (t - 60, t] plus the reservation stay
+                          <= M. finish() replaces the reservation by the tokens used, still
+                          dated t. A reservation above M alone is refused outright.
+  concurrent_requests C   at most C requests admitted and not yet finished.
+
+A refusal raises RateLimited carrying the soonest moment the refusing limit could admit the
+request (the longest such wait when several refuse). Answers carry OpenAI's x-ratelimit-*
+headers for the limits that are set; a reset is the time until the window frees its next
+unit. One lock guards every tenant's state and the clock is read under it, once per call, so
+concurrent callers are ordered exactly as their admission times. A tenant with no limit
+skips all of it: no lock, no state, empty headers. A tenant's state is bounded by its
+limits, and dropped when its last request finishes with nothing left in the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+WINDOW_S = 60.0
+CONCURRENT_RETRY_S = 1.0  # when a running request ends cannot be foreseen: ask again soon
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One tenant's rate limits; None = unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{field.name} must be None or a positive integer, got {value!r}")
+
+    @property
+    def unlimited(self) -> bool:
+        """Whether no limit is set, so admission costs nothing."""
+        return all(getattr(self, field.name) is None for field in fields(self))
+
+
+RATE_LIMITS = tuple(field.name for field in fields(Limits))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request: hand it back to finish() when the request ends."""
+
+    ticket: int
+    tenant: str
+    reserved_tokens: int
+    headers: Headers = ()  # OpenAI's x-ratelimit-* headers for the answer
+
+
+class RateLimited(Exception):
+    """A request refused by a limit ("requests", "tokens" or "concurrent"), with when to retry."""
+
+    def __init__(self, limit: str, message: str, retry_after_s: float, headers: Headers = ()):
+        super().__init__(message)
+        self.limit, self.message, self.retry_after_s = limit, message, retry_after_s
+        self.headers = headers  # x-ratelimit-* and Retry-After
+
+    def __reduce__(self):
+        # Pickled whole, so the refusal crosses a process (a shared limiter) intact.
+        return type(self), (self.limit, self.message, self.retry_after_s, self.headers)
+
+
+class _Charge:
+    """Tokens charged to the window at an admission's time: the reservation, then the use."""
+
+    __slots__ = ("time", "tokens")
+
+    def __init__(self, time: float, tokens: int) -> None:
+        self.time, self.tokens = time, tokens
+
+
+class _Tenant:
+    """One tenant's window and running requests."""
+
+    __slots__ = ("admitted", "charged", "charges", "running")
+
+    def __init__(self) -> None:
+        self.admitted: deque[float] = deque()  # admission times in the window, oldest first
+        self.charges: deque[_Charge] = deque()  # token charges in the window, oldest first
+        self.charged = 0  # the sum of charges' tokens
+        self.running: dict[int, _Charge | None] = {}  # unfinished tickets -> their charge
+
+    def expire(self, now: float) -> None:
+        """Forget what left the window (t - 60, t]."""
+        edge = now - WINDOW_S
+        while self.admitted and self.admitted[0] <= edge:
+            self.admitted.popleft()
+        while self.charges and self.charges[0].time <= edge:
+            self.charged -= self.charges.popleft().tokens
+
+    def idle(self) -> bool:
+        return not (self.admitted or self.charges or self.running)
+
+
+class Limiter:
+    """Admits or refuses requests under each tenant's Limits; thread-safe."""
+
+    def __init__(
+        self, limits_of: Callable[[str], Limits], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limits_of, self.clock = limits_of, clock
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _Tenant] = {}
+        self._tickets = itertools.count(1)  # next() on a count is atomic: no lock needed
+
+    def admit(self, tenant: str, tokens: int) -> Admission:
+        """Admit a request reserving `tokens`, or raise RateLimited."""
+        if type(tokens) is not int or tokens < 0:
+            raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
+        limits = self.limits_of(tenant)
+        if limits.unlimited:
+            return Admission(next(self._tickets), tenant, tokens)
+        with self._lock:
+            now = self.clock()
+            state = self._tenants.get(tenant) or self._tenants.setdefault(tenant, _Tenant())
+            state.expire(now)
+            refusals = _refusals(limits, state, tokens, now)
+            if refusals:
+                limit, message, wait = max(refusals, key=lambda refusal: refusal[2])
+                retry = ("Retry-After", str(max(1, math.ceil(wait - 1e-9))))
+                raise RateLimited(limit, message, wait, (*_headers(limits, state, now), retry))
+            ticket, charge = next(self._tickets), None
+            if limits.requests_per_minute is not None:
+                state.admitted.append(now)
+            if limits.tokens_per_minute is not None:
+                charge = _Charge(now, tokens)
+                state.charges.append(charge)
+                state.charged += tokens
+            state.running[ticket] = charge
+            return Admission(ticket, tenant, tokens, _headers(limits, state, now))
+
+    def finish(self, admission: Admission, tokens_used: int) -> None:
+        """End an admitted request: free its place, charge `tokens_used`; again is a no-op."""
+        if type(tokens_used) is not int or tokens_used < 0:
+            raise ValueError(f"tokens_used must be an integer >= 0, got {tokens_used!r}")
+        with self._lock:
+            state = self._tenants.get(admission.tenant)
+            if state is None or admission.ticket not in state.running:
+                return  # admitted without limits, or finished already
+            charge = state.running.pop(admission.ticket)
+            now = self.clock()
+            state.expire(now)
+            # After expire() a charge inside the window is still counted in `charged`.
+            if charge is not None and charge.time > now - WINDOW_S:
+                state.charged += tokens_used - charge.tokens
+                charge.tokens = tokens_used
+            if state.idle():
+                del self._tenants[admission.tenant]
+
+    def in_flight(self, tenant: str) -> int:
+        """Requests admitted under limits and not finished (tenants without limits: 0)."""
+        with self._lock:
+            state = self._tenants.get(tenant)
+            return len(state.running) if state else 0
+
+
+def _refusals(limits: Limits, state: _Tenant, tokens: int, now: float) -> list:
+    """(limit, message, seconds until it could admit) for each limit refusing the request."""
+    found = []
+    most, running = limits.concurrent_requests, len(state.running)
+    if most is not None and running >= most:
+        message = f"concurrency limit reached: {running} requests running, {most} allowed at once"
+        found.append(("concurrent", message, CONCURRENT_RETRY_S))
+    most, admitted = limits.requests_per_minute, len(state.admitted)
+    if most is not None and admitted >= most:
+        # Admits again once the oldest admitted - most + 1 have left the window.
+        free_at = state.admitted[admitted - most] + WINDOW_S
+        message = f"rate limit reached: {most} requests per minute"
+        found.append(("requests", message, free_at - now))
+    most = limits.tokens_per_minute
+    if most is not None and tokens > most:
+        message = (
+            f"this request is larger than the tokens-per-minute limit: it reserves {tokens} "
+            f"tokens (prompt + max_tokens), the limit is {most}; lower max_tokens or the prompt"
+        )
+        found.append(("tokens", message, WINDOW_S))
+    elif most is not None and state.charged + tokens > most:
+        message = (
+            f"rate limit reached: {most} tokens per minute; {state.charged} used or reserved "
+            f"in the last minute, this request reserves {tokens}"
+        )
+        found.append(("tokens", message, _tokens_free_at(state, most - tokens) - now))
+    return found
+
+
+def _tokens_free_at(state: _Tenant, budget: int) -> float:
+    """When the window's charges first fall to `budget` or less (the oldest leave first)."""
+    left = state.charged
+    for charge in state.charges:
+        left -= charge.tokens
+        if left <= budget:
+            return charge.time + WINDOW_S
+    return state.charges[-1].time + WINDOW_S  # not reached: all gone leaves 0 <= budget
+
+
+def _headers(limits: Limits, state: _Tenant, now: float) -> Headers:
+    """OpenAI's x-ratelimit-* headers for the limits that are set, in OpenAI's order."""
+    requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
+    limit, remaining, reset = [], [], []
+    if requests is not None:
+        oldest = state.admitted[0] if state.admitted else now - WINDOW_S
+        limit.append(("x-ratelimit-limit-requests", str(requests)))
+        remaining.append(
+            ("x-ratelimit-remaining-requests", str(max(0, requests - len(state.admitted))))
+        )
+        reset.append(("x-ratelimit-reset-requests", duration(oldest + WINDOW_S - now)))
+    if tokens is not None:
+        oldest = state.charges[0].time if state.charges else now - WINDOW_S
+        limit.append(("x-ratelimit-limit-tokens", str(tokens)))
+        remaining.append(("x-ratelimit-remaining-tokens", str(max(0, tokens - state.charged))))
+        reset.append(("x-ratelimit-reset-tokens", duration(oldest + WINDOW_S - now)))
+    return (*limit, *remaining, *reset)
+
+
+def duration(seconds: float) -> str:
+    """A wait in Go's duration style, as OpenAI writes resets: "0s", "250ms", "1.5s", "6m0s"."""
+    ms = max(0, math.ceil(seconds * 1000 - 1e-6))  # rounded up: waiting that long suffices
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    minutes, ms = divmod(ms, 60_000)
+    text = f"{ms // 1000}" + (f".{ms % 1000:03d}".rstrip("0") if ms % 1000 else "")
+    return f"{minutes}m{text}s" if minutes else f"{text}s"

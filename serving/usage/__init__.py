@@ -1,6 +1,7 @@
 """Tenants' usage and limits: metering in SQLite, exact per-minute rate limits, one facade."""
 
 from serving.usage.limits import Admission, Limiter, Limits, RateLimited
+from serving.usage.service import Tenancy, limits_from_config
 from serving.usage.store import UsageRecord, UsageStore, UsageStoreError
 
 __all__ = [
@@ -8,7 +9,9 @@ __all__ = [
     "Limiter",
     "Limits",
     "RateLimited",
+    "Tenancy",
     "UsageRecord",
     "UsageStore",
     "UsageStoreError",
+    "limits_from_config",
 ]

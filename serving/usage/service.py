@@ -1,0 +1,74 @@
+"""Tenancy: the one object the HTTP layer talks to for tenants' limits and usage.
+
+It admits requests under each tenant's limits and, when a request ends, frees its place and
+records what it used. Plain Python and thread-safe: one process holds it directly, or a
+shared actor holds one for every replica, so limits hold across replicas. finish() writes
+the usage in SQLite and returns once it is committed, so callers run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from serving.config import LimitsSection
+from serving.usage.limits import RATE_LIMITS, Admission, Limiter, Limits
+from serving.usage.store import UsageRecord, UsageStore
+
+
+class Tenancy:
+    """A Limiter and a UsageStore behind one door; no store = usage is not kept."""
+
+    def __init__(
+        self,
+        store: UsageStore | None,
+        limits_of: Callable[[str], Limits],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.limiter = Limiter(limits_of, clock)
+
+    def admit(self, tenant: str, tokens: int) -> Admission:
+        """Admit a request reserving `tokens` (prompt + max_tokens); raises RateLimited."""
+        return self.limiter.admit(tenant, tokens)
+
+    def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
+        """Free the admission (if any), charging the record's tokens; record it, committed.
+
+        A request that never reached the engine has no record: its admission is charged 0.
+        """
+        if admission is not None:
+            used = record.prompt_tokens + record.completion_tokens if record is not None else 0
+            # Freed before the write, so a failing disk never holds a tenant's place.
+            self.limiter.finish(admission, used)
+        if record is not None and self.store is not None:
+            self.store.record([record])
+
+    def usage(
+        self,
+        *,
+        start: float | None = None,
+        end: float | None = None,
+        group_by: str = "adapter",
+        tenant: str | None = None,
+    ) -> list[dict]:
+        """Usage rows (UsageStore.query); none when usage is not kept."""
+        if self.store is None:
+            return []
+        return self.store.query(start=start, end=end, group_by=group_by, tenant=tenant)
+
+    def close(self) -> None:
+        """Close the store; requests admitted but unfinished are simply forgotten."""
+        if self.store is not None:
+            self.store.close()
+
+
+def limits_from_config(section: LimitsSection) -> Callable[[str], Limits]:
+    """tenant -> its rate Limits under the config's `limits:` (overrides, else defaults)."""
+    default = Limits(**{key: getattr(section, key) for key in RATE_LIMITS})
+    named = {name: _rates(section.for_tenant(name)) for name in section.tenants}
+    return lambda tenant: named.get(tenant, default)
+
+
+def _rates(limits: dict[str, int | None]) -> Limits:
+    return Limits(**{key: limits[key] for key in RATE_LIMITS})

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError
 from adapters.format import Adapter, LoraModule
+from adapters.names import DIGEST_RE, version_digest
 
 
 class HostCache:
@@ -81,8 +82,8 @@ def check_fits(
 ) -> None:
     """AdapterError unless `adapter` is `version` and fits max_rank, the modules and the shapes."""
     where = f"adapter {version}"
-    _, sep, digest = version.partition("@")
-    if sep and digest != adapter.digest:
+    digest = version_digest(version)
+    if DIGEST_RE.match(digest) and digest != adapter.digest:
         raise AdapterError(f"{where}: the loader returned a different digest, {adapter.digest}")
     r = adapter.rank
     if r > max_rank:

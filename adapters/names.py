@@ -1,4 +1,9 @@
-"""Adapter names: what a user may call an adapter, and how a version is pinned (name@digest)."""
+"""Adapter names and tenants: what a user may call an adapter, and how a version is written.
+
+A user pins a version as 'name@digest'. Inside the server one version is identified
+across tenants by its qualified form 'tenant/name@digest'; the digest alone names the
+immutable files, so either form loads the same bytes.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ from adapters.errors import AdapterError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Words the API and the registry layout use themselves; an adapter may not take them.
 RESERVED = frozenset({"base", "none", "default", "latest", "versions", "names", "tmp"})
+OPERATOR = "operator"  # the reserved tenant that owns the adapters an operator preloads
 
 
 def validate_name(name: object) -> str:
@@ -30,6 +37,18 @@ def validate_name(name: object) -> str:
     return name
 
 
+def validate_tenant(tenant: object) -> str:
+    """Return tenant if it is a valid tenant (owner) name, else raise AdapterError saying why."""
+    if not isinstance(tenant, str) or not tenant:
+        raise AdapterError("invalid tenant: a non-empty string is required")
+    if not TENANT_RE.match(tenant):
+        raise AdapterError(
+            f"invalid tenant {tenant[:80]!r}: use 1-64 characters of A-Z, a-z, 0-9, '.', '_' "
+            "or '-', starting with a letter or digit"
+        )
+    return tenant
+
+
 def parse_ref(ref: str) -> tuple[str, str | None]:
     """'name' -> (name, None); 'name@digest' -> (name, digest). Raises AdapterError."""
     name, sep, digest = ref.partition("@")
@@ -41,3 +60,21 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
             f"invalid version {digest!r} in {ref!r}: expected 64 hex digits (sha256)"
         )
     return name, digest
+
+
+def qualified(tenant: str, name: str, digest: str) -> str:
+    """The version's identity across tenants: 'tenant/name@digest'."""
+    return f"{tenant}/{name}@{digest}"
+
+
+def version_digest(version: str) -> str:
+    """The digest of 'tenant/name@digest' or 'name@digest'; a string without '@' as it is."""
+    return version.rpartition("@")[2]
+
+
+def version_label(version: str | None) -> str:
+    """What metrics label a version with: 'tenant/name' (or 'name'), without the digest."""
+    if not version:
+        return ""
+    label, sep, _ = version.rpartition("@")
+    return label if sep else version

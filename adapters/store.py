@@ -4,19 +4,33 @@ Every write goes to a temporary name in the destination folder and is then moved
 place: a rename on a local disk, a copy of a complete object on an object store. So a
 reader, in this process or another, sees either the old file or the new one, never half
 of one. Paths given to a Store are relative to its root and use '/'.
+
+On a local disk a write is also durable when it returns: the temporary file is fsynced
+before the rename, and the folder after it (with any folder the write created, in its
+parent). So a file that makes another reachable (meta.json, a pointer) can only reach the
+disk after what it refers to. Object stores make an object durable when its write returns.
+
+create() makes a file only if it does not exist yet: O_EXCL on a local disk, fsspec's
+mode "xb" elsewhere, serialized within this process (which is all memory:// spans);
+whether "xb" is exclusive across processes on an object store depends on its backend.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import uuid
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
+from datetime import datetime
 
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
-from adapters.errors import AdapterError
+from adapters.errors import AdapterError, RegistryUnavailable
 
 TMP_PREFIX = ".tmp-"  # in-flight writes; readers and listings skip them
+_EXCLUSIVE = threading.Lock()  # makes "xb" check-then-create atomic within this process
 
 
 class Store:
@@ -31,6 +45,7 @@ class Store:
         except (ImportError, ValueError) as exc:
             raise AdapterError(f"registry {uri!r}: cannot open it ({exc})") from None
         self.root = root.rstrip("/")
+        self.local = isinstance(self.fs, LocalFileSystem)  # fsync applies
         with self._io("create", ""):
             self.fs.makedirs(self.root or "/", exist_ok=True)
 
@@ -57,21 +72,53 @@ class Store:
         return value
 
     def write(self, rel: str, data: bytes) -> None:
-        """Write data to rel so that no reader ever sees a partial file."""
+        """Write data to rel so that no reader ever sees a partial file (durably, on a disk)."""
         parent, _, base = rel.rpartition("/")
         tmp = f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex}-{base}"
         with self._io("write", rel):
-            self.fs.makedirs(self._path(parent), exist_ok=True)
+            self._makedirs(parent)
             try:
-                self.fs.pipe_file(self._path(tmp), data)
+                if self.local:
+                    with self.fs.open(self._path(tmp), "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                else:
+                    self.fs.pipe_file(self._path(tmp), data)
                 self.fs.mv(self._path(tmp), self._path(rel))
             except BaseException:
                 self._discard(tmp)
                 raise
+            self._sync_dir(parent)
 
     def write_json(self, rel: str, value: dict) -> None:
         """Write value as JSON to rel, atomically."""
-        self.write(rel, json.dumps(value, indent=2, sort_keys=True).encode())
+        self.write(rel, _json(value))
+
+    def create(self, rel: str, value: dict) -> bool:
+        """Write value as JSON to rel only if rel does not exist: whether this call made it."""
+        parent = rel.rpartition("/")[0]
+        with self._io("create", rel):
+            self._makedirs(parent)
+            made = False
+            try:
+                lock = nullcontext() if self.local else _EXCLUSIVE
+                with lock, self.fs.open(self._path(rel), "xb") as f:
+                    made = True
+                    f.write(_json(value))
+                    if self.local:
+                        f.flush()
+                        os.fsync(f.fileno())
+            except FileExistsError:
+                return False
+            except BaseException:
+                # On a disk open() made the file, so a torn one is this call's to remove; an
+                # object store writes it at close, or not at all.
+                if made and self.local:
+                    self._discard(rel)
+                raise
+            self._sync_dir(parent)
+        return True
 
     def exists(self, rel: str) -> bool:
         """Whether rel exists now (not as an earlier listing remembered it)."""
@@ -92,6 +139,18 @@ class Store:
         names = {e.rstrip("/").rpartition("/")[2] for e in entries}
         return sorted(n for n in names if n and not n.startswith(TMP_PREFIX))
 
+    def modified(self, rel: str) -> float | None:
+        """Epoch seconds of the newest file at or under rel; None if absent or not reported."""
+        path = self._path(rel)
+        with self._io("stat", rel):
+            self.fs.invalidate_cache(path)
+            try:
+                infos = self.fs.find(path, detail=True).values()
+            except FileNotFoundError:
+                return None
+        times = [t for t in map(_mtime, infos) if t is not None]
+        return max(times, default=None)
+
     def remove(self, rel: str) -> None:
         """Remove the file or folder rel and everything under it; absent is fine."""
         path = self._path(rel)
@@ -103,6 +162,22 @@ class Store:
     def _path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
+    def _makedirs(self, rel: str) -> None:
+        """Create folder rel; on a disk, fsync each new folder into its parent."""
+        path = self._path(rel)
+        new = []
+        if self.local:
+            while path and not os.path.isdir(path) and path not in new:
+                new.append(path)
+                path = os.path.dirname(path)
+        self.fs.makedirs(self._path(rel), exist_ok=True)
+        for folder in reversed(new):
+            _fsync_dir(os.path.dirname(folder))
+
+    def _sync_dir(self, rel: str) -> None:
+        if self.local:
+            _fsync_dir(self._path(rel))
+
     def _discard(self, rel: str) -> None:
         """Best-effort removal of a temporary file after a failed write."""
         with suppress(OSError):
@@ -110,9 +185,35 @@ class Store:
 
     @contextmanager
     def _io(self, action: str, rel: str):
-        """Turn the filesystem's OSError into an AdapterError naming the registry and file."""
+        """Turn the filesystem's OSError into RegistryUnavailable naming the registry and file."""
         try:
             yield
         except OSError as exc:
             where = f" {rel}" if rel else ""
-            raise AdapterError(f"registry {self.uri!r}: cannot {action}{where} ({exc})") from exc
+            raise RegistryUnavailable(
+                f"registry {self.uri!r}: cannot {action}{where} ({exc})"
+            ) from exc
+
+
+def _json(value: dict) -> bytes:
+    return json.dumps(value, indent=2, sort_keys=True).encode()
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a folder's entries (a rename, a new file or folder) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _mtime(info: dict) -> float | None:
+    """A file's modification time from fsspec's info, whichever key the backend uses."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None

@@ -1,59 +1,67 @@
-"""The adapter registry: a durable catalogue of named, content-addressed adapter versions.
+"""The adapter registry: a durable catalogue of content-addressed adapter versions, named per tenant.
 
 Layout under the registry's root, any fsspec URL (file://, memory://, s3://) or a folder:
 
     versions/<digest>/adapter_config.json, adapter_model.safetensors
                       draft_adapter_config.json, draft_adapter_model.safetensors  (with a draft)
                       meta.json                  written last: without it a version is incomplete
-    names/<name>/history/<digest>                empty; one per digest the name has pointed to
-    names/<name>/latest.json                     {"name", "digest", "owner", "updated"}, last
+    tenants/<tenant>/names/<name>/claim          made exclusively when the name is created
+    tenants/<tenant>/names/<name>/history/<digest>   empty; one per digest the name pointed to
+    tenants/<tenant>/names/<name>/latest.json    {"name", "digest", "owner", "updated"}, last
+    public/<name>.json                           {"name", "owner"}: the one public adapter <name>
+    leases/<holder>.json                         {"holder", "digests", "updated"}: in use
+    names/<name>/latest.json, names/<name>/history/<digest>     the legacy layout
 
-Each file is written whole (adapters.store) and before the file that makes it reachable,
-so a crash or a concurrent publisher leaves at worst unreferenced files, never a pointer to
-half a version. History entries are separate files, never a list rewritten, so concurrent
-publishers cannot lose each other's entries.
+Names are per tenant: two tenants may each own "support-bot". Registries written before
+tenants keep every name under names/<name>, its tenant being its pointer's owner. They
+are read in place: (tenant, name) is looked up in the tenant's folder first, then in
+names/<name> if that pointer's owner is the tenant; a listing shows a legacy name unless
+its tenant's folder has a pointer too. Publishing to a legacy name moves it (history
+copied, then the pointer, then the legacy folder removed); delete removes both.
+
+Each file is written whole and durably (adapters.store) before the file that makes it
+reachable, so a crash or a concurrent publisher leaves at worst unreferenced files, never
+a pointer to half a version. History entries are separate files, never a list rewritten,
+so concurrent publishers cannot lose each other's entries. Concurrent creators of one new
+name race for its claim (adapters.claims): one wins, the others get NameConflict.
 
 Versions are immutable and delete() never removes them: a replica may have loaded one and
-keep serving it. Collecting unreferenced versions is out of scope here. The owner check
-reads, then writes; without compare-and-swap on every filesystem, two owners racing to
-create the same new name can both succeed, the later pointer winning.
+keep serving it, by its digest alone. gc() collects versions nothing refers to or leases
+(adapters.gc). Who may see or change what is decided in adapters.visibility.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
+from adapters import gc, public_index, publishing
 from adapters.base_model import BaseModelSpec
-from adapters.errors import AdapterError
-from adapters.format import Adapter, parse_adapter
-from adapters.names import DIGEST_RE, parse_ref, validate_name
-from adapters.sources import CONFIG, WEIGHTS
-from adapters.store import Store
-
-DRAFT = "draft_"  # file-name prefix of the draft companion's files
-META = "meta.json"
-LATEST = "latest.json"
-_META_KEYS = (
-    "digest",
-    "rank",
-    "alpha",
-    "scale",
-    "target_modules",
-    "num_bytes",
-    "has_draft",
-    "created",
+from adapters.catalogue import Catalogue, log
+from adapters.errors import AdapterError, RegistryUnavailable, UnknownAdapter
+from adapters.format import Adapter
+from adapters.layout import LATEST, META_KEYS, Pointer
+from adapters.names import (
+    DIGEST_RE,
+    parse_ref,
+    qualified,
+    validate_name,
+    validate_tenant,
+    version_digest,
+    version_label,
 )
-_POINTER_KEYS = ("name", "digest", "owner", "updated")
+from adapters.store import Store
+from adapters.version_files import load_version
 
 
 @dataclass(frozen=True)
 class Version:
-    """One complete, immutable version of a named adapter."""
+    """One complete, immutable version of a tenant's named adapter."""
 
     name: str
     digest: str  # sha256 hex of the adapter's content
-    owner: str  # the name's owner
+    owner: str  # the tenant whose name this is
     rank: int
     alpha: float
     scale: float
@@ -61,16 +69,22 @@ class Version:
     num_bytes: int
     has_draft: bool
     created: str  # ISO 8601 UTC time this content was first stored
+    public: bool = False  # whether owner's name is the public adapter of that name
 
     @property
     def ref(self) -> str:
-        """The pinned reference, 'name@digest'."""
+        """The pinned reference a user sees, 'name@digest'."""
         return f"{self.name}@{self.digest}"
+
+    @property
+    def qualified(self) -> str:
+        """The version's identity across tenants, 'owner/name@digest'."""
+        return qualified(self.owner, self.name, self.digest)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A name in the catalogue and the version it points to."""
+    """A tenant's name in the catalogue and the version it points to."""
 
     name: str
     digest: str
@@ -80,202 +94,212 @@ class Entry:
     target_modules: tuple[str, ...]
     num_bytes: int
     history: tuple[str, ...] = ()  # show() only: digests the name pointed to, newest first
+    public: bool = False
 
 
 class Registry:
-    """Named adapter versions under one fsspec URL, safe for concurrent publishers."""
+    """Named adapter versions under one fsspec URL, safe for concurrent publishers.
+
+    `skipped` counts the entries listings have left out because they were corrupted or
+    half-written (each also logged on "loraserve.registry"); it only grows.
+    """
 
     def __init__(self, uri: str, **storage_options) -> None:
         self._store = Store(uri, **storage_options)
+        self._cat = Catalogue(self._store)
         self.uri = uri
+        self.skipped = 0
+        self._skipped_lock = threading.Lock()
 
     def publish(
-        self, name: str, adapter: Adapter, owner: str = "default", *, replace_owner: bool = False
+        self, name: str, adapter: Adapter, owner: str = "default", *, create_only: bool = False
     ) -> Version:
-        """Store adapter's version and point name at it; a no-op if it already does."""
+        """Store adapter's version and point owner's name at it; a no-op if it already does
+        and the stored files are intact. NameConflict if create_only and the name exists, or
+        if a concurrent upload is creating the name."""
         validate_name(name)
-        _check_owner(owner)
-        _check_publishable(adapter)
-        pointer = self._pointer(name)
-        if pointer and pointer["owner"] != owner and not replace_owner:
-            raise AdapterError(
-                f"adapter {name!r} belongs to owner {pointer['owner']!r}; "
-                f"{owner!r} cannot publish to it"
-            )
-        meta = self._meta(adapter.digest)
-        if meta and pointer and (pointer["digest"], pointer["owner"]) == (adapter.digest, owner):
-            return _version(name, owner, meta)
-        meta = meta or self._store_version(adapter)
-        # The history entry comes before the pointer, so a pointer's digest is always in it.
-        self._store.write(f"names/{name}/history/{adapter.digest}", b"")
-        self._store.write_json(
-            f"names/{name}/{LATEST}",
-            {"name": name, "digest": adapter.digest, "owner": owner, "updated": _now()},
-        )
-        return _version(name, owner, meta)
+        validate_tenant(owner)
+        meta = publishing.publish(self._cat, name, adapter, owner, create_only)
+        return self._version(name, owner, meta)
 
-    def resolve(self, ref: str) -> Version:
-        """'name' -> its latest version; 'name@digest' -> that version of the name."""
+    def resolve(self, ref: str, owner: str = "default") -> Version:
+        """'name' -> owner's latest version of it; 'name@digest' -> that version of the name."""
         if not isinstance(ref, str):
             raise AdapterError(f"invalid adapter reference {ref!r}: expected 'name[@digest]'")
         name, digest = parse_ref(ref)
-        pointer = self._existing_pointer(name)
-        digest = digest or pointer["digest"]
+        validate_tenant(owner)
+        pointer = self._existing(owner, name)
+        digest = digest or pointer.digest
         # The latest digest is accepted even without its history entry: a delete racing a
         # publish can remove the entry after the new pointer's publisher wrote it.
-        known = digest == pointer["digest"] or self._store.exists(f"names/{name}/history/{digest}")
-        if not known:
-            raise AdapterError(f"unknown version {digest} of adapter {name!r}")
-        meta = self._meta(digest)
+        if digest != pointer.digest and digest not in self._cat.history(owner, name):
+            raise UnknownAdapter.for_version(name, digest)
+        meta = self._cat.meta(digest)
         if meta is None:
-            raise AdapterError(f"adapter {name}@{digest} is incomplete and cannot be served")
-        return _version(name, pointer["owner"], meta)
+            raise UnknownAdapter(f"adapter {name}@{digest} is incomplete and cannot be served")
+        return self._version(name, owner, meta)
 
     def load(
         self,
-        ref: str,
+        version: str,
         *,
         base: BaseModelSpec | None = None,
         max_rank: int = 64,
         verify: bool = True,
     ) -> Adapter:
-        """The Adapter that ref resolves to.
+        """The Adapter of a version: 'tenant/name@digest', 'name@digest' or a bare digest is
+        read by its digest alone (versions are immutable; its name may be gone meanwhile);
+        any other string is a name of the default tenant, resolved to its latest version.
 
         verify=True re-validates it whole and checks its files hash to the stored digest;
         verify=False (a replica's hot path) trusts what publish validated, re-checking only
         the structure, shapes and safetensors header, never the values or the hash.
         """
-        version = self.resolve(ref)
-        label = f"{version.name}@{version.digest[:12]}"
-        draft = None
-        if version.has_draft:
-            draft_files = self._version_files(version, DRAFT)
-            draft = parse_adapter(draft_files, max_rank=max_rank, label=f"{label} draft")
-        files = self._version_files(version, "")
-        trusted = None if verify else version.digest
-        adapter = parse_adapter(
-            files, base=base, max_rank=max_rank, draft=draft, label=label, stored_digest=trusted
-        )
-        if adapter.digest != version.digest:
-            raise AdapterError(
-                f"adapter {version.ref} is corrupted: its files hash to {adapter.digest}"
-            )
-        return adapter
+        if not isinstance(version, str):
+            raise AdapterError(f"invalid adapter version {version!r}: expected 'name@digest'")
+        if "@" not in version and not DIGEST_RE.match(version):
+            version = self.resolve(version).ref
+        digest = version_digest(version)
+        if digest != version:  # 'name@digest' or 'tenant/name@digest': check both parts
+            tenant, slash, name = version_label(version).rpartition("/")
+            if slash:
+                validate_tenant(tenant)
+            parse_ref(f"{name}@{digest}")
+        return load_version(self._cat, digest, version, base=base, max_rank=max_rank, verify=verify)
 
-    def exists(self, name: str) -> bool:
-        """Whether name is currently published."""
+    def exists(self, name: str, owner: str = "default") -> bool:
+        """Whether owner currently has a name called name."""
         validate_name(name)
-        return self._store.exists(f"names/{name}/{LATEST}")
+        validate_tenant(owner)
+        return self._cat.exists(owner, name)
 
     def list(self, owner: str | None = None) -> list[Entry]:
-        """Every published name (of owner, if given), sorted by name."""
+        """Every name (of owner, if given), sorted by (name, owner); corrupted entries are
+        left out, logged and counted in `skipped`."""
+        if owner is not None:
+            validate_tenant(owner)
+        public = self._cat.public_index()
         entries = []
-        for name in self._store.children("names"):
-            pointer = self._pointer(name)
-            # A folder without a pointer is a name being created or deleted right now.
-            if pointer and (owner is None or pointer["owner"] == owner):
-                entries.append(self._entry(pointer, ()))
-        return entries
+        for pointer in self._cat.pointers(owner, self._skip):
+            entry = self._entry_or_skip(pointer, public.get(pointer.name) == pointer.owner)
+            if entry is not None:
+                entries.append(entry)
+        return sorted(entries, key=lambda e: (e.name, e.owner))
 
-    def show(self, name: str) -> Entry:
-        """name's entry with its history: every digest it pointed to, newest version first."""
+    def list_visible(self, tenant: str) -> list[Entry]:
+        """tenant's own names and every other tenant's public one, sorted by (name, owner)."""
+        entries = self.list(tenant)
+        for pointer in self._cat.public_pointers(self._skip):
+            if pointer.owner != tenant and (entry := self._entry_or_skip(pointer, True)):
+                entries.append(entry)
+        return sorted(entries, key=lambda e: (e.name, e.owner))
+
+    def show(self, name: str, owner: str = "default") -> Entry:
+        """owner's name with its history: every digest it pointed to, newest version first."""
         validate_name(name)
-        pointer = self._existing_pointer(name)
-        digests = self._store.children(f"names/{name}/history")
-        created = {d: (self._meta(d) or {}).get("created", "") for d in digests}
+        validate_tenant(owner)
+        pointer = self._existing(owner, name)
+        digests = self._cat.history(owner, name)
+        created = {d: (self._cat.meta_or_none(d) or {}).get("created", "") for d in digests}
         history = sorted(digests, key=lambda d: (created[d], d), reverse=True)
-        return self._entry(pointer, tuple(history))
-
-    def delete(self, name: str) -> None:
-        """Remove name's pointer and history; its versions stay, as versions are immutable."""
-        # exists() rather than reading the pointer, so a corrupted name can still be deleted.
-        if not self.exists(name):
-            raise AdapterError(f"unknown adapter {name!r}")
-        # The pointer goes first: from then on the name is gone even if removing the rest fails.
-        self._store.remove(f"names/{name}/{LATEST}")
-        self._store.remove(f"names/{name}")
-
-    def _store_version(self, adapter: Adapter) -> dict:
-        """Write adapter's files, then meta.json, which marks the version complete."""
-        folder = f"versions/{adapter.digest}"
-        parts = [("", adapter)] + ([(DRAFT, adapter.draft)] if adapter.draft else [])
-        for prefix, part in parts:
-            self._store.write(f"{folder}/{prefix}{CONFIG}", part.config_bytes)
-            self._store.write(f"{folder}/{prefix}{WEIGHTS}", part.weights_bytes)
-        meta = {
-            "digest": adapter.digest,
-            "rank": adapter.rank,
-            "alpha": adapter.alpha,
-            "scale": adapter.scale,
-            "target_modules": list(adapter.target_modules),
-            "num_bytes": adapter.num_bytes,
-            "has_draft": adapter.draft is not None,
-            "created": _now(),
-        }
-        self._store.write_json(f"{folder}/{META}", meta)
-        return meta
-
-    def _version_files(self, version: Version, prefix: str) -> dict[str, bytes]:
-        files = {}
-        for file in (CONFIG, WEIGHTS):
-            data = self._store.read(f"versions/{version.digest}/{prefix}{file}")
-            if data is None:
-                raise AdapterError(f"adapter {version.ref} is corrupted: {prefix}{file} is missing")
-            files[file] = data
-        return files
-
-    def _meta(self, digest: str) -> dict | None:
-        """The version's meta.json, or None while the version is absent or incomplete."""
-        meta = self._store.read_json(f"versions/{digest}/{META}")
-        if meta is not None and (not meta.keys() >= set(_META_KEYS) or meta["digest"] != digest):
-            raise AdapterError(f"registry {self.uri!r}: versions/{digest}/{META} is corrupted")
-        return meta
-
-    def _pointer(self, name: str) -> dict | None:
-        """names/<name>/latest.json, or None when name is not published."""
-        pointer = self._store.read_json(f"names/{name}/{LATEST}")
-        if pointer is not None and (
-            not pointer.keys() >= set(_POINTER_KEYS) or not DIGEST_RE.match(str(pointer["digest"]))
-        ):
-            raise AdapterError(f"registry {self.uri!r}: names/{name}/{LATEST} is corrupted")
-        return pointer
-
-    def _existing_pointer(self, name: str) -> dict:
-        pointer = self._pointer(name)
-        if pointer is None:
-            raise AdapterError(f"unknown adapter {name!r}")
-        return pointer
-
-    def _entry(self, pointer: dict, history: tuple[str, ...]) -> Entry:
-        meta = self._meta(pointer["digest"])
+        meta = self._cat.meta(pointer.digest)
         if meta is None:  # the pointer is written only after meta.json
-            raise AdapterError(f"adapter {pointer['name']!r} points to a missing version")
-        return Entry(
-            **{key: pointer[key] for key in _POINTER_KEYS},
-            rank=meta["rank"],
-            target_modules=tuple(meta["target_modules"]),
-            num_bytes=meta["num_bytes"],
-            history=history,
+            raise UnknownAdapter(f"adapter {name!r} points to a missing version")
+        return _entry(pointer, meta, self._cat.indexed_owner(name) == owner, tuple(history))
+
+    def delete(self, name: str, owner: str = "default") -> None:
+        """Remove owner's name: its public index entry, pointer and history, in both layouts.
+        Its versions stay, as versions are immutable."""
+        # exists() rather than reading the pointer, so a corrupted name can still be deleted.
+        if not self.exists(name, owner):
+            raise UnknownAdapter.for_name(name)
+        # The index entry goes first: a crash must not leave a later name of owner public.
+        public_index.unlist(self._cat, name, owner)
+        folders = self._cat.folders(owner, name)
+        # Pointers first: from then on the name is gone even if removing the rest fails.
+        for folder in folders:
+            self._store.remove(f"{folder}/{LATEST}")
+        for folder in folders:
+            self._store.remove(folder)
+
+    def set_public(self, name: str, owner: str, public: bool) -> Entry:
+        """Make owner's name the public adapter of that name (every tenant may use it), or
+        private again. NameConflict if another tenant's adapter of that name is public."""
+        validate_name(name)
+        validate_tenant(owner)
+        public_index.set_public(self._cat, name, owner, public)
+        return self.show(name, owner)
+
+    def public_owner(self, name: str) -> str | None:
+        """The tenant whose adapter called name is public, if any."""
+        validate_name(name)
+        return public_index.public_owner(self._cat, name)
+
+    def write_lease(self, holder: str, digests: Iterable[str]) -> None:
+        """Record that holder (a replica) uses these versions; gc keeps them while it is fresh.
+        Digests or version strings ('tenant/name@digest') are both accepted."""
+        gc.write_lease(self._store, holder, digests)
+
+    def drop_lease(self, holder: str) -> None:
+        """Forget holder's lease."""
+        gc.drop_lease(self._store, holder)
+
+    def gc(
+        self,
+        *,
+        grace_s: float = 86400,
+        lease_ttl_s: float = 600,
+        dry_run: bool = False,
+        now: float | None = None,
+    ) -> list[str]:
+        """Remove versions no name refers to, no fresh lease lists and older than grace_s,
+        with debris of crashed creates and stale leases (adapters.gc); returns the versions'
+        digests (those that would go, with dry_run, which removes nothing)."""
+        return gc.collect(
+            self._cat, grace_s=grace_s, lease_ttl_s=lease_ttl_s, dry_run=dry_run, now=now
         )
 
+    def _existing(self, owner: str, name: str) -> Pointer:
+        pointer = self._cat.pointer(owner, name)
+        if pointer is None:
+            raise UnknownAdapter.for_name(name)
+        return pointer
 
-def _version(name: str, owner: str, meta: dict) -> Version:
-    fields = {key: meta[key] for key in _META_KEYS}  # Version's fields besides name and owner
-    fields["target_modules"] = tuple(fields["target_modules"])
-    return Version(name=name, owner=owner, **fields)
+    def _version(self, name: str, owner: str, meta: dict) -> Version:
+        fields = {key: meta[key] for key in META_KEYS}  # Version's fields besides name and owner
+        fields["target_modules"] = tuple(fields["target_modules"])
+        public = self._cat.indexed_owner(name) == owner
+        return Version(name=name, owner=owner, public=public, **fields)
+
+    def _entry_or_skip(self, pointer: Pointer, public: bool) -> Entry | None:
+        """pointer's entry; None, counted as skipped, when its version is missing or corrupted."""
+        try:
+            meta = self._cat.meta(pointer.digest)
+        except RegistryUnavailable:
+            raise
+        except AdapterError as exc:
+            self._skip(pointer.folder, exc)
+            return None
+        if meta is None:
+            self._skip(pointer.folder, AdapterError(f"it points to missing {pointer.digest}"))
+            return None
+        return _entry(pointer, meta, public, ())
+
+    def _skip(self, folder: str, reason: Exception) -> None:
+        log.warning("registry %s: skipped %s in a listing: %s", self.uri, folder, reason)
+        with self._skipped_lock:
+            self.skipped += 1
 
 
-def _check_owner(owner: object) -> None:
-    if not isinstance(owner, str) or not owner.strip():
-        raise AdapterError(f"invalid owner {owner!r}: a non-empty string is required")
-
-
-def _check_publishable(adapter: object) -> None:
-    if not isinstance(adapter, Adapter):
-        raise AdapterError(f"cannot publish {type(adapter).__name__}: expected an Adapter")
-    if adapter.draft is not None and adapter.draft.draft is not None:
-        raise AdapterError("a draft adapter cannot have a draft of its own")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+def _entry(pointer: Pointer, meta: dict, public: bool, history: tuple[str, ...]) -> Entry:
+    return Entry(
+        name=pointer.name,
+        digest=pointer.digest,
+        owner=pointer.owner,
+        updated=pointer.updated,
+        rank=meta["rank"],
+        target_modules=tuple(meta["target_modules"]),
+        num_bytes=meta["num_bytes"],
+        history=history,
+        public=public,
+    )

@@ -36,9 +36,21 @@ def assert_consistent(uri: str) -> None:
     for path, data in files.items():
         if path.endswith("/latest.json"):
             pointer = json.loads(data)
+            folder = path.removesuffix("/latest.json")
             assert pointer["digest"] in versions
-            assert f"/names/{pointer['name']}/history/{pointer['digest']}" in files
-            assert reg.load(pointer["name"]).digest == pointer["digest"]
+            assert f"{folder}/history/{pointer['digest']}" in files
+            version = reg.resolve(pointer["name"], pointer["owner"])
+            assert reg.load(version.qualified).digest == pointer["digest"]
+
+
+def state(reg: Registry) -> tuple[list, dict]:
+    """What a registry serves: its listing, and each listed name's latest version's bytes."""
+    entries = reg.list()
+    loaded = {}
+    for e in entries:
+        adapter = reg.load(reg.resolve(e.name, e.owner).qualified)
+        loaded[(e.owner, e.name)] = (adapter.digest, adapter.weights_bytes)
+    return entries, loaded
 
 
 def assert_same_adapter(got, want):

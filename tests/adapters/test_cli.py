@@ -141,16 +141,19 @@ def test_registry_and_server_together_are_refused(tmp_path):
     assert done.exit_code == 1 and "either --registry or --server" in done.stderr
 
 
-def test_corrupted_registry_listing_is_one_line(tmp_path):
+def test_a_corrupted_entry_is_left_out_of_the_list_and_shown_in_one_line(tmp_path):
     reg_dir = tmp_path / "reg"
-    folder = write(tmp_path / "a", peft_adapter_files())
-    assert (
-        cli("adapters", "upload", str(folder), "--name", "a", "--registry", str(reg_dir)).exit_code
-        == 0
-    )
-    (reg_dir / "names" / "a" / "latest.json").write_text("{not json")
-    done = cli("adapters", "list", "--registry", str(reg_dir))
+    for name, seed in (("a", 1), ("b", 2)):
+        folder = write(tmp_path / name, peft_adapter_files(seed=seed))
+        upload = cli("adapters", "upload", str(folder), "--name", name, "--registry", str(reg_dir))
+        assert upload.exit_code == 0, upload.output
+    (reg_dir / "tenants" / "default" / "names" / "a" / "latest.json").write_text("{not json")
+    listed = cli("adapters", "list", "--registry", str(reg_dir))
+    assert listed.exit_code == 0, listed.output
+    assert " b " in listed.stdout and " a " not in listed.stdout
+    done = cli("adapters", "show", "a", "--registry", str(reg_dir))
     assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1, done.output
+    assert "corrupted" in done.stderr
 
 
 def test_garbage_archive_is_one_line(tmp_path):

@@ -161,4 +161,4 @@ def test_fuzzed_uploads_are_refused_cleanly_or_stored_whole(registry, config, we
 
 def test_the_unmutated_adapter_is_accepted(registry):
     _upload(registry, VALID)
-    assert registry.resolve("fuzz").rank == 2
+    assert registry.resolve("fuzz", "tenant").rank == 2

@@ -1,5 +1,5 @@
-"""The adapter registry on file:// and memory://: round trips, versions, owners, delete,
-refusals that change nothing, incomplete and corrupted versions."""
+"""The adapter registry on file:// and memory://: round trips, versions, tenants, delete,
+refusals that change nothing, incomplete, corrupted and repaired versions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import fsspec
 import pytest
 from fsspec.core import url_to_fs
 
-from adapters.errors import AdapterError
+from adapters.errors import AdapterError, NameConflict, UnknownAdapter
 from adapters.format import parse_adapter
 from adapters.registry import Entry, Registry, Version
 from tests.adapters.factory import peft_adapter_files
@@ -25,7 +25,7 @@ BAD_NAMES = ["Bad", "../x", "a:b", "", "x" * 65, "base", "a/b"]
 def test_plain_folder_is_a_local_registry(tmp_path):
     reg = Registry(str(tmp_path / "plain"))
     reg.publish("x", make_adapter())
-    assert (tmp_path / "plain" / "names" / "x" / "latest.json").is_file()
+    assert (tmp_path / "plain" / "tenants" / "default" / "names" / "x" / "latest.json").is_file()
 
 
 def test_round_trip(uri):
@@ -35,11 +35,12 @@ def test_round_trip(uri):
     assert isinstance(version, Version)
     assert (version.name, version.digest, version.owner) == ("support-bot", adapter.digest, "alice")
     assert version.ref == f"support-bot@{adapter.digest}"
+    assert version.qualified == f"alice/support-bot@{adapter.digest}" and not version.public
     assert (version.rank, version.scale, version.num_bytes) == (8, 2.0, adapter.num_bytes)
     assert version.target_modules == adapter.target_modules and not version.has_draft
-    assert Registry(uri).resolve("support-bot") == version
-    assert_same_adapter(Registry(uri).load("support-bot"), adapter)
-    assert_same_adapter(reg.load(version.ref), adapter)
+    assert Registry(uri).resolve("support-bot", "alice") == version
+    for loaded in (version.qualified, version.ref, version.digest):
+        assert_same_adapter(Registry(uri).load(loaded), adapter)
 
 
 def test_round_trip_with_draft(uri):
@@ -78,22 +79,33 @@ def test_new_content_moves_the_pointer_and_old_versions_stay(uri):
     assert reg.show("a").history == (v2.digest, v1.digest)
 
 
-def test_owners(uri):
+@pytest.mark.parametrize("tenant", ["", "a b", "../x", "x/y", "-x", "t" * 65, None])
+def test_invalid_tenants_change_nothing(uri, tenant):
     reg = Registry(uri)
-    reg.publish("a", make_adapter(seed=0), owner="alice")
-    reg.publish("b", make_adapter(seed=1), owner="bob")
+    reg.publish("good", make_adapter())
     before = snapshot(uri)
-    with pytest.raises(AdapterError, match="belongs to owner 'alice'"):
-        reg.publish("a", make_adapter(seed=2), owner="bob")
-    with pytest.raises(AdapterError, match="belongs to owner 'alice'"):
-        reg.publish("a", make_adapter(seed=0), owner="bob")
+    for call in (
+        lambda: reg.publish("a", make_adapter(seed=1), owner=tenant),
+        lambda: reg.resolve("good", tenant),
+        lambda: reg.show("good", tenant),
+        lambda: reg.delete("good", tenant),
+        lambda: reg.exists("good", tenant),
+        lambda: reg.list(tenant or ""),
+        lambda: reg.load(f"{tenant or ''}/good@{'0' * 64}"),
+    ):
+        with pytest.raises(AdapterError, match="invalid tenant"):
+            call()
     assert snapshot(uri) == before
-    taken = reg.publish("a", make_adapter(seed=2), owner="bob", replace_owner=True)
-    assert reg.resolve("a") == taken and taken.owner == "bob"
-    assert [e.name for e in reg.list(owner="bob")] == ["a", "b"]
-    assert reg.list(owner="alice") == []
-    with pytest.raises(AdapterError, match="owner"):
-        reg.publish("c", make_adapter(), owner="")
+
+
+def test_create_only(uri):
+    reg = Registry(uri)
+    reg.publish("a", make_adapter(seed=0), create_only=True)
+    before = snapshot(uri)
+    with pytest.raises(NameConflict, match="'a' already exists"):
+        reg.publish("a", make_adapter(seed=1), create_only=True)
+    assert snapshot(uri) == before
+    assert reg.publish("a", make_adapter(seed=0), owner="bob", create_only=True).owner == "bob"
 
 
 def test_list_and_show(uri):
@@ -108,8 +120,8 @@ def test_list_and_show(uri):
     assert (alpha.digest, alpha.owner, alpha.rank) == (adapter.digest, "carol", 4)
     assert (alpha.target_modules, alpha.num_bytes) == (("q_proj", "v_proj"), adapter.num_bytes)
     assert alpha.updated and alpha.history == ()
-    assert reg.show("alpha") == Entry(**{**alpha.__dict__, "history": (adapter.digest,)})
-    assert reg.exists("alpha") and not reg.exists("beta")
+    assert reg.show("alpha", "carol") == Entry(**{**alpha.__dict__, "history": (adapter.digest,)})
+    assert reg.exists("alpha", "carol") and not reg.exists("alpha") and not reg.exists("beta")
 
 
 def test_delete(uri):
@@ -119,13 +131,15 @@ def test_delete(uri):
     reg.delete("a")
     assert not reg.exists("a") and reg.list() == []
     for ref in ("a", version.ref):
-        with pytest.raises(AdapterError, match="unknown adapter 'a'"):
+        with pytest.raises(UnknownAdapter, match="unknown adapter 'a'"):
             reg.resolve(ref)
     assert_same_adapter(loaded, make_adapter())
+    # A replica may still load the version it serves: versions outlive their names.
+    assert_same_adapter(reg.load(version.qualified), make_adapter())
     files = snapshot(uri)
     assert f"/versions/{version.digest}/meta.json" in files
-    assert not [p for p in files if p.startswith("/names/a/")]
-    with pytest.raises(AdapterError, match="unknown adapter 'a'"):
+    assert not [p for p in files if "/names/a/" in p]
+    with pytest.raises(UnknownAdapter, match="unknown adapter 'a'"):
         reg.delete("a")
     assert reg.publish("a", make_adapter(), owner="someone-else").owner == "someone-else"
 
@@ -152,10 +166,13 @@ def test_unknown_and_malformed_refs(uri):
     reg = Registry(uri)
     version = reg.publish("a", make_adapter())
     for call in (reg.resolve, reg.load, reg.show, reg.delete):
-        with pytest.raises(AdapterError, match="unknown adapter 'nope'"):
+        with pytest.raises(UnknownAdapter, match="unknown adapter 'nope'"):
             call("nope")
-    with pytest.raises(AdapterError, match="unknown version"):
+    with pytest.raises(UnknownAdapter, match="unknown version"):
         reg.resolve("a@" + "0" * 64)
+    for missing in ("0" * 64, "a@" + "0" * 64, "t/a@" + "0" * 64):
+        with pytest.raises(UnknownAdapter, match="unknown version"):
+            reg.load(missing)
     with pytest.raises(AdapterError, match="invalid version 'nothex'"):
         reg.load("x@nothex")
     with pytest.raises(AdapterError, match="invalid version"):
@@ -178,13 +195,16 @@ def test_incomplete_version_is_not_served(uri):
     ):
         fs.makedirs(f"{root}/versions/{pending.digest}", exist_ok=True)
         fs.pipe_file(f"{root}/versions/{pending.digest}/{file}", data)
-    fs.pipe_file(f"{root}/names/a/history/{pending.digest}", b"")
-    with pytest.raises(AdapterError, match="incomplete"):
+    folder = f"{root}/tenants/default/names/a"
+    fs.pipe_file(f"{folder}/history/{pending.digest}", b"")
+    with pytest.raises(UnknownAdapter, match="incomplete"):
         reg.resolve(f"a@{pending.digest}")
+    with pytest.raises(UnknownAdapter, match="incomplete"):
+        reg.load(pending.digest)
     assert reg.resolve("a") == first
     pointer = json.dumps({"name": "a", "digest": pending.digest, "owner": "default", "updated": ""})
-    fs.pipe_file(f"{root}/names/a/latest.json", pointer.encode())
-    with pytest.raises(AdapterError, match="incomplete"):
+    fs.pipe_file(f"{folder}/latest.json", pointer.encode())
+    with pytest.raises(UnknownAdapter, match="incomplete"):
         reg.load("a")
     # Publishing that content again completes the version.
     assert reg.publish("a", pending).digest == pending.digest
@@ -204,6 +224,31 @@ def test_corrupted_version_is_refused(uri):
     fs.pipe_file(weights, fs.cat_file(weights)[:-10])
     with pytest.raises(AdapterError, match="lies about its offsets"):
         reg.load("a", verify=False)
+
+
+@pytest.mark.parametrize("damage", ["remove", "truncate", "flip", "meta"])
+def test_republishing_identical_content_repairs_the_version(uri, damage):
+    reg = Registry(uri)
+    adapter = make_adapter(seed=3, draft_seed=4)
+    version = reg.publish("a", adapter)
+    fs, root = url_to_fs(uri)
+    folder = f"{root}/versions/{version.digest}"
+    target = f"{folder}/draft_adapter_model.safetensors"
+    if damage == "remove":
+        fs.rm(target)
+    elif damage == "truncate":
+        fs.pipe_file(target, fs.cat_file(target)[:-10])
+    elif damage == "flip":
+        data = bytearray(fs.cat_file(f"{folder}/adapter_model.safetensors"))
+        data[-1] ^= 0xFF  # the values, which only verify=True hashes
+        fs.pipe_file(f"{folder}/adapter_model.safetensors", bytes(data))
+    else:
+        fs.pipe_file(f"{folder}/meta.json", b"{half")
+    with pytest.raises(AdapterError):
+        reg.load("a", verify=True)
+    assert reg.publish("a", adapter).digest == version.digest
+    assert_same_adapter(reg.load("a", verify=True), adapter)
+    assert_same_adapter(reg.load(version.qualified, verify=True).draft, adapter.draft)
 
 
 def test_unopenable_registry():

@@ -1,0 +1,46 @@
+"""Who may use and who may change which adapter: the one rule every caller goes through.
+
+A caller of tenant T, user or admin alike, generates with T's own adapter of a name if T
+has one, else with the public adapter of that name, else with none: another tenant's
+private adapter answers exactly as a missing one does, so it cannot be told apart.
+Changing or deleting is narrower: a user key manages its own tenant's names only; an
+admin may name any owner. A public adapter of another tenant is visible to a user but
+not its to change (NotOwner).
+"""
+
+from __future__ import annotations
+
+from adapters.errors import NotOwner, UnknownAdapter
+from adapters.names import parse_ref, validate_tenant
+from adapters.registry import Entry, Registry, Version
+
+
+def resolve_for(registry: Registry, tenant: str, ref: str) -> Version:
+    """'name' or 'name@digest' as a caller of tenant sees it: its own name, else the public one."""
+    if not isinstance(ref, str):
+        return registry.resolve(ref, tenant)  # which refuses it, naming the problem
+    name, _ = parse_ref(ref)
+    if registry.exists(name, tenant):
+        return registry.resolve(ref, tenant)
+    owner = registry.public_owner(name)
+    if owner is None:
+        raise UnknownAdapter.for_name(name)
+    return registry.resolve(ref, owner)
+
+
+def manageable(
+    registry: Registry, tenant: str, is_admin: bool, name: str, owner: str | None = None
+) -> Entry:
+    """The entry a caller of tenant may change or delete: owner's name (owner None: tenant's).
+    A user names no owner but its own tenant."""
+    validate_tenant(tenant)
+    target = tenant if owner is None else validate_tenant(owner)
+    if (is_admin or target == tenant) and registry.exists(name, target):
+        return registry.show(name, target)
+    public_owner = registry.public_owner(name)
+    if not is_admin and public_owner not in (None, tenant) and owner in (None, public_owner):
+        raise NotOwner(
+            f"adapter {name!r} is public and belongs to another tenant; "
+            "only its owner or an admin can change it"
+        )
+    raise UnknownAdapter.for_name(name)

@@ -1,0 +1,147 @@
+"""Registries written before tenants (every name under names/<name>, its owner in the
+pointer) are listed, resolved, loaded, shown, deleted and published to in place."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+
+import pytest
+from fsspec.core import url_to_fs
+
+from adapters.errors import UnknownAdapter
+from adapters.registry import Registry
+from tests.adapters.registry_helpers import (
+    assert_consistent,
+    assert_same_adapter,
+    make_adapter,
+    snapshot,
+)
+
+
+def _json(value: dict) -> bytes:
+    return json.dumps(value, indent=2, sort_keys=True).encode()
+
+
+def write_legacy(uri: str, name: str, adapter, owner: str) -> None:
+    """What Registry.publish wrote before tenants, file for file."""
+    fs, root = url_to_fs(uri)
+    folder = f"{root}/versions/{adapter.digest}"
+    fs.makedirs(folder, exist_ok=True)
+    parts = [("", adapter)] + ([("draft_", adapter.draft)] if adapter.draft else [])
+    for prefix, part in parts:
+        fs.pipe_file(f"{folder}/{prefix}adapter_config.json", part.config_bytes)
+        fs.pipe_file(f"{folder}/{prefix}adapter_model.safetensors", part.weights_bytes)
+    now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    meta = {
+        "digest": adapter.digest,
+        "rank": adapter.rank,
+        "alpha": adapter.alpha,
+        "scale": adapter.scale,
+        "target_modules": list(adapter.target_modules),
+        "num_bytes": adapter.num_bytes,
+        "has_draft": adapter.draft is not None,
+        "created": now,
+    }
+    if not fs.exists(f"{folder}/meta.json"):
+        fs.pipe_file(f"{folder}/meta.json", _json(meta))
+    fs.makedirs(f"{root}/names/{name}/history", exist_ok=True)
+    fs.pipe_file(f"{root}/names/{name}/history/{adapter.digest}", b"")
+    pointer = {"name": name, "digest": adapter.digest, "owner": owner, "updated": now}
+    fs.pipe_file(f"{root}/names/{name}/latest.json", _json(pointer))
+    time.sleep(0.002)  # distinct "created" times order the history
+
+
+OLD, NEW, SQL = make_adapter(seed=11), make_adapter(seed=12), make_adapter(seed=13, draft_seed=14)
+
+
+@pytest.fixture
+def legacy(uri):
+    """acme's support-bot (two versions) and the default tenant's sql, with a draft."""
+    write_legacy(uri, "support-bot", OLD, "acme")
+    write_legacy(uri, "support-bot", NEW, "acme")
+    write_legacy(uri, "sql", SQL, "default")
+    return uri
+
+
+def test_list_resolve_load_show(legacy):
+    reg = Registry(legacy)
+    assert [(e.name, e.owner, e.digest) for e in reg.list()] == [
+        ("sql", "default", SQL.digest),
+        ("support-bot", "acme", NEW.digest),
+    ]
+    assert [e.name for e in reg.list("acme")] == ["support-bot"]
+    assert reg.exists("support-bot", "acme") and not reg.exists("support-bot")
+    latest = reg.resolve("support-bot", "acme")
+    assert (latest.owner, latest.digest) == ("acme", NEW.digest)
+    assert reg.resolve(f"support-bot@{OLD.digest}", "acme").digest == OLD.digest
+    with pytest.raises(UnknownAdapter, match=r"^unknown adapter 'support-bot'$"):
+        reg.resolve("support-bot", "globex")
+    assert_same_adapter(reg.load(latest.qualified), NEW)
+    assert_same_adapter(reg.load(f"support-bot@{OLD.digest}"), OLD)
+    loaded = reg.load("sql")  # a bare name: the default tenant's
+    assert_same_adapter(loaded, SQL)
+    assert_same_adapter(loaded.draft, SQL.draft)
+    entry = reg.show("support-bot", "acme")
+    assert entry.history == (NEW.digest, OLD.digest) and entry.owner == "acme"
+
+
+def test_publish_moves_a_legacy_name(legacy):
+    reg = Registry(legacy)
+    newest = make_adapter(seed=15)
+    version = reg.publish("support-bot", newest, owner="acme")
+    assert (version.owner, version.digest) == ("acme", newest.digest)
+    files = snapshot(legacy)
+    assert not [p for p in files if p.startswith("/names/support-bot/")]
+    assert f"/tenants/acme/names/support-bot/history/{OLD.digest}" in files
+    assert reg.show("support-bot", "acme").history == (newest.digest, NEW.digest, OLD.digest)
+    assert reg.resolve(f"support-bot@{OLD.digest}", "acme").digest == OLD.digest
+    assert [(e.name, e.owner) for e in reg.list()] == [
+        ("sql", "default"),
+        ("support-bot", "acme"),
+    ]
+    # Republishing the legacy latest moves the name too, without a new version.
+    assert reg.publish("sql", SQL).digest == SQL.digest
+    assert not [p for p in snapshot(legacy) if p.startswith("/names/")]
+    assert reg.show("sql").history == (SQL.digest,)
+    assert_consistent(legacy)
+
+
+def test_another_tenant_gets_its_own_name(legacy):
+    reg = Registry(legacy)
+    reg.publish("support-bot", make_adapter(seed=16), owner="globex")
+    assert [(e.name, e.owner) for e in reg.list() if e.name == "support-bot"] == [
+        ("support-bot", "acme"),
+        ("support-bot", "globex"),
+    ]
+    assert reg.resolve("support-bot", "acme").digest == NEW.digest
+    assert "/names/support-bot/latest.json" in snapshot(legacy)
+
+
+def test_delete(legacy):
+    reg = Registry(legacy)
+    with pytest.raises(UnknownAdapter):
+        reg.delete("support-bot", "globex")
+    reg.delete("sql")
+    reg.delete("support-bot", "acme")
+    assert reg.list() == []
+    assert not [p for p in snapshot(legacy) if "/names/" in p]
+    assert_same_adapter(reg.load(SQL.digest), SQL)  # versions stay
+
+
+def test_a_half_moved_name_is_listed_once(legacy):
+    """A crash after the new pointer but before the legacy folder went: both exist."""
+    reg = Registry(legacy)
+    fs, root = url_to_fs(legacy)
+    saved = {p: fs.cat_file(p) for p in fs.find(f"{root}/names/support-bot")}
+    reg.publish("support-bot", make_adapter(seed=17), owner="acme")
+    for path, data in saved.items():
+        fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+        fs.pipe_file(path, data)
+    assert [(e.name, e.owner, e.digest) for e in reg.list("acme")] == [
+        ("support-bot", "acme", make_adapter(seed=17).digest)
+    ]
+    reg.delete("support-bot", "acme")
+    assert reg.list("acme") == []
+    assert not [p for p in snapshot(legacy) if "support-bot" in p]

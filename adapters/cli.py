@@ -1,9 +1,12 @@
 """`loraserve adapters ...`: upload, list, show and delete adapters in a registry or on a server.
 
-With --registry URI the registry is used directly; otherwise the commands go to a running
-server (--server, default http://127.0.0.1:8000) with the key in LORASERVE_API_KEY, and the
-server validates against the model it serves. Every failure prints one line naming the
-problem and exits with status 1; nothing is stored unless the adapter validated completely.
+With --registry URI the registry is used directly, in the namespace of --tenant (default
+"default"; list without it shows every tenant's names), and `gc` collects the versions
+nothing uses any more. Otherwise the commands go to a running server (--server, default
+http://127.0.0.1:8000) with the key in LORASERVE_API_KEY, whose tenant is the namespace,
+and the server validates against the model it serves. Every failure prints one line
+naming the problem and exits with status 1; nothing is stored unless the adapter
+validated completely.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from rich.table import Table
 from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError
 from adapters.format import load_adapter
-from adapters.names import validate_name
+from adapters.names import validate_name, validate_tenant
 from adapters.registry import Registry
 from adapters.remote import DEFAULT_SERVER, RemoteCatalogue, RemoteError
+
+DEFAULT_TENANT = "default"
 
 app = typer.Typer(help="Upload, list, show and delete LoRA adapters.", no_args_is_help=True)
 out = Console()
@@ -42,6 +47,10 @@ ServerOption = Annotated[
     ),
 ]
 NameArgument = Annotated[str, typer.Argument(help="Adapter name.")]
+TenantOption = Annotated[
+    str | None,
+    typer.Option("--tenant", help='The namespace in --registry (default "default").'),
+]
 
 
 def _fail(message: str) -> None:
@@ -50,10 +59,14 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _catalogue(registry: str | None, server: str | None) -> Registry | RemoteCatalogue:
+def _catalogue(
+    registry: str | None, server: str | None, tenant: str | None = None
+) -> Registry | RemoteCatalogue:
     """The registry named by --registry, else the server (--server or the default)."""
     if registry is not None and server is not None:
         _fail("give either --registry or --server, not both")
+    if registry is None and tenant is not None:
+        _fail("--tenant applies to --registry; a server takes the tenant from the key")
     if registry is None:
         return RemoteCatalogue(server or DEFAULT_SERVER)
     try:
@@ -74,11 +87,13 @@ def upload(
     ),
     registry: RegistryOption = None,
     server: ServerOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Validate an adapter locally, then publish it; prints name@digest."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, tenant)
     try:
         validate_name(name)
+        validate_tenant(tenant or DEFAULT_TENANT)
         spec = BaseModelSpec.from_dir(base) if base else None
         with _progress() as progress:
             task = progress.add_task("validating", total=None)
@@ -92,7 +107,8 @@ def upload(
                 sent = catalogue.upload(name, adapter, lambda n: progress.update(task, advance=n))
                 ref, warnings = sent["version"], [*adapter.warnings, *sent.get("warnings", ())]
             else:
-                ref, warnings = catalogue.publish(name, adapter).ref, adapter.warnings
+                version = catalogue.publish(name, adapter, tenant or DEFAULT_TENANT)
+                ref, warnings = version.ref, adapter.warnings
             progress.update(task, completed=adapter.num_bytes)
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
@@ -107,19 +123,24 @@ def upload(
 def list_(
     registry: RegistryOption = None,
     server: ServerOption = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option("--tenant", help="Only this tenant's names in --registry (default: all)."),
+    ] = None,
 ) -> None:
-    """List adapters: name, version, owner, rank, modules, size."""
-    catalogue = _catalogue(registry, server)
+    """List adapters: name, version, owner, public, rank, modules, size."""
+    catalogue = _catalogue(registry, server, tenant)
     try:
-        entries = catalogue.list()
+        entries = catalogue.list(tenant) if tenant else catalogue.list()
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
-    table = Table("name", "version", "owner", "rank", "modules", "bytes", box=None)
+    table = Table("name", "version", "owner", "public", "rank", "modules", "bytes", box=None)
     for e in entries:
         table.add_row(
             e.name,
             e.digest[:12],
             e.owner,
+            "yes" if getattr(e, "public", False) else "",
             str(e.rank),
             ",".join(e.target_modules),
             str(e.num_bytes),
@@ -132,11 +153,12 @@ def show(
     name: NameArgument,
     registry: RegistryOption = None,
     server: ServerOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Show one adapter and its version history."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, tenant)
     try:
-        entry = catalogue.show(name)
+        entry = catalogue.show(name, *_namespace(catalogue, tenant))
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     for label, value in _fields(entry):
@@ -148,14 +170,44 @@ def delete(
     name: NameArgument,
     registry: RegistryOption = None,
     server: ServerOption = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Delete a name (its versions stay readable to replicas that loaded them)."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, tenant)
     try:
-        catalogue.delete(name)
+        catalogue.delete(name, *_namespace(catalogue, tenant))
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     out.print(f"deleted {name}", highlight=False)
+
+
+@app.command()
+def gc(
+    registry: Annotated[
+        str, typer.Option("--registry", help="Registry URI (file:///path, s3://..., a folder).")
+    ],
+    grace_hours: Annotated[
+        float, typer.Option("--grace-hours", min=0, help="Keep versions stored this recently.")
+    ] = 24.0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would go; remove nothing.")
+    ] = False,
+) -> None:
+    """Remove versions no name refers to and no running replica leases."""
+    catalogue = _catalogue(registry, None)
+    try:
+        digests = catalogue.gc(grace_s=grace_hours * 3600, dry_run=dry_run)
+    except AdapterError as exc:
+        _fail(str(exc))
+    verb = "would remove" if dry_run else "removed"
+    for digest in digests:
+        out.print(f"{verb} {digest}", highlight=False)
+    out.print(f"{verb} {len(digests)} unused version(s)", highlight=False)
+
+
+def _namespace(catalogue: Registry | RemoteCatalogue, tenant: str | None) -> tuple[str, ...]:
+    """The owner argument a registry call takes; a server knows the caller's tenant itself."""
+    return () if isinstance(catalogue, RemoteCatalogue) else (tenant or DEFAULT_TENANT,)
 
 
 def _fields(entry):

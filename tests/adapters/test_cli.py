@@ -156,6 +156,61 @@ def test_a_corrupted_entry_is_left_out_of_the_list_and_shown_in_one_line(tmp_pat
     assert "corrupted" in done.stderr
 
 
+def test_tenants(tmp_path):
+    reg = f"file://{tmp_path / 'reg'}"
+    folder = write(tmp_path / "a", peft_adapter_files(seed=3))
+    for tenant in ("acme", "globex"):
+        done = cli(
+            "adapters",
+            "upload",
+            str(folder),
+            "--name",
+            "bot",
+            "--registry",
+            reg,
+            "--tenant",
+            tenant,
+        )
+        assert done.exit_code == 0, done.output
+    listed = cli("adapters", "list", "--registry", reg)
+    assert "acme" in listed.stdout and "globex" in listed.stdout
+    only = cli("adapters", "list", "--registry", reg, "--tenant", "acme")
+    assert "acme" in only.stdout and "globex" not in only.stdout
+    shown = cli("adapters", "show", "bot", "--registry", reg, "--tenant", "globex")
+    assert shown.exit_code == 0 and "globex" in shown.stdout
+    assert cli("adapters", "show", "bot", "--registry", reg).exit_code == 1  # not "default"'s
+    assert cli("adapters", "delete", "bot", "--registry", reg, "--tenant", "acme").exit_code == 0
+    gone = cli("adapters", "show", "bot", "--registry", reg, "--tenant", "acme")
+    assert gone.exit_code == 1 and "unknown adapter 'bot'" in gone.stderr
+    bad = cli(
+        "adapters", "upload", str(folder), "--name", "x", "--registry", reg, "--tenant", "a b"
+    )
+    assert bad.exit_code == 1 and "invalid tenant" in bad.stderr
+    remote = cli("adapters", "list", "--server", "http://127.0.0.1:9", "--tenant", "acme")
+    assert remote.exit_code == 1 and "--tenant applies to --registry" in remote.stderr
+
+
+def test_gc(tmp_path):
+    reg = f"file://{tmp_path / 'reg'}"
+    folder = write(tmp_path / "a", peft_adapter_files(seed=6))
+    ref = cli("adapters", "upload", str(folder), "--name", "x", "--registry", reg).stdout
+    digest = ref.strip().splitlines()[-1].split("@")[1]
+    kept = cli("adapters", "gc", "--registry", reg, "--grace-hours", "0")
+    assert kept.exit_code == 0 and "removed 0 unused version(s)" in kept.stdout
+    assert cli("adapters", "delete", "x", "--registry", reg).exit_code == 0
+    dry = cli("adapters", "gc", "--registry", reg, "--grace-hours", "0", "--dry-run")
+    assert dry.exit_code == 0 and f"would remove {digest}" in dry.stdout
+    assert (tmp_path / "reg" / "versions" / digest).is_dir()
+    within = cli("adapters", "gc", "--registry", reg)  # the default grace: a day
+    assert within.exit_code == 0 and digest not in within.stdout
+    done = cli("adapters", "gc", "--registry", reg, "--grace-hours", "0")
+    assert done.exit_code == 0 and f"removed {digest}" in done.stdout
+    assert not (tmp_path / "reg" / "versions" / digest).exists()
+    failed = cli("adapters", "gc", "--registry", "nosuchprotocol://x")
+    assert failed.exit_code == 1 and len(failed.stderr.strip().splitlines()) == 1
+    assert failed.stderr.startswith("error: ")
+
+
 def test_garbage_archive_is_one_line(tmp_path):
     (tmp_path / "a.tar.gz").write_bytes(b"\x1f\x8b garbage")
     done = cli(

@@ -31,6 +31,7 @@ import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from adapters.names import version_digest
 from serving.engine.sequence import Sequence
 
 BlockKey = tuple[int | None, tuple[int, ...], str | None]  # (parent hash, tokens, adapter key)
@@ -44,7 +45,7 @@ def prefix_key(request) -> str | None:
     no tenant whether another sent a prompt. None: the base model, unsalted.
     """
     adapter = request.adapter
-    digest = (adapter.partition("@")[2] or adapter) if adapter else None
+    digest = version_digest(adapter) if adapter else None
     salt = request.cache_salt
     if salt is None:
         return digest

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from adapters.names import version_label
+
 OTHER = "other"  # the label of every adapter past the first max_labels seen
 BASE = "base"  # requests with no adapter
 
 
 def bounded_label(adapter_version: str | None, seen, max_labels: int) -> str:
-    """An adapter version's metrics label: its name, "base", or "other" once max_labels
+    """An adapter version's metrics label: `tenant/name`, "base", or "other" once max_labels
     other names are in seen (a collection of the labels given so far)."""
-    name = BASE if adapter_version is None else adapter_version.partition("@")[0]
+    name = BASE if adapter_version is None else version_label(adapter_version)
     if name in seen or len(seen) < max_labels:
         return name
     return OTHER

@@ -5,9 +5,11 @@ blank lines allowed), and from LORASERVE_API_KEYS=`KEY:TENANT:SCOPE,...`. A requ
 `Authorization: Bearer KEY`. With no keys configured every route is open and every caller
 is the admin of tenant "default" (the server then binds only to loopback).
 
-Rule: any key may use any adapter for generation, as it may use the base model; adapter
-management (upload over a name, show, delete) is scoped to the key's tenant, and an admin
-key manages every tenant's adapters.
+Rule (adapters.visibility holds it): a key sees and uses its own tenant's adapters and the
+public ones; it manages (uploads over, deletes) its own tenant's only. An admin key also
+lists and manages every tenant's adapters and marks adapters public. The tenant `operator`
+is reserved: it owns the operator's preloaded adapters, and no key may be given it.
+Each key has a public id (`key-` and 12 hex digits of its SHA-256) that usage is metered by.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import hmac
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from adapters.names import OPERATOR
 from serving.api.errors import ApiError
 from serving.config import ConfigError
 
@@ -40,6 +43,9 @@ class Principal:
 
     tenant: str
     scope: str  # "user" | "admin"
+    # The key's public id, for usage metering; not part of equality (a key's rights are
+    # its tenant and scope).
+    key_id: str = field(default="", compare=False)
 
     @property
     def is_admin(self) -> bool:
@@ -50,7 +56,7 @@ class Principal:
         return self.is_admin or owner == self.tenant
 
 
-OPEN = Principal(tenant="default", scope="admin")  # every caller when no keys are configured
+OPEN = Principal(tenant="default", scope="admin", key_id="open")  # every caller when no keys are configured
 
 
 def load_keys(
@@ -67,8 +73,13 @@ def load_keys(
     for where, key, tenant, scope in entries:
         if key in keys and keys[key] != Principal(tenant, scope):
             raise ConfigError(f"{where}: this key is already given to another tenant or scope")
-        keys[key] = Principal(tenant, scope)
+        keys[key] = Principal(tenant, scope, key_id(key))
     return keys
+
+
+def key_id(key: str) -> str:
+    """The key's public id: it names the key in usage figures without revealing it."""
+    return f"key-{hashlib.sha256(key.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
 
 
 def _file_entries(path: Path) -> list[tuple[str, str, str, str]]:
@@ -105,6 +116,10 @@ def _check(where: str, fields: list[str]) -> tuple[str, str, str]:
     if not TENANT_RE.match(tenant):
         raise ConfigError(
             f"{where}: invalid tenant {tenant!r}: use 1-64 of A-Z, a-z, 0-9, '.', '_', '-'"
+        )
+    if tenant == OPERATOR:
+        raise ConfigError(
+            f"{where}: the tenant {OPERATOR!r} is reserved for the operator's preloaded adapters"
         )
     if scope not in SCOPES:
         raise ConfigError(f"{where}: scope must be user or admin, got {scope!r}")
@@ -187,14 +202,3 @@ async def caller_if_any(
         return principal_of(request)
     except ApiError:
         return None
-
-
-def require_manage(principal: Principal, owner: str, name: str) -> None:
-    """403 unless principal may manage the adapter `name` that owner owns."""
-    if not principal.may_manage(owner):
-        raise ApiError(
-            403,
-            f"adapter {name!r} belongs to another tenant; this key manages the adapters "
-            f"of tenant {principal.tenant!r} only",
-            code="permission_denied",
-        )

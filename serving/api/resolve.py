@@ -1,22 +1,29 @@
-"""Which adapter version a request names: `model` and `lora` fields -> 'name@digest' or None.
+"""Which adapter version a request names: `model` and `lora` fields -> a version or None.
 
     model "demo"             the base model alone (demo being model.id)
     model "support-bot"      the adapter support-bot's latest version
     model "demo:support-bot" the same, OpenAI-style fine-tune naming
     lora  "support-bot", "support-bot@<digest>" or "demo:support-bot"
 
-Names resolve through the registry on every request, so an upload is served by the next
-request and a deleted name answers 404 at once. Any key may use any adapter (see auth).
+A name is looked up as the caller sees it (adapters.visibility): the caller's tenant's own
+adapter of that name first, then the public one. The answer is the qualified version
+`tenant/name@digest` the engine and the replicas' routing go by. Names resolve through the
+registry on every request, so an upload is served by the next request and a deleted name
+answers 404 at once. An adapter the caller may not see answers exactly as a missing one.
 """
 
 from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import AdapterError, quoted
+from adapters.errors import AdapterError, RegistryUnavailable, UnknownAdapter, quoted
 from adapters.names import parse_ref
+from adapters.visibility import resolve_for
+from serving.api.auth import Principal
 from serving.api.errors import ApiError
 from serving.api.settings import AppSettings
+
+UNAVAILABLE = "the adapter registry cannot be reached; try again"
 
 
 def adapter_from_model(settings: AppSettings, model: str) -> str | None:
@@ -57,21 +64,22 @@ def pick_adapter(from_model: str | None, from_lora: str | None) -> str | None:
     return from_lora or from_model
 
 
-async def resolve_version(settings: AppSettings, ref: str | None) -> str | None:
-    """'name' or 'name@digest' -> the registry's 'name@digest'; 404 when it does not exist."""
+async def resolve_version(
+    settings: AppSettings, caller: Principal, ref: str | None
+) -> str | None:
+    """'name' or 'name@digest' as caller sees it -> 'tenant/name@digest'; 404 when the caller
+    has no such adapter, 503 when the registry cannot be read."""
     if ref is None:
         return None
     try:
-        version = await run_in_threadpool(settings.registry.resolve, ref)
-    except AdapterError as exc:
-        # The registry's "unknown adapter ..." / "unknown version ..." mean absent; anything
-        # else is a damaged registry, the server's fault.
-        if str(exc).startswith("unknown "):
-            raise ApiError(404, str(exc), code="model_not_found") from None
+        version = await run_in_threadpool(resolve_for, settings.registry, caller.tenant, ref)
+    except UnknownAdapter as exc:
+        raise ApiError(404, str(exc), code="model_not_found") from None
+    except RegistryUnavailable:
+        raise ApiError(503, UNAVAILABLE) from None
+    except AdapterError as exc:  # a damaged registry entry: the server's fault
         raise ApiError(500, str(exc)) from None
-    except OSError:
-        raise ApiError(503, "the adapter registry cannot be reached; try again") from None
-    return version.ref
+    return version.qualified
 
 
 def _model_not_found(model: str) -> ApiError:

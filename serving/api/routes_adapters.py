@@ -1,34 +1,47 @@
-"""Adapter management over HTTP: upload, list, show, delete (OpenAI error style).
+"""Adapter management over HTTP: upload, list, show, delete, mark public (OpenAI error style).
 
 An upload is validated whole against the served model (shapes, layers, modules, rank up
 to lora.max_lora_rank; a draft companion against the draft model when one is configured)
-before anything is stored. Names belong to the uploading key's tenant: a user key may not
-publish over another tenant's name (403), and to it another tenant's adapter does not exist
-when shown or deleted (404, word for word as for a missing name); an admin key may do all,
-and publishing over a name keeps its owner. Registry calls are blocking I/O and run in
-worker threads.
+before anything is stored. Names are per tenant: an upload publishes under the key's own
+tenant (an admin may name another with the form field `tenant`), so two tenants may each
+own `support-bot`. Who sees and manages what is adapters.visibility's rule: a user key sees
+its own tenant's adapters and the public ones and manages its own only; an adapter it may
+not see answers 404 word for word as a missing one. Admin keys list and manage every
+tenant's (`?tenant=` names one) and mark adapters public. Registry calls are blocking I/O
+and run in worker threads.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi import APIRouter, Body, Depends, File, Form, Query, UploadFile
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import AdapterError
+from adapters.errors import (
+    AdapterError,
+    NameConflict,
+    NotOwner,
+    RegistryUnavailable,
+    UnknownAdapter,
+)
 from adapters.format import Adapter, parse_adapter
 from adapters.names import validate_name
 from adapters.registry import Entry, Registry, Version
 from adapters.sources import CONFIG, WEIGHTS
-from serving.api.auth import Principal, authenticate, require_manage
+from adapters.visibility import manageable
+from serving.api.adapter_json import entry_json, version_json
+from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
+from serving.api.quotas import check_quota
+from serving.api.resolve import UNAVAILABLE
 from serving.api.settings import AppSettings
 
 router = APIRouter(tags=["Adapters"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
+Tenant = Annotated[str | None, Query(description="Admin keys: the tenant whose adapter.")]
 DRAFT_CONFIG, DRAFT_WEIGHTS = f"draft_{CONFIG}", f"draft_{WEIGHTS}"
 
 
@@ -41,8 +54,10 @@ async def upload(
     weights: Annotated[UploadFile, File(alias=WEIGHTS, description="The LoRA tensors.")],
     draft_config: Annotated[UploadFile | None, File(alias=DRAFT_CONFIG)] = None,
     draft_weights: Annotated[UploadFile | None, File(alias=DRAFT_WEIGHTS)] = None,
+    tenant: Annotated[str | None, Form(description="Admin keys: publish for this tenant.")] = None,
 ):
     _valid_name(name)
+    owner = _target_tenant(caller, tenant)
     if (draft_config is None) != (draft_weights is None):
         raise ApiError(400, f"a draft companion needs both {DRAFT_CONFIG} and {DRAFT_WEIGHTS}")
     files = {CONFIG: await config.read(), WEIGHTS: await weights.read()}
@@ -50,29 +65,60 @@ async def upload(
     if draft_config is not None:
         draft = {CONFIG: await draft_config.read(), WEIGHTS: await draft_weights.read()}
     adapter = await run_in_threadpool(_validate, ctx.settings, files, draft)
-    version = await _registry_call(_publish, ctx.settings.registry, name, adapter, caller)
-    return {**_version_json(version), "warnings": list(adapter.warnings)}
+    limits = ctx.settings.limits_of(owner)
+    version = await _registry_call(_publish, ctx.settings.registry, name, adapter, owner, limits)
+    return {**version_json(version), "warnings": list(adapter.warnings)}
 
 
-@router.get("/v1/adapters", summary="Adapters of this key's tenant (all for an admin key)")
-async def list_adapters(ctx: Ctx, caller: Caller):
-    owner = None if caller.is_admin else caller.tenant
-    entries = await _registry_call(ctx.settings.registry.list, owner)
-    return {"object": "list", "data": [_entry_json(e) for e in entries]}
+@router.get("/v1/adapters", summary="Adapters this key may see (every tenant's for an admin)")
+async def list_adapters(ctx: Ctx, caller: Caller, tenant: Tenant = None):
+    registry = ctx.settings.registry
+    if caller.is_admin:
+        entries = await _registry_call(registry.list, tenant)
+    else:
+        _target_tenant(caller, tenant)
+        entries = await _registry_call(registry.list_visible, caller.tenant)
+    return {"object": "list", "data": [entry_json(e) for e in entries]}
 
 
 @router.get("/v1/adapters/{name}", summary="One adapter with its version history")
-async def show_adapter(name: str, ctx: Ctx, caller: Caller):
+async def show_adapter(name: str, ctx: Ctx, caller: Caller, tenant: Tenant = None):
     _valid_name(name)
-    entry = await _registry_call(_visible, ctx.settings.registry, name, caller)
-    return {**_entry_json(entry), "history": list(entry.history)}
+    entry = await _registry_call(_visible, ctx.settings.registry, caller, name, tenant)
+    return {**entry_json(entry), "history": list(entry.history)}
 
 
 @router.delete("/v1/adapters/{name}", summary="Delete a name; its versions stay immutable")
-async def delete_adapter(name: str, ctx: Ctx, caller: Caller):
+async def delete_adapter(name: str, ctx: Ctx, caller: Caller, tenant: Tenant = None):
     _valid_name(name)
-    await _registry_call(_delete, ctx.settings.registry, name, caller)
+    await _registry_call(_delete, ctx.settings.registry, caller, name, tenant)
     return {"id": name, "object": "adapter", "deleted": True}
+
+
+@router.patch("/v1/adapters/{name}", summary="Mark an adapter public or private (admin keys)")
+async def set_public(
+    name: str,
+    ctx: Ctx,
+    caller: Caller,
+    public: Annotated[bool, Body(embed=True, description="Usable by every tenant.")],
+    tenant: Tenant = None,
+):
+    _valid_name(name)
+    entry = await _registry_call(_set_public, ctx.settings.registry, caller, name, tenant, public)
+    return entry_json(entry)
+
+
+def _target_tenant(caller: Principal, tenant: str | None) -> str:
+    """The tenant a request addresses: the caller's own, or any one for an admin key."""
+    if tenant is None or tenant == caller.tenant:
+        return caller.tenant
+    if not caller.is_admin:
+        raise ApiError(
+            403,
+            f"this key manages the adapters of tenant {caller.tenant!r} only",
+            code="permission_denied",
+        )
+    return tenant
 
 
 def _validate(settings: AppSettings, files: dict, draft_files: dict | None) -> Adapter:
@@ -96,45 +142,54 @@ def _validate(settings: AppSettings, files: dict, draft_files: dict | None) -> A
         raise ApiError(400, str(exc)) from None
 
 
-def _publish(registry: Registry, name: str, adapter: Adapter, caller: Principal) -> Version:
-    owner = caller.tenant
-    if registry.exists(name):
-        owner = registry.resolve(name).owner
-        require_manage(caller, owner, name)
+def _publish(registry: Registry, name: str, adapter: Adapter, owner: str, limits) -> Version:
+    check_quota(registry.list(owner), name, adapter.num_bytes, limits)
+    return registry.publish(name, adapter, owner)
+
+
+def _visible(registry: Registry, caller: Principal, name: str, tenant: str | None) -> Entry:
+    """name as caller sees it: its own tenant's, else the public one (an admin: `tenant`'s)."""
+    if caller.is_admin and tenant is not None:
+        return registry.show(name, tenant)
+    if tenant is not None and tenant != caller.tenant:
+        raise UnknownAdapter(f"unknown adapter {name!r}")  # as for a name nobody has
     try:
-        return registry.publish(name, adapter, owner)
-    except AdapterError:
-        # Another tenant created the name between the check and the publish.
-        if registry.exists(name):
-            require_manage(caller, registry.resolve(name).owner, name)
-        raise
+        return registry.show(name, caller.tenant)
+    except UnknownAdapter:
+        owner = registry.public_owner(name)
+        if owner is None:
+            raise
+        return registry.show(name, owner)
 
 
-def _visible(registry: Registry, name: str, caller: Principal) -> Entry:
-    """name's entry, as the registry's own "unknown adapter" when caller may not manage it."""
-    entry = registry.show(name)
-    if not caller.may_manage(entry.owner):
-        # Word for word the registry's answer for a name it lacks (a test holds them equal),
-        # so that another tenant's names cannot be told from missing ones.
-        raise AdapterError(f"unknown adapter {name!r}")
-    return entry
+def _delete(registry: Registry, caller: Principal, name: str, tenant: str | None) -> None:
+    entry = manageable(registry, caller.tenant, caller.is_admin, name, tenant)
+    registry.delete(name, entry.owner)
 
 
-def _delete(registry: Registry, name: str, caller: Principal) -> None:
-    _visible(registry, name, caller)
-    registry.delete(name)
+def _set_public(
+    registry: Registry, caller: Principal, name: str, tenant: str | None, public: bool
+) -> Entry:
+    entry = _visible(registry, caller, name, tenant)  # 404 first, as everywhere
+    if not caller.is_admin:
+        raise ApiError(403, "only an admin key can make an adapter public or private",
+                       code="permission_denied")  # fmt: skip
+    return registry.set_public(name, entry.owner, public)
 
 
 async def _registry_call(fn, *args):
     try:
         return await run_in_threadpool(fn, *args)
+    except UnknownAdapter as exc:
+        raise ApiError(404, str(exc), code="adapter_not_found") from None
+    except NotOwner as exc:
+        raise ApiError(403, str(exc), code="permission_denied") from None
+    except NameConflict as exc:
+        raise ApiError(409, str(exc), code="conflict") from None
+    except RegistryUnavailable:
+        raise ApiError(503, UNAVAILABLE) from None
     except AdapterError as exc:
-        # The registry's "unknown adapter ..." means absent; other refusals are the request's.
-        status = 404 if str(exc).startswith("unknown ") else 400
-        code = "adapter_not_found" if status == 404 else None
-        raise ApiError(status, str(exc), code=code) from None
-    except OSError:
-        raise ApiError(503, "the adapter registry cannot be reached; try again") from None
+        raise ApiError(400, str(exc)) from None
 
 
 def _valid_name(name: str) -> None:
@@ -142,34 +197,3 @@ def _valid_name(name: str) -> None:
         validate_name(name)
     except AdapterError as exc:
         raise ApiError(400, str(exc)) from None
-
-
-def _version_json(v: Version) -> dict:
-    return {
-        "object": "adapter",
-        "name": v.name,
-        "version": v.ref,
-        "digest": v.digest,
-        "owner": v.owner,
-        "rank": v.rank,
-        "alpha": v.alpha,
-        "scale": v.scale,
-        "target_modules": list(v.target_modules),
-        "num_bytes": v.num_bytes,
-        "has_draft": v.has_draft,
-        "created": v.created,
-    }
-
-
-def _entry_json(e: Entry) -> dict:
-    return {
-        "object": "adapter",
-        "name": e.name,
-        "version": f"{e.name}@{e.digest}",
-        "digest": e.digest,
-        "owner": e.owner,
-        "rank": e.rank,
-        "target_modules": list(e.target_modules),
-        "num_bytes": e.num_bytes,
-        "updated": e.updated,
-    }

@@ -16,13 +16,20 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from adapters.errors import RegistryUnavailable
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
-from serving.api.generation import Generation, cache_salt, start, stream_error
+from serving.api.generation import Generation, answer, cache_salt, start, stream_error
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
-from serving.api.resolve import adapter_from_lora, adapter_from_model, pick_adapter, resolve_version
+from serving.api.resolve import (
+    UNAVAILABLE,
+    adapter_from_lora,
+    adapter_from_model,
+    pick_adapter,
+    resolve_version,
+)
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.sse import event_stream
 from serving.engine.request import GenerateRequest
@@ -36,32 +43,38 @@ SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on 
 @router.post("/v1/chat/completions", summary="Chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
-    version = await _version(ctx, body)
+    version = await _version(ctx, caller, body)
     params = _sampling(body, s)
     rid = fmt.new_id("chatcmpl")
     ids = await chat_ids(s, body.messages)
     salt = cache_salt(ctx, caller)
     gen = await start(
-        ctx, GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt), **_who(request, t0)
+        ctx,
+        GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt),
+        caller=caller,
+        **_who(request, t0),
     )
     if body.stream:
         return event_stream(gen, _chat_events(ctx, gen, rid, body), s.send_timeout_s)
     outcome = await gen.collect(request)
     logprobs = fmt.chat_logprobs(s.tokenizer, outcome.logprobs) if body.logprobs else None
-    return fmt.chat_completion(rid, body.model, outcome, logprobs)
+    return answer(gen, fmt.chat_completion(rid, body.model, outcome, logprobs))
 
 
 @router.post("/v1/completions", summary="Text completion")
 async def completions(body: CompletionRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
-    version = await _version(ctx, body)
+    version = await _version(ctx, caller, body)
     params = _sampling(body, s)
     rid = fmt.new_id("cmpl")
     prompt = body.prompt
     ids = await text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
     salt = cache_salt(ctx, caller)
     gen = await start(
-        ctx, GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt), **_who(request, t0)
+        ctx,
+        GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt),
+        caller=caller,
+        **_who(request, t0),
     )
     if body.stream:
         return event_stream(gen, _completion_events(ctx, gen, rid, body), s.send_timeout_s)
@@ -69,17 +82,18 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     logprobs = None
     if body.logprobs is not None:
         logprobs = fmt.completion_logprobs(s.tokenizer, outcome.logprobs)
-    return fmt.text_completion(rid, body.model, outcome, logprobs)
+    return answer(gen, fmt.text_completion(rid, body.model, outcome, logprobs))
 
 
-@router.get("/v1/models", summary="The base model and the adapters this key may see")
+@router.get("/v1/models", summary="The base model and the adapters this key may use")
 async def models(ctx: Ctx, caller: Caller):
+    # What `model` may name: the caller's tenant's adapters and the public ones, for admin
+    # keys too (GET /v1/adapters lists every tenant's to them).
     s = ctx.settings
-    owner = None if caller.is_admin else caller.tenant
     try:
-        entries = await run_in_threadpool(s.registry.list, owner)
-    except OSError:
-        raise ApiError(503, "the adapter registry cannot be reached; try again") from None
+        entries = await run_in_threadpool(s.registry.list_visible, caller.tenant)
+    except RegistryUnavailable:
+        raise ApiError(503, UNAVAILABLE) from None
     base = _card(s.model_id, 0, s.owned_by, None, s.model_id)
     adapters = [
         _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id, s.model_id)
@@ -100,10 +114,11 @@ def _sampling(body, settings):
     )
 
 
-async def _version(ctx: ApiContext, body) -> str | None:
+async def _version(ctx: ApiContext, caller: Principal, body) -> str | None:
     s = ctx.settings
     from_lora = adapter_from_lora(s, body.lora) if body.lora else None
-    return await resolve_version(s, pick_adapter(adapter_from_model(s, body.model), from_lora))
+    ref = pick_adapter(adapter_from_model(s, body.model), from_lora)
+    return await resolve_version(s, caller, ref)
 
 
 def _who(request: Request, t0: float) -> dict:

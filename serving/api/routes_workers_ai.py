@@ -19,7 +19,7 @@ from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
-from serving.api.generation import Generation, cache_salt, start, stream_error
+from serving.api.generation import Generation, answer, cache_salt, start, stream_error
 from serving.api.openai_format import new_id
 from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
@@ -40,7 +40,8 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
     t0, s = time.perf_counter(), ctx.settings
     if model != s.model_id:
         raise ApiError(404, f"unknown model {quoted(model)}; this server serves {s.model_id!r}")
-    version = await resolve_version(s, adapter_from_lora(s, body.lora) if body.lora else None)
+    ref = adapter_from_lora(s, body.lora) if body.lora else None
+    version = await resolve_version(s, caller, ref)
     if body.messages is not None:
         ids = await chat_ids(s, body.messages)
     elif body.raw:
@@ -59,6 +60,7 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
         GenerateRequest(
             request_id, tuple(ids), params, version, cache_salt=cache_salt(ctx, caller)
         ),
+        caller=caller,
         session=request.headers.get(SESSION_HEADER),
         t0=t0,
     )
@@ -66,12 +68,8 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
         return event_stream(gen, _events(gen), s.send_timeout_s)
     outcome = await gen.collect(request)
     usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-    return {
-        "result": {"response": outcome.text, "usage": usage},
-        "success": True,
-        "errors": [],
-        "messages": [],
-    }
+    result = {"response": outcome.text, "usage": usage}
+    return answer(gen, {"result": result, "success": True, "errors": [], "messages": []})
 
 
 async def _events(gen: Generation) -> AsyncIterator[str]:

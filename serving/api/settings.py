@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from adapters.base_model import BaseModelSpec
@@ -40,6 +40,8 @@ class AppSettings:
     send_timeout_s: float = 30.0
     ready: threading.Event = field(default_factory=threading.Event)
     owned_by: str = "loraserve"  # /v1/models' owned_by of the base model
+    # tenant -> its limits (limits.* merged with limits.tenants.NAME; None = unlimited)
+    limits_of: Callable[[str], Mapping[str, int | None]] = field(default=lambda tenant: {})
 
     @property
     def num_token_ids(self) -> int:
@@ -66,6 +68,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         vocab_size=model.vocab_size,
+        limits_of=cfg.limits.for_tenant,
     )
 
 

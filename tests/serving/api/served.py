@@ -15,6 +15,7 @@ import torch
 import uvicorn
 
 from adapters.base_model import BaseModelSpec
+from adapters.names import OPERATOR
 from adapters.registry import Registry
 from adapters.slab import AdapterSlab
 from serving.api import AppSettings, LocalGenerator, create_app
@@ -115,11 +116,16 @@ def serve(
     max_body_bytes: int = 1 << 20,
     max_model_len: int = MAX_MODEL_LEN,
     generator_class: type[LocalGenerator] = LocalGenerator,
+    tenancy=None,
     **settings_fields,
 ) -> Iterator[Served]:
+    """The world's model served over HTTP; `publish` names the world's adapters published
+    for `owner` (public when owner is the reserved operator tenant)."""
     registry = Registry(f"file://{root / 'registry'}")
     for name in publish:
         registry.publish(name, world.adapters[world.versions[name]], owner)
+        if owner == OPERATOR:
+            registry.set_public(name, OPERATOR, True)
 
     def loader(ref):
         return registry.load(ref, verify=False)  # as a replica loads: trusting publish's checks
@@ -139,7 +145,7 @@ def serve(
         **settings_fields,
     )
     settings.ready.set()
-    app = create_app(generator, settings)
+    app = create_app(generator, settings, tenancy)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -86,7 +86,7 @@ def test_missing_or_unknown_keys_are_401(served, method, path, body, key):
     else:
         assert r.json()["error"]["type"] == "authentication_error"
         assert r.json()["error"]["code"] == "invalid_api_key"
-    assert served.registry.exists("upper")
+    assert served.registry.exists("upper", "acme")
 
 
 def test_a_basic_scheme_is_401(served):
@@ -95,14 +95,16 @@ def test_a_basic_scheme_is_401(served):
 
 
 def test_another_tenants_adapter_is_missing_and_the_admin_may_delete_it(served):
-    def delete(key):
+    def delete(key, query=""):
         auth = {"Authorization": f"Bearer {key}"}
-        return httpx.delete(served.url + "/v1/adapters/mlp", headers=auth)
+        return httpx.delete(served.url + "/v1/adapters/mlp" + query, headers=auth)
 
     r = delete(GLOBEX)
     assert r.status_code == 404 and r.json()["error"]["message"] == "unknown adapter 'mlp'"
-    assert served.registry.exists("mlp")
-    assert delete(ADMIN).status_code == 200 and not served.registry.exists("mlp")
+    assert served.registry.exists("mlp", "acme")
+    assert delete(ADMIN).status_code == 404  # the admin's own tenant has no "mlp"
+    assert delete(ADMIN, "?tenant=acme").status_code == 200
+    assert not served.registry.exists("mlp", "acme")
 
 
 def test_probes_need_no_key(served):
@@ -111,7 +113,7 @@ def test_probes_need_no_key(served):
 
 
 def test_no_keys_means_open_as_the_default_admin(world, tmp_path):
-    with serve(world, tmp_path, keys={}) as open_server:
+    with serve(world, tmp_path, keys={}, owner="default") as open_server:
         r = httpx.get(open_server.url + "/v1/adapters")
-        assert r.status_code == 200 and {a["owner"] for a in r.json()["data"]} == {"acme"}
+        assert r.status_code == 200 and {a["owner"] for a in r.json()["data"]} == {"default"}
         assert httpx.delete(open_server.url + "/v1/adapters/rot13").status_code == 200

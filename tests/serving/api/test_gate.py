@@ -32,7 +32,7 @@ def test_loopback_authorities(authority, loopback):
 
 @pytest.fixture(scope="module")
 def keyless(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("keyless"), keys={}) as s:
+    with serve(world, tmp_path_factory.mktemp("keyless"), keys={}, owner="default") as s:
         yield s
 
 

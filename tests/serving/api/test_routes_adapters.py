@@ -78,32 +78,33 @@ def test_upload_with_a_draft_companion(served, tmp_path):
         served, ACME, "upload", str(root / "down"), "--name", "drafted", "--draft", str(draft)
     )
     assert done.exit_code == 0, done.output
-    assert served.registry.load("drafted").draft.rank == 2
+    version = served.registry.resolve("drafted", "acme")
+    assert served.registry.load(version.qualified).draft.rank == 2
 
 
 def test_tenants_manage_only_their_own_adapters(served):
     root = served.world.root
-    # "upper" belongs to acme: globex may use it but not overwrite, show or delete it
+    # names are per tenant: globex's "upper" is its own, and acme's stays acme's
     done = cli(served, GLOBEX, "upload", str(root / "qk"), "--name", "upper")
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.exit_code == 1 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("error: ") and "belongs to another tenant" in lines[0]
-    assert cli(served, GLOBEX, "delete", "upper").exit_code == 1
+    assert done.exit_code == 0, done.output
+    assert complete(served, "upper", key=GLOBEX).json()["choices"][0]["text"] == want(served, "qk")
+    assert complete(served, "upper").json()["choices"][0]["text"] == want(served, "upper")
+    listed = cli(served, GLOBEX, "list").stdout
+    assert "upper" in listed and "rot13" not in listed
+    assert cli(served, GLOBEX, "delete", "upper").exit_code == 0
+    assert served.registry.exists("upper", "acme") and not served.registry.exists("upper", "globex")
     assert cli(served, GLOBEX, "show", "upper").exit_code == 1
-    assert "upper" not in cli(served, GLOBEX, "list").stdout
-    assert complete(served, "upper", key=GLOBEX).status_code == 200
+    assert complete(served, "upper", key=GLOBEX).status_code == 404
 
     auth = {"Authorization": f"Bearer {GLOBEX}"}
     r = httpx.delete(f"{served.url}/v1/adapters/upper", headers=auth)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    assert served.registry.exists("upper")
+    assert served.registry.exists("upper", "acme")
 
-    # the admin may overwrite (the owner stays) and delete
-    done = cli(served, ADMIN, "upload", str(root / "qk"), "--name", "upper")
-    assert done.exit_code == 0, done.output
-    assert served.registry.resolve("upper").owner == "acme"
-    assert cli(served, ADMIN, "delete", "upper").exit_code == 0
-    assert not served.registry.exists("upper")
+    # the admin names the tenant to publish for or delete from; the owner stays
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    r = httpx.delete(f"{served.url}/v1/adapters/upper?tenant=acme", headers=admin)
+    assert r.status_code == 200 and not served.registry.exists("upper", "acme")
 
 
 def test_server_errors_print_one_line(served):
@@ -122,9 +123,9 @@ def test_another_tenants_adapter_answers_as_a_missing_one(served, method):
         r = httpx.request(method, f"{served.url}/v1/adapters/{name}", headers=auth)
         return r.status_code, r.headers.get("content-type"), r.text.replace(name, "NAME")
 
-    assert served.registry.resolve("rot13").owner == "acme"
+    assert served.registry.resolve("rot13", "acme").owner == "acme"
     assert ask("rot13") == ask("rot14")  # acme's, and nobody's
-    assert ask("rot13")[0] == 404 and served.registry.exists("rot13")
+    assert ask("rot13")[0] == 404 and served.registry.exists("rot13", "acme")
 
 
 def wrong_shapes() -> dict[str, bytes]:

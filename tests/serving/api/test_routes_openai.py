@@ -108,14 +108,24 @@ def test_models_lists_the_base_and_the_adapters_the_key_may_see(served):
     acme = ids(ACME)
     assert set(acme) == {MODEL_ID, f"{MODEL_ID}:upper", f"{MODEL_ID}:rot13", f"{MODEL_ID}:mlp"}
     assert acme[MODEL_ID].parent is None and acme[f"{MODEL_ID}:mlp"].parent == MODEL_ID
-    assert set(ids(GLOBEX)) == {MODEL_ID}  # globex owns none, but may still use them
-    assert set(ids(ADMIN)) == set(acme)
+    assert acme[f"{MODEL_ID}:mlp"].owned_by == "acme"
+    # what a key may use: globex owns none and none is public; an admin key is no different
+    # (GET /v1/adapters lists every tenant's to it)
+    assert set(ids(GLOBEX)) == {MODEL_ID}
+    assert set(ids(ADMIN)) == {MODEL_ID}
 
 
-def test_a_key_uses_another_tenants_adapter(served):
+def test_a_key_uses_another_tenants_adapter_only_once_it_is_public(served):
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key=GLOBEX, max_retries=0)
-    answer = client.completions.create(model="upper", prompt="hi", max_tokens=2, temperature=0)
-    assert answer.choices[0].text == served.reference(served.text_ids("hi"), "upper", 2)[1]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="upper", prompt="hi", max_tokens=2, temperature=0)
+    assert info.value.body["message"] == "unknown adapter 'upper'"
+    served.registry.set_public("upper", "acme", True)
+    try:
+        answer = client.completions.create(model="upper", prompt="hi", max_tokens=2, temperature=0)
+        assert answer.choices[0].text == served.reference(served.text_ids("hi"), "upper", 2)[1]
+    finally:
+        served.registry.set_public("upper", "acme", False)
 
 
 def test_max_tokens_past_the_context_is_capped_with_length(served, client):

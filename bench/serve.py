@@ -69,6 +69,7 @@ def loraserve_config(tmp: Path, max_num_seqs: int) -> Path:
     cfg["cache"]["num_blocks"] = max(1024, max_num_seqs * 16)
     cfg["scheduler"]["max_num_seqs"] = max_num_seqs
     cfg["batch"]["store"] = f"sqlite:///{tmp / 'batch.db'}"
+    cfg["usage"]["store"] = f"sqlite:///{tmp / 'usage.db'}"
     path = tmp / "loraserve.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     from serving.config import load_config

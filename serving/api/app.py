@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from serving.api import routes_adapters, routes_openai, routes_ops, routes_workers_ai
+from serving.api import (
+    routes_adapters,
+    routes_openai,
+    routes_ops,
+    routes_usage,
+    routes_workers_ai,
+)
 from serving.api.auth import KeyRing
 from serving.api.context import ApiContext
 from serving.api.errors import install_error_handlers
@@ -18,12 +24,16 @@ from serving.api.generator import Generator
 from serving.api.limits import BodyLimit
 from serving.api.metrics import Metrics
 from serving.api.settings import AppSettings, settings_from_config
+from serving.api.tenancy import TenancyClient, memory_tenancy
 
 __all__ = ["AppSettings", "create_app", "settings_from_config"]
 
 
-def create_app(generator: Generator, settings: AppSettings) -> FastAPI:
-    """The API over generator for the model settings describe."""
+def create_app(
+    generator: Generator, settings: AppSettings, tenancy: TenancyClient | None = None
+) -> FastAPI:
+    """The API over generator for the model settings describe; tenancy holds the tenants'
+    limits and usage (default: settings' limits, usage kept in memory)."""
     app = FastAPI(
         title="loraserve",
         summary="One base LLM and thousands of LoRA adapters, OpenAI and Workers-AI shaped.",
@@ -31,11 +41,12 @@ def create_app(generator: Generator, settings: AppSettings) -> FastAPI:
     )
     app.state.keys = KeyRing(settings.keys)
     metrics = Metrics(pseudonym_key=app.state.keys.secret)
-    app.state.context = ApiContext(settings=settings, generator=generator, metrics=metrics)
+    tenancy = tenancy if tenancy is not None else memory_tenancy(settings.limits_of)
+    app.state.context = ApiContext(settings, generator, metrics, tenancy)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
     install_error_handlers(app)
-    for module in (routes_workers_ai, routes_openai, routes_adapters, routes_ops):
+    for module in (routes_workers_ai, routes_openai, routes_adapters, routes_usage, routes_ops):
         app.include_router(module.router)
     return app

@@ -1,4 +1,4 @@
-"""What every route reads: the settings, the generator and the metrics of this app."""
+"""What every route reads: the settings, the generator, the metrics and the tenancy of this app."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from fastapi import Request
 from serving.api.generator import Generator
 from serving.api.metrics import Metrics
 from serving.api.settings import AppSettings
+from serving.api.tenancy import TenancyClient
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class ApiContext:
     settings: AppSettings
     generator: Generator
     metrics: Metrics
+    tenancy: TenancyClient
 
 
 def api_context(request: Request) -> ApiContext:

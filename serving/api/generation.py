@@ -1,9 +1,11 @@
 """One request through the generator: start it, stream or collect it, record its metrics.
 
-A request is started (its first output awaited) before any response is sent, so a full
-queue, an invalid request or a failed adapter load still gets a proper status code even
-when the client asked for a stream. Leaving early (a client disconnect) closes the
-generator's stream, which aborts the request in the engine.
+A request is admitted under its tenant's rate limits, then started (its first output
+awaited) before any response is sent, so a limit, a full queue, an invalid request or a
+failed adapter load still gets a proper status code even when the client asked for a
+stream. Leaving early (a client disconnect) closes the generator's stream, which aborts the
+request in the engine. When it ends, its usage is recorded (committed before the answer's
+last byte) and its admission released.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ from dataclasses import dataclass, field
 
 import anyio
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
+from adapters.names import version_label
 from serving.api.auth import Principal
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError, error_body
 from serving.api.generator import QueueFull
+from serving.api.tenancy import rate_limited
 from serving.engine.request import GenerateRequest, RequestOutput, TokenLogprob
+from serving.usage.limits import Admission, RateLimited
+from serving.usage.store import UsageRecord
 
 RETRY_AFTER_SECONDS = 1
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
@@ -43,11 +50,43 @@ class Outcome:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Meter:
+    """Whose request it is, for its usage record and its admission's release."""
+
+    caller: Principal
+    adapter: str | None  # the qualified version, None for the base model
+    kind: str = "interactive"  # | "batch"
+    admission: Admission | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The x-ratelimit-* headers of the answer."""
+        return dict(self.admission.headers) if self.admission else {}
+
+    def record(self, out: RequestOutput | None) -> UsageRecord | None:
+        if out is None:
+            return None
+        return UsageRecord(
+            tenant=self.caller.tenant,
+            key_id=self.caller.key_id,
+            adapter=version_label(self.adapter) if self.adapter else "base",
+            kind=self.kind,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            completion_tokens=out.completion_tokens,
+            time=time.time(),
+        )
+
+
 class Generation:
     """A started request: iterate it once for its outputs (the first one included)."""
 
-    def __init__(self, ctx: ApiContext, stream, first: RequestOutput, label: str, t0: float):
-        self._ctx, self._stream, self._first, self.label = ctx, stream, first, label
+    def __init__(
+        self, ctx: ApiContext, stream, first: RequestOutput, meter: Meter, t0: float
+    ) -> None:
+        self._ctx, self._stream, self._first, self.meter = ctx, stream, first, meter
+        self.label = ctx.metrics.label(meter.adapter)
         self._t0, self._ttft = t0, time.perf_counter() - t0
         self._last: RequestOutput = first
         self._closed = False
@@ -87,10 +126,12 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        # Shielded: closing is what aborts the request, even while being cancelled.
+        # Shielded: closing is what aborts the request, even while being cancelled; and its
+        # usage is recorded however the answer ended.
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()
-        self._record()
+            self._record()
+            await finish(self._ctx, self.meter, self._last)
 
     async def collect(self, request: Request) -> Outcome:
         """Every output joined; a client that disconnects meanwhile aborts the request."""
@@ -121,31 +162,71 @@ class Generation:
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
         )
+        m = self.meter
+        self._ctx.metrics.meter(m.caller.tenant, m.kind, out.prompt_tokens, out.cached_tokens,
+                                out.completion_tokens)  # fmt: skip
 
 
 async def start(
-    ctx: ApiContext, request: GenerateRequest, *, session: str | None, t0: float
+    ctx: ApiContext,
+    request: GenerateRequest,
+    *,
+    caller: Principal,
+    session: str | None,
+    t0: float,
+    kind: str = "interactive",
 ) -> Generation:
-    """The request queued and its first output in hand; 400, 429 or 500 if it cannot run."""
+    """The request admitted, queued and its first output in hand; 400, 429 or 500 if not."""
+    meter = Meter(caller, request.adapter, kind, await admit(ctx, caller, request))
     stream = ctx.generator.generate(request, session=session)
     try:
         first = await anext(stream)
-    except QueueFull as exc:
-        raise ApiError(
-            429,
-            f"the server is busy ({exc}); retry shortly",
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        ) from None
-    except ValueError as exc:
-        raise ApiError(400, str(exc)) from None
-    except BaseException:
-        await stream.aclose()
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+            await finish(ctx, meter, None)
+        if isinstance(exc, QueueFull):
+            raise ApiError(
+                429,
+                f"the server is busy ({exc}); retry shortly",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from None
+        if isinstance(exc, ValueError):
+            raise ApiError(400, str(exc)) from None
         raise
-    gen = Generation(ctx, stream, first, ctx.metrics.label(request.adapter), t0)
+    gen = Generation(ctx, stream, first, meter, t0)
     if first.finish_reason == "error":
         await gen.aclose()
         raise failed(first)
     return gen
+
+
+async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) -> Admission | None:
+    """caller's tenant's admission for request, reserving its prompt and max_tokens; None
+    when no rate limit applies to the tenant; 429 with OpenAI's headers when one is hit."""
+    if not rate_limited(ctx.settings.limits_of(caller.tenant)):
+        return None
+    tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+    try:
+        return await ctx.tenancy.admit(caller.tenant, tokens)
+    except RateLimited as exc:
+        raise ApiError(
+            429, str(exc), code="rate_limit_exceeded", headers=dict(exc.headers)
+        ) from None
+
+
+async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> None:
+    """Record the request's usage (out: its last output; None if it never ran) and release
+    its admission. A store that fails is logged, never the client's error."""
+    try:
+        await ctx.tenancy.finish(meter.admission, meter.record(out))
+    except Exception as exc:
+        log.error("usage of a %s request was not recorded: %s", meter.caller.tenant, exc)
+
+
+def answer(gen: Generation, content: dict) -> JSONResponse:
+    """A whole generation's JSON answer, with the tenant's rate-limit headers."""
+    return JSONResponse(content, headers=gen.meter.headers)
 
 
 def cache_salt(ctx: ApiContext, caller: Principal) -> str | None:

@@ -1,13 +1,13 @@
 """Prometheus metrics of the API: request latencies and tokens here, engine figures at scrape.
 
-Names carry their unit (`_seconds`, `_tokens_total`, `_ratio`). The `adapter` label is
-bounded: the first MAX_ADAPTER_LABELS adapter names that get traffic keep their own label
+Names carry their unit (`_seconds`, `_tokens_total`, `_ratio`). The `adapter` label
+(`tenant/name`, adapters.names.version_label) is bounded: the first MAX_ADAPTER_LABELS adapter names that get traffic keep their own label
 for the life of the process (a series cannot be renamed later without breaking rates), all
 later names count as "other", and base-only requests as "base", as the engine's own
 speculative-decoding figures label them. Everything lives in this app's own registry.
 
-Adapter names are tenants' business: a scrape without an admin key (when keys are
-configured) sees each name as a pseudonym instead, a keyed hash that is stable across
+Adapter and tenant names are tenants' business: a scrape without an admin key (when keys
+are configured) sees each as a pseudonym instead, a keyed hash that is stable across
 scrapes and ingress replicas but that nobody without the keys can compute from a guess.
 """
 
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from adapters.names import version_label
+from serving.api.metrics_views import Relabelled, Summed
 from serving.engine.figures import EngineFigures
 
 MAX_ADAPTER_LABELS = 20
@@ -39,7 +41,7 @@ class AdapterLabels:
     def __call__(self, version: str | None) -> str:
         if version is None:
             return BASE
-        name = version.partition("@")[0]
+        name = version_label(version)
         if name in self._named:
             return name
         if len(self._named) < self.max_labels:
@@ -94,8 +96,21 @@ class Metrics:
             ["adapter", "finish_reason", "status"],
             registry=reg,
         )
-        self._own = (self.ttft, self.tpot, self.e2e, self.prompt_tokens,
-                     self.generation_tokens, self.requests)  # fmt: skip
+        # Tenants are bounded by the keys configured, so they label without a cap.
+        self.tenant_requests = Counter(
+            "loraserve_tenant_requests_total",
+            "Generation requests that reached the engine, by tenant and kind.",
+            ["tenant", "kind"],
+            registry=reg,
+        )
+        self.tenant_tokens = Counter(
+            "loraserve_tenant_tokens_total",
+            "Tokens metered, by tenant, kind and type (prompt, cached, completion).",
+            ["tenant", "kind", "type"],
+            registry=reg,
+        )
+        self._own = (self.ttft, self.tpot, self.e2e, self.prompt_tokens, self.generation_tokens,
+                     self.requests, self.tenant_requests, self.tenant_tokens)  # fmt: skip
         self._engines = _EngineCollector()
         reg.register(self._engines)
 
@@ -120,6 +135,12 @@ class Metrics:
             if completion_tokens > 1:
                 self.tpot.labels(label).observe((e2e - ttft) / (completion_tokens - 1))
 
+    def meter(self, tenant: str, kind: str, prompt: int, cached: int, completion: int) -> None:
+        """Count one request's usage for its tenant, as the usage store records it."""
+        self.tenant_requests.labels(tenant, kind).inc()
+        for kind_of, n in (("prompt", prompt), ("cached", cached), ("completion", completion)):
+            self.tenant_tokens.labels(tenant, kind, kind_of).inc(n)
+
     def render(self, figures: list[EngineFigures], *, adapter_names: bool = True) -> bytes:
         """The exposition text, with the engine gauges taken from figures; without
         adapter_names every adapter label is its pseudonym."""
@@ -127,10 +148,10 @@ class Metrics:
         self._engines.figures = figures
         registry = self.registry
         if any(f.api for f in figures):  # every replica serves HTTP: show the sum of their apps
-            registry = _Summed(registry, [f.api for f in figures])
+            registry = Summed(registry, [f.api for f in figures])
         if adapter_names:
             return generate_latest(registry)
-        return generate_latest(_Relabelled(registry, self.pseudonym))
+        return generate_latest(Relabelled(registry, self.pseudonym))
 
     def samples(self) -> tuple[tuple[str, str, tuple, float], ...]:
         """This app's request metrics as plain data (family, sample, labels, value), for a
@@ -149,45 +170,6 @@ class Metrics:
             return label
         digest = hmac.new(self.pseudonym_key, label.encode(), hashlib.sha256).hexdigest()
         return f"adapter-{digest[:16]}"
-
-
-class _Summed:
-    """A registry whose request metrics are the sums of every replica's samples instead."""
-
-    def __init__(self, registry: CollectorRegistry, replicas: list[tuple]) -> None:
-        self.registry = registry
-        self.totals: dict[str, dict[tuple, float]] = {}  # family -> (sample, labels) -> sum
-        for samples in replicas:
-            for family, name, labels, value in samples:
-                totals = self.totals.setdefault(family, {})
-                totals[name, labels] = totals.get((name, labels), 0.0) + value
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self.registry.collect():
-            if family.name not in self.totals:
-                yield family  # the engine figures, already from every replica
-                continue
-            out = Metric(family.name, family.documentation, family.type, family.unit)
-            for (name, labels), value in self.totals[family.name].items():
-                out.add_sample(name, dict(labels), value)
-            yield out
-
-
-class _Relabelled:
-    """A registry's metrics with every `adapter` label value passed through rename."""
-
-    def __init__(self, registry: CollectorRegistry, rename: Callable[[str], str]) -> None:
-        self.registry, self.rename = registry, rename
-
-    def collect(self) -> Iterable[Metric]:
-        for family in self.registry.collect():
-            out = Metric(family.name, family.documentation, family.type, family.unit)
-            for sample in family.samples:
-                labels = dict(sample.labels)
-                if "adapter" in labels:
-                    labels["adapter"] = self.rename(labels["adapter"])
-                out.samples.append(sample._replace(labels=labels))
-            yield out
 
 
 class _EngineCollector:

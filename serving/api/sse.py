@@ -36,7 +36,13 @@ def event_stream(
             await events.aclose()
             await gen.aclose()
 
-    return _Stream(closing(), sep="\n", ping=PING_SECONDS, send_timeout=send_timeout)
+    return _Stream(
+        closing(),
+        sep="\n",
+        ping=PING_SECONDS,
+        send_timeout=send_timeout,
+        headers=gen.meter.headers,
+    )
 
 
 class _Stream(EventSourceResponse):

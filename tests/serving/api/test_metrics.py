@@ -49,7 +49,7 @@ def test_counters_and_histograms_move(served):
         r = httpx.post(served.url + "/v1/completions", json=body, headers=AUTH, timeout=30)
         assert r.status_code == 200
     after = scrape(served)
-    for label, n in (("upper", 2), ("base", 1)):
+    for label, n in (("acme/upper", 2), ("base", 1)):
         assert value(after, "loraserve_time_to_first_token_seconds_count", adapter=label) == (
             value(before, "loraserve_time_to_first_token_seconds_count", adapter=label) + n
         )
@@ -70,6 +70,14 @@ def test_counters_and_histograms_move(served):
         if k[0] == "loraserve_requests_total" and dict(k[1])["status"] == "200"
     )
     assert ok == 3
+    tenant = {"tenant": "acme", "kind": "interactive"}
+    assert value(after, "loraserve_tenant_requests_total", **tenant) - value(
+        before, "loraserve_tenant_requests_total", **tenant
+    ) == 3
+    metered = value(after, "loraserve_tenant_tokens_total", type="prompt", **tenant) - value(
+        before, "loraserve_tenant_tokens_total", type="prompt", **tenant
+    )
+    assert metered == 3 * len(served.text_ids("count me"))
     assert value(after, "loraserve_num_requests_running", replica="local") == 0
     assert value(after, "loraserve_adapter_loads_total", replica="local") >= 1
     assert 0 < value(after, "loraserve_adapter_slab_occupancy_ratio", replica="local") <= 1
@@ -125,11 +133,13 @@ def test_adapter_names_need_an_admin_key(served):
     body = {"model": "rot13", "prompt": "secret plans", "max_tokens": 1}
     r = httpx.post(served.url + "/v1/completions", json=body, headers=AUTH, timeout=30)
     assert r.status_code == 200
-    assert "rot13" in adapter_labels(scrape(served, ADMIN))
+    assert "acme/rot13" in adapter_labels(scrape(served, ADMIN))
+    assert 'tenant="acme"' in scrape_text(served, ADMIN)
     pseudonyms = adapter_labels(scrape(served, None))
     for key in (None, ACME, "not-a-key"):
         text = scrape_text(served, key)
         assert "rot13" not in text and "upper" not in text, key
+        assert "acme" not in text, key  # tenant names are pseudonyms too
         assert adapter_labels(samples_of(text)) == pseudonyms  # stable from scrape to scrape
     assert any(label.startswith("adapter-") for label in pseudonyms) and "base" in pseudonyms
 

@@ -1,0 +1,78 @@
+"""GET /v1/usage: what a tenant's requests used, by adapter, key, day or tenant.
+
+A user key sees its own tenant's usage; an admin key sees every tenant's, or one with
+`?tenant=`. `start` and `end` are ISO 8601 times (UTC unless they say otherwise) or epoch
+seconds; the store keeps usage by the minute, so they resolve to the minute. Interactive
+and batch requests are counted apart. The figures equal the sum of the `usage` fields the
+answers carried.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query
+
+from serving.api.auth import Principal, authenticate
+from serving.api.context import ApiContext, api_context
+from serving.api.errors import ApiError
+
+router = APIRouter(tags=["Usage"])
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Caller = Annotated[Principal, Depends(authenticate)]
+When = Annotated[str | None, Query(description="ISO 8601 time or epoch seconds.")]
+
+
+@router.get("/v1/usage", summary="Usage of this key's tenant (any tenant's for an admin key)")
+async def usage(
+    ctx: Ctx,
+    caller: Caller,
+    start: When = None,
+    end: When = None,
+    group_by: Literal["adapter", "key", "day", "tenant"] = "adapter",
+    tenant: Annotated[str | None, Query(description="Admin keys: one tenant.")] = None,
+):
+    if not caller.is_admin:
+        if tenant not in (None, caller.tenant):
+            raise ApiError(
+                403, f"this key sees the usage of tenant {caller.tenant!r} only",
+                code="permission_denied",
+            )  # fmt: skip
+        tenant = caller.tenant
+    since, until = _time("start", start), _time("end", end)
+    if since is not None and until is not None and since > until:
+        raise ApiError(400, "start: it is after end")
+    rows = await ctx.tenancy.usage(start=since, end=until, group_by=group_by, tenant=tenant)
+    return {
+        "object": "list",
+        "group_by": group_by,
+        "tenant": tenant,
+        "start": start,
+        "end": end,
+        "data": rows,
+    }
+
+
+def _time(field: str, text: str | None) -> float | None:
+    """Epoch seconds of an ISO 8601 time or a number; 400 naming the field otherwise."""
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ApiError(400, f"{field}: {text[:40]!r} is not a time")
+        return seconds
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            400, f"{field}: expected an ISO 8601 time or epoch seconds, got {text[:40]!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()

@@ -1,0 +1,227 @@
+"""Tenants' rate limits over HTTP: concurrent clients never get more admitted than the limit,
+refusals are 429 with Retry-After and OpenAI's x-ratelimit-* headers, other tenants are not
+limited by them, and one tenant at its limit does not slow another."""
+
+import asyncio
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from serving.api import create_app
+from serving.engine.request import RequestOutput
+from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, serve, stub_settings
+
+LIMITS = {
+    "acme": {"requests_per_minute": 5},
+    "globex": {"tokens_per_minute": 100},
+}
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+class Held:
+    """A generator whose requests stay running until `release` is set; counts them."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.running = 0
+        self.most = 0
+        self.started = 0
+
+    async def generate(self, request, *, session=None):
+        self.prompt_len = len(request.prompt_token_ids)
+        self.running += 1
+        self.started += 1
+        self.most = max(self.most, self.running)
+        try:
+            yield RequestOutput(request.request_id, (1,), "a", False, None, 3, 1)
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
+            yield RequestOutput(request.request_id, (2,), "b", True, "length", 3, 2)
+        finally:
+            self.running -= 1
+
+    async def figures(self):
+        return []
+
+    async def ready(self):
+        return True
+
+
+def client_for(world, tmp_path, limits, generator=None):
+    generator = generator or Held()
+    generator.release.set()
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: limits.get(t, {}))
+    return TestClient(create_app(generator, settings), raise_server_exceptions=False), generator
+
+
+def post(client, key, max_tokens=4, path="/v1/completions"):
+    body = {"model": MODEL_ID, "prompt": "hi", "max_tokens": max_tokens}
+    if path.startswith("/ai"):
+        body = {"prompt": "hi", "raw": True, "max_tokens": max_tokens}
+    return client.post(path, json=body, headers=auth(key))
+
+
+def concurrently(fn, n):
+    out = [None] * n
+
+    def one(i):
+        out[i] = fn()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_requests_per_minute_holds_under_concurrency(world, tmp_path):
+    client, _ = client_for(world, tmp_path, LIMITS)
+    answers = concurrently(lambda: post(client, ACME), 16)
+    admitted = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(admitted) == 5 and len(refused) == 11
+    r = refused[0]
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    assert r.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert r.headers["x-ratelimit-limit-requests"] == "5"
+    assert r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert r.headers["x-ratelimit-reset-requests"].endswith("s")
+    ok = admitted[0].headers
+    assert ok["x-ratelimit-limit-requests"] == "5" and "x-ratelimit-remaining-requests" in ok
+    # the Workers-AI route answers in its own shape, and the limit holds there too
+    r = post(client, ACME, path=f"/ai/run/{MODEL_ID}")
+    assert r.status_code == 429 and r.json()["errors"][0]["code"] == 429
+    # another tenant is not limited by acme's use
+    assert all(post(client, GLOBEX, max_tokens=1).status_code == 200 for _ in range(3))
+
+
+def test_tokens_per_minute_charges_what_requests_used(world, tmp_path):
+    client, held = client_for(world, tmp_path, LIMITS)
+    # sequentially: each admission reserves prompt + max_tokens, each finished request is
+    # then charged what it used (the stub's 3 prompt + 2 completion tokens)
+    admitted = 0
+    while post(client, GLOBEX, max_tokens=20).status_code == 200:
+        admitted += 1
+        assert admitted < 100
+    reserve = held.prompt_len + 20
+    assert admitted == (100 - reserve) // 5 + 1  # 5 charged per request, then one reservation
+    r = post(client, GLOBEX, max_tokens=20)
+    assert r.status_code == 429 and r.headers["x-ratelimit-limit-tokens"] == "100"
+    assert int(r.headers["x-ratelimit-remaining-tokens"]) < reserve
+    # a request larger than the whole limit is refused, saying so
+    r = post(client, GLOBEX, max_tokens=500)
+    assert r.status_code == 429 and "tokens" in r.json()["error"]["message"]
+
+
+def test_tokens_per_minute_holds_under_concurrency(world, tmp_path):
+    held = Held()
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: {"tokens_per_minute": 100})
+    client = TestClient(create_app(held, settings), raise_server_exceptions=False)
+    results = held_streams(client, held, GLOBEX, 12, max_tokens=20)
+    admitted = results.count(200)
+    assert admitted == 100 // (held.prompt_len + 20) and results.count(429) == 12 - admitted
+
+
+def held_streams(client, held, key, n, max_tokens=4):
+    """n streams at once, held running until all have an answer; their statuses."""
+    results = []
+
+    def stream():
+        body = {"model": MODEL_ID, "prompt": "hi", "max_tokens": max_tokens, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body, headers=auth(key)) as r:
+            results.append(r.status_code)
+            r.read()
+
+    threads = [threading.Thread(target=stream) for _ in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(results) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    held.most_at_once = held.running
+    held.release.set()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_concurrent_requests_holds_while_streams_run(world, tmp_path):
+    held = Held()
+    settings = stub_settings(
+        world, tmp_path, limits_of=lambda t: {"concurrent_requests": 3} if t == "acme" else {}
+    )
+    client = TestClient(create_app(held, settings), raise_server_exceptions=False)
+    results = held_streams(client, held, ACME, 10)
+    assert sorted(results) == [200] * 3 + [429] * 7
+    assert held.most == 3 and held.most_at_once == 3
+    # released: acme may run again
+    assert post(client, ACME).status_code == 200
+
+
+def test_one_tenant_at_its_limit_does_not_slow_another(world, tmp_path):
+    limits = {"acme": {"concurrent_requests": 1}}
+    with serve(world, tmp_path, publish=(), limits_of=lambda t: limits.get(t, {})) as s:
+
+        def ttft(key):
+            body = {"model": MODEL_ID, "prompt": "time me", "max_tokens": 8, "stream": True}
+            t0 = time.perf_counter()
+            with httpx.stream("POST", f"{s.url}/v1/completions", json=body, headers=auth(key),
+                              timeout=60) as r:  # fmt: skip
+                status, first = r.status_code, None
+                for line in r.iter_lines():
+                    if first is None and line.startswith("data:"):
+                        first = time.perf_counter() - t0
+            return status, first
+
+        for _ in range(2):
+            ttft(GLOBEX)  # warm up
+        alone = [ttft(GLOBEX)[1] for _ in range(5)]
+        stop = threading.Event()
+        flood = Counter2()
+
+        def flooder():
+            while not stop.is_set():
+                flood.add(ttft(ACME)[0])
+
+        threads = [threading.Thread(target=flooder) for _ in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)
+            during = [ttft(GLOBEX) for _ in range(5)]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert all(status == 200 for status, _ in during)
+        assert flood.counts.get(429, 0) > flood.counts.get(200, 0) > 0  # acme was at its limit
+        # acme's refusals cost no engine time: globex's first tokens come about as fast
+        slowest = max(statistics.median(alone) * 3, statistics.median(alone) + 0.5)
+        assert statistics.median(t for _, t in during) <= slowest, (alone, during)
+
+
+class Counter2:
+    def __init__(self):
+        self.counts = {}
+        self.lock = threading.Lock()
+
+    def add(self, status):
+        with self.lock:
+            self.counts[status] = self.counts.get(status, 0) + 1
+
+
+@pytest.mark.parametrize("limit", ["requests_per_minute", "concurrent_requests"])
+def test_no_limit_configured_means_no_headers(world, tmp_path, limit):
+    client, _ = client_for(world, tmp_path, {"acme": {limit: 3}})
+    r = post(client, GLOBEX)
+    assert r.status_code == 200 and not [h for h in r.headers if h.startswith("x-ratelimit")]

@@ -1,0 +1,149 @@
+"""Usage metering over HTTP: after a mixed workload with a restart in the middle, the totals of
+GET /v1/usage equal the sums of the `usage` fields the answers carried, per tenant, adapter
+and key; a user key sees its own tenant only."""
+
+import json
+from collections import Counter, defaultdict
+
+import httpx
+import pytest
+
+from adapters.names import OPERATOR
+from serving.api.tenancy import LocalTenancy, limits_getter
+from serving.usage.service import Tenancy
+from serving.usage.store import UsageStore
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, KEYS, MODEL_ID, serve
+
+TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens")
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def run(url, key, route, adapter, stream, n):
+    """One request; the usage its answer carried, as (prompt, cached, completion)."""
+    if route == "workers":
+        body = {"prompt": f"usage {n}", "max_tokens": 4 + n % 3, "stream": stream}
+        if adapter:
+            body["lora"] = adapter
+        r = httpx.post(f"{url}/ai/run/{MODEL_ID}", json=body, headers=auth(key), timeout=60)
+        assert r.status_code == 200, r.text
+        if not stream:
+            usage = r.json()["result"]["usage"]
+        else:
+            events = [json.loads(line[5:]) for line in r.text.splitlines()
+                      if line.startswith("data:") and "[DONE]" not in line]  # fmt: skip
+            usage = events[-1]["usage"]
+        return usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]
+    body = {"model": adapter or MODEL_ID, "prompt": f"usage {n}", "max_tokens": 3 + n % 4}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    r = httpx.post(f"{url}/v1/completions", json=body, headers=auth(key), timeout=60)
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = [json.loads(line[5:]) for line in r.text.splitlines()
+                  if line.startswith("data:") and "[DONE]" not in line]  # fmt: skip
+        usage = chunks[-1]["usage"]
+    else:
+        usage = r.json()["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return usage["prompt_tokens"], cached, usage["completion_tokens"]
+
+
+def workload(url, sums, offset):
+    for n in range(8):
+        key = (ACME, GLOBEX)[n % 2]
+        adapter = (None, "upper", "rot13")[n % 3]
+        route = ("workers", "openai")[(n // 2) % 2]
+        got = run(url, key, route, adapter, stream=n % 4 >= 2, n=n + offset)
+        tenant = KEYS[key].tenant
+        label = f"{OPERATOR}/{adapter}" if adapter else "base"
+        for k, v in zip(TOKENS, got, strict=True):
+            sums[tenant, label, KEYS[key].key_id][k] += v
+        sums[tenant, label, KEYS[key].key_id]["requests"] += 1
+
+
+def tenancy(path):
+    return LocalTenancy(Tenancy(UsageStore(f"sqlite:///{path}"), limits_getter(lambda t: {})))
+
+
+@pytest.fixture(scope="module")
+def metered(world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("usage")
+    store = root / "usage.db"
+    sums = defaultdict(Counter)  # (tenant, adapter label, key id) -> summed usage fields
+    for half in range(2):  # the second half runs on a new server over the same store
+        t = tenancy(store)
+        with serve(world, root / f"run{half}", publish=("upper", "rot13"), owner=OPERATOR,
+                   tenancy=t) as s:  # fmt: skip
+            workload(s.url, sums, offset=10 * half)
+        t.tenancy.close()
+    t = tenancy(store)
+    with serve(world, root / "query", publish=(), tenancy=t) as s:
+        yield s.url, sums
+    t.tenancy.close()
+
+
+def usage(url, key, **params):
+    r = httpx.get(f"{url}/v1/usage", params=params, headers=auth(key), timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def totals(rows):
+    """(requests, prompt, cached, completion) over rows, interactive and batch together."""
+    out = Counter()
+    for row in rows:
+        for kind in ("interactive", "batch"):
+            for k, v in row[kind].items():
+                out[k] += v
+    return out
+
+
+def expected(sums, pick):
+    out = Counter()
+    for key, counts in sums.items():
+        if pick(*key):
+            out.update(counts)
+    return out
+
+
+def test_totals_equal_the_answers_usage_across_a_restart(metered):
+    url, sums = metered
+    assert totals(usage(url, ADMIN, group_by="tenant")) == expected(sums, lambda *k: True)
+    for tenant in ("acme", "globex"):
+        rows = usage(url, ADMIN, group_by="adapter", tenant=tenant)
+        assert totals(rows) == expected(sums, lambda t, a, k, tenant=tenant: t == tenant)
+        by_adapter = {row["adapter"]: totals([row]) for row in rows}
+        for label in ("base", f"{OPERATOR}/upper", f"{OPERATOR}/rot13"):
+            assert by_adapter.get(label, Counter()) == expected(
+                sums, lambda t, a, k, label=label, tenant=tenant: t == tenant and a == label
+            )
+    rows = usage(url, ADMIN, group_by="key")
+    assert {row["key_id"] for row in rows} == {KEYS[ACME].key_id, KEYS[GLOBEX].key_id}
+    assert all(ACME not in json.dumps(row) for row in rows)  # ids, never the keys
+    assert all(row["batch"]["requests"] == 0 for row in rows)
+
+
+def test_a_user_key_sees_its_own_tenant_only(metered):
+    url, sums = metered
+    mine = usage(url, ACME, group_by="day")
+    assert totals(mine) == expected(sums, lambda t, a, k: t == "acme")
+    assert {row["tenant"] for row in mine} == {"acme"}
+    r = httpx.get(f"{url}/v1/usage", params={"tenant": "globex"}, headers=auth(ACME))
+    assert r.status_code == 403
+
+
+def test_time_window_and_bad_queries(metered):
+    url, _ = metered
+    assert usage(url, ADMIN, group_by="tenant", end="2000-01-01T00:00:00Z") == []
+    assert totals(usage(url, ADMIN, group_by="tenant", start="2000-01-01")) != Counter()
+    for params, field in (
+        ({"group_by": "model"}, "group_by"),
+        ({"start": "yesterday"}, "start"),
+        ({"end": "nan"}, "end"),
+        ({"start": "2030-01-01", "end": "2020-01-01"}, "start"),
+    ):
+        r = httpx.get(f"{url}/v1/usage", params=params, headers=auth(ADMIN))
+        assert r.status_code == 400 and field in r.text, (params, r.text)

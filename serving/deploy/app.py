@@ -3,22 +3,27 @@
     serve run serving.deploy.app:build config=configs/demo.yaml
 
 build() reads the API keys and refuses a keyless server beyond loopback (see exposure),
-publishes the config's preloaded adapters, then binds one deployment: `deploy.num_replicas`
-ModelServers, each serving the HTTP app in front of its own engine (see replica). The keys
-travel to the replicas as an argument, so replicas on other nodes need neither the env nor
-the file.
+publishes the config's preloaded adapters, then binds two deployments: `deploy.num_replicas`
+ModelServers, each serving the HTTP app in front of its own engine (see replica), and one
+Tenancy (`num_cpus: 0`) that holds tenants' rate limits and writes the usage store for all of
+them (see tenancy). The keys travel to the replicas as an argument, so replicas on other
+nodes need neither the env nor the file.
+Preloads belong to the reserved tenant `operator` and are public: every tenant may use
+them, and only an admin key may change or delete them.
 A preloaded adapter folder may hold its draft-model companion in a `draft/` subfolder (as
 the demo kit's adapters do); it is published with the adapter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from adapters.format import load_adapter
+from adapters.names import OPERATOR
 from adapters.registry import Registry, Version
 from serving.api.auth import Principal
 from serving.api.settings import served_spec
@@ -28,13 +33,13 @@ from serving.deploy.exposure import load_checked_keys
 from serving.deploy.replica import ModelServer
 from serving.deploy.router import ROUTING_STATS_PERIOD_S, AdapterRouter
 from serving.deploy.routing import spread_at
+from serving.deploy.tenancy import TenancyServer
 
 APP_NAME = "loraserve"
 # Ray Serve runs a replica's user code on a second event loop by default, so every HTTP
 # message of the app crosses threads; on the replica's own loop the streams cost less
 # (bench/README.md, "Serving topologies"). The engine's step loop has its own thread.
 REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-PRELOAD_OWNER = "default"  # the tenant an open (keyless) server uses; see serving.api.auth
 
 
 def build(args: dict) -> Application:
@@ -73,7 +78,8 @@ def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
         ),
     )
-    return server.bind(cfg, dict(keys))
+    tenancy = TenancyServer.bind(cfg.usage.store, cfg.limits)
+    return server.bind(cfg, dict(keys), tenancy)
 
 
 def publish_preloads(cfg: ServeConfig) -> list[Version]:
@@ -89,5 +95,8 @@ def publish_preloads(cfg: ServeConfig) -> list[Version]:
         adapter = load_adapter(
             path, draft=draft, base=spec, base_name=cfg.model.id, max_rank=cfg.lora.max_lora_rank
         )
-        versions.append(registry.publish(name, adapter, owner=PRELOAD_OWNER))
+        version = registry.publish(name, adapter, owner=OPERATOR)
+        if not version.public:
+            registry.set_public(name, OPERATOR, True)
+        versions.append(dataclasses.replace(version, public=True))
     return versions

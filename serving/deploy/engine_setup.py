@@ -7,6 +7,7 @@ and an in-process one anywhere else.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 
@@ -14,6 +15,7 @@ import tokenizers
 import torch
 
 from adapters.base_model import BaseModelSpec
+from adapters.errors import AdapterError, RegistryUnavailable
 from adapters.format import Adapter
 from adapters.registry import Registry
 from adapters.slab import AdapterSlab
@@ -31,6 +33,7 @@ CPU_KV_CAP_BYTES = 8 << 30
 # On a GPU the weights and slabs are allocated first; this share of what is left becomes
 # KV, the rest is headroom for activations and the allocator's fragmentation.
 GPU_KV_SHARE = 0.85
+log = logging.getLogger("loraserve.deploy")
 
 
 def cpu_threads(num_cpus: float) -> int:
@@ -59,7 +62,14 @@ def build_engine(cfg: ServeConfig) -> Engine:
 
     def fetch(version: str) -> Adapter:
         # verify=False: publish validated the whole adapter; a replica re-checks only shapes.
-        return registry.load(version, base=spec, max_rank=cfg.lora.max_lora_rank, verify=False)
+        try:
+            return registry.load(
+                version, base=spec, max_rank=cfg.lora.max_lora_rank, verify=False
+            )
+        except RegistryUnavailable as exc:
+            # The request's error reaches its client: the backend's paths stay in the log.
+            log.warning("adapter %s: %s", version, exc)
+            raise AdapterError("the adapter registry cannot be reached; try again") from None
 
     def fetch_companion(version: str) -> Adapter:
         adapter = fetch(version)

@@ -23,7 +23,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 
 from ray import serve
+from ray.serve.handle import DeploymentHandle
 
+from adapters.registry import Registry
 from serving.api.app import create_app
 from serving.api.auth import Principal
 from serving.api.generator import LocalGenerator
@@ -33,7 +35,9 @@ from serving.deploy.arrivals import Arrivals, is_resident
 from serving.deploy.engine_setup import build_engine
 from serving.deploy.exposure import check_open_server, serve_proxy_host
 from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
+from serving.deploy.leases import Leases
 from serving.deploy.routing import SESSION_PREFIX, HeldIds, models_per_replica, num_session_ids
+from serving.deploy.tenancy import HandleTenancy
 from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, RequestOutput
 
@@ -56,10 +60,17 @@ def stream_pause(active_streams: int, longest: float) -> float:
 class EngineReplica:
     """One engine (model, draft, adapter slabs, KV cache) and the HTTP app in front of it."""
 
-    def __init__(self, cfg: ServeConfig, keys: Mapping[str, Principal] | None = None):
+    def __init__(
+        self,
+        cfg: ServeConfig,
+        keys: Mapping[str, Principal] | None = None,
+        tenancy: DeploymentHandle | None = None,
+    ):
         self.cfg = cfg
         self.keys = dict(keys or {})  # read where the app was built (see exposure)
+        self.tenancy = tenancy  # the Tenancy deployment every replica shares (see tenancy)
         self.engine = build_engine(cfg)
+        self.leases = Leases(Registry(cfg.lora.registry), self.engine.slab)
         replica = serve.get_replica_context().replica_id.unique_id
         self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
         self.stream_interval = cfg.server.stream_interval_ms / 1000
@@ -90,7 +101,9 @@ class EngineReplica:
             serve.get_deployment_handle(context.deployment, context.app_name),
             self.cfg.deploy.num_replicas,
         )
-        app = create_app(ReplicaGenerator(self, peers, num_session_ids(self.cfg)), settings)
+        tenancy = HandleTenancy(self.tenancy) if self.tenancy is not None else None
+        generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
+        app = create_app(generator, settings, tenancy)
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
         return app
 
@@ -162,6 +175,9 @@ class EngineReplica:
         generator = getattr(self, "generator", None)
         if generator is not None:
             generator.close()
+        leases = getattr(self, "leases", None)
+        if leases is not None:
+            leases.close()
 
 
 # The deployment; EngineReplica stays a plain class, so tests can build one outside Ray.

@@ -28,6 +28,7 @@ def write_demo_config(root: Path, port: int) -> Path:
         "scheduler": {"max_num_seqs": 8},
         "server": {"host": "127.0.0.1", "port": port},
         "batch": {"store": f"sqlite:///{root / 'batch.db'}"},
+        "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
         "deploy": {"num_replicas": 1, "resources": {"num_cpus": 1}},
     }
     path = root / "config.yaml"

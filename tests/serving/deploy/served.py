@@ -83,6 +83,7 @@ def write_config(root: Path, world: World, port: int) -> Path:
         "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
         "server": {"host": "127.0.0.1", "port": port},
         "deploy": {"num_replicas": REPLICAS, "resources": {"num_cpus": 1, "num_gpus": 0}},
+        "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))

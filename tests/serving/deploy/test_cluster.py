@@ -90,6 +90,7 @@ def _config(root: Path, address: str, port: int, host: str = "127.0.0.1") -> Pat
         "scheduler": {"max_num_seqs": 4},
         "server": {"host": host, "port": port},
         "deploy": {"ray_address": address, "resources": {"num_cpus": 1}},
+        "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))

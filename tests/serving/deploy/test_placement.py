@@ -44,6 +44,7 @@ def url(tmp_path_factory):
         "scheduler": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": 256},
         "server": {"host": "127.0.0.1", "port": port},
         "deploy": {"num_replicas": 2, "resources": {"num_cpus": 1, "num_gpus": 0}},
+        "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
     }  # fmt: skip
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -38,6 +38,7 @@ def _demo_config(tmp: Path, port: int) -> Path:
     lora["preload"] = {name: str(ROOT / path) for name, path in lora["preload"].items()}
     lora["registry"] = f"file://{tmp / 'registry'}"
     config["batch"]["store"] = f"sqlite:///{tmp / 'batch.db'}"
+    config["usage"]["store"] = f"sqlite:///{tmp / 'usage.db'}"
     config["server"]["port"] = port
     path = tmp / "demo.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -1,0 +1,76 @@
+"""One Tenancy for every replica: tenants' rate limits and the usage store, as a deployment.
+
+Limits must hold however many replicas serve HTTP, so their counters live in one place: a
+single-replica deployment (`num_cpus: 0`) that owns the limiter and writes the usage store
+(usage.store, a SQLite file on the node that runs it). Each ModelServer's app reaches it
+through HandleTenancy, the serving.api TenancyClient over a deployment handle: one call to
+admit a request (only for a tenant with a rate limit) and one to record it when it ends.
+A limit that refuses a request comes back as a value, not an exception, so the refusal
+crosses Ray exactly as it was made.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serving.api.tenancy import limits_getter
+from serving.config import LimitsSection
+from serving.usage.limits import Admission, RateLimited
+from serving.usage.service import Tenancy
+from serving.usage.store import UsageRecord, UsageStore
+
+# Every replica's admissions and records meet here; each call is brief (a lock, a commit).
+MAX_ONGOING = 1024
+
+
+class TenancyService:
+    """The deployment's replica: one Tenancy over the configured store and limits."""
+
+    def __init__(self, store_url: str, limits: LimitsSection) -> None:
+        self.tenancy = Tenancy(UsageStore(store_url), limits_getter(limits.for_tenant))
+
+    def admit(self, tenant: str, tokens: int) -> Admission | tuple:
+        try:
+            return self.tenancy.admit(tenant, tokens)
+        except RateLimited as exc:
+            return ("limited", exc.limit, str(exc), exc.retry_after_s, tuple(exc.headers))
+
+    def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
+        self.tenancy.finish(admission, record)
+
+    def usage(self, query: dict) -> list[dict]:
+        return self.tenancy.usage(**query)
+
+    def __del__(self):
+        tenancy = getattr(self, "tenancy", None)
+        if tenancy is not None:
+            tenancy.close()
+
+
+TenancyServer = serve.deployment(
+    name="Tenancy",
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0},
+    max_ongoing_requests=MAX_ONGOING,
+)(TenancyService)
+
+
+class HandleTenancy:
+    """serving.api's TenancyClient over the Tenancy deployment's handle."""
+
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self.handle = handle
+
+    async def admit(self, tenant: str, tokens: int) -> Admission:
+        answer = await self.handle.admit.remote(tenant, tokens)
+        if isinstance(answer, tuple):
+            _, limit, message, retry_after_s, headers = answer
+            raise RateLimited(limit, message, retry_after_s, headers)
+        return answer
+
+    async def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
+        await self.handle.finish.remote(admission, record)
+
+    async def usage(self, **query) -> list[dict]:
+        return await self.handle.usage.remote(query)

@@ -1,0 +1,95 @@
+"""Tenants' limits and usage through Ray Serve with two replicas serving HTTP: one Tenancy
+deployment holds the counters, so a limit holds across replicas, and usage recorded by
+either replica adds up to what the answers said."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import httpx
+import pytest
+import yaml
+
+from serving.api.auth import key_id
+from tests.serving.deploy.served import MODEL_ID, free_port, serving, write_config
+from tests.serving.engine.world import build_world
+
+KEYS = {"acme-key-0001": "acme", "globex-key-002": "globex", "ops-key-000003": "ops"}
+ACME, GLOBEX, OPS = KEYS
+RPM = 6
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tenancy")
+    world = build_world(root / "world")
+    port = free_port()
+    path = write_config(root, world, port)
+    config = yaml.safe_load(path.read_text())
+    keys = root / "keys.txt"
+    keys.write_text("".join(
+        f"{k} {t} {'admin' if t == 'ops' else 'user'}\n" for k, t in KEYS.items()
+    ))  # fmt: skip
+    config["server"]["api_keys_file"] = str(keys)
+    config["limits"] = {"tenants": {"acme": {"requests_per_minute": RPM}}}
+    path.write_text(yaml.safe_dump(config))
+    with serving(path, port, root / "home") as address:
+        yield address
+
+
+def complete(url, key, n):
+    body = {"model": MODEL_ID, "prompt": f"limit {n}", "max_tokens": 2}
+    return httpx.post(
+        f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    )  # fmt: skip
+
+
+def test_a_limit_holds_across_replicas_and_usage_adds_up(url):
+    answers = []
+    lock = threading.Lock()
+
+    def client(i):
+        r = complete(url, ACME if i % 2 else GLOBEX, i)
+        with lock:
+            answers.append((i % 2, r))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    acme = Counter(r.status_code for odd, r in answers if odd)
+    globex = Counter(r.status_code for odd, r in answers if not odd)
+    assert acme == {200: RPM, 429: 20 - RPM}, acme
+    assert globex == {200: 20}, globex
+    refused = next(r for odd, r in answers if odd and r.status_code == 429)
+    assert refused.headers["x-ratelimit-limit-requests"] == str(RPM)
+    assert int(refused.headers["retry-after"]) >= 1
+
+    # both replicas took requests, and what they recorded is what the answers said
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {OPS}"}).text
+    arrivals = [
+        line for line in metrics.splitlines()
+        if line.startswith("loraserve_adapter_arrivals_total{") and float(line.split()[-1]) > 0
+    ]  # fmt: skip
+    assert len({line.split('replica="')[1].split('"')[0] for line in arrivals}) == 2, arrivals
+    said = Counter()
+    for odd, r in answers:
+        if r.status_code == 200:
+            usage = r.json()["usage"]
+            tenant = "acme" if odd else "globex"
+            said[tenant, "requests"] += 1
+            said[tenant, "prompt_tokens"] += usage["prompt_tokens"]
+            said[tenant, "completion_tokens"] += usage["completion_tokens"]
+    rows = httpx.get(
+        f"{url}/v1/usage", params={"group_by": "key"},
+        headers={"Authorization": f"Bearer {OPS}"}, timeout=30,
+    ).json()["data"]  # fmt: skip
+    recorded = Counter()
+    for row in rows:
+        for field in ("requests", "prompt_tokens", "completion_tokens"):
+            recorded[row["tenant"], field] += row["interactive"][field]
+    assert recorded == said
+    assert {row["key_id"] for row in rows} == {key_id(ACME), key_id(GLOBEX)}

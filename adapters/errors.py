@@ -31,6 +31,11 @@ class NotOwner(AdapterError):
     """A public adapter of another tenant: the caller sees it but may not change it."""
 
 
+class RegistryCorrupt(AdapterError):
+    """A stored record or file is damaged: the server's fault, not the request's; the message
+    may name paths, for the log."""
+
+
 class RegistryUnavailable(AdapterError):
     """The registry's storage failed (an OSError); the message may name paths, for the log."""
 

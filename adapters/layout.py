@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from adapters.errors import AdapterError
+from adapters.errors import RegistryCorrupt
 from adapters.names import DIGEST_RE
 
 DRAFT = "draft_"  # file-name prefix of the draft companion's files
@@ -75,7 +75,7 @@ def checked_pointer(value: dict | None, folder: str, uri: str) -> Pointer | None
         # A tenant's folder holds only that tenant's names: tenants/<owner>/names/<name>.
         or (folder.startswith("tenants/") and value["owner"] != folder.split("/")[1])
     ):
-        raise AdapterError(f"registry {uri!r}: {folder}/{LATEST} is corrupted")
+        raise RegistryCorrupt(f"registry {uri!r}: {folder}/{LATEST} is corrupted")
     fields = {key: str(value[key]) for key in POINTER_KEYS}
     return Pointer(**fields, folder=folder)
 
@@ -83,7 +83,7 @@ def checked_pointer(value: dict | None, folder: str, uri: str) -> Pointer | None
 def checked_meta(value: dict | None, digest: str, uri: str) -> dict | None:
     """A version's meta.json; AdapterError if it lacks a field or names another digest."""
     if value is not None and (not value.keys() >= set(META_KEYS) or value["digest"] != digest):
-        raise AdapterError(f"registry {uri!r}: {version_dir(digest)}/{META} is corrupted")
+        raise RegistryCorrupt(f"registry {uri!r}: {version_dir(digest)}/{META} is corrupted")
     return value
 
 

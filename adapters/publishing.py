@@ -33,7 +33,7 @@ def publish(
 ) -> dict:
     """Point owner's name at adapter's version, stored first; returns the version's meta."""
     _check_publishable(adapter)
-    found = catalogue.pointer(owner, name)
+    found = _found(catalogue, owner, name)
     if found is not None and create_only:
         raise NameConflict(f"adapter {name!r} already exists")
     unchanged = found and not found.legacy and found.digest == adapter.digest
@@ -53,6 +53,20 @@ def publish(
     finally:
         with suppress(RegistryUnavailable):  # a lease left behind only expires later
             gc.drop_lease(store, holder)
+
+
+def _found(catalogue: Catalogue, owner: str, name: str) -> Pointer | None:
+    """owner's pointer for name; an unreadable one in owner's own folder is read as a name
+    that exists but points nowhere, so that publishing to it repairs it."""
+    try:
+        return catalogue.pointer(owner, name)
+    except RegistryUnavailable:
+        raise
+    except AdapterError:
+        folder = name_dir(owner, name)
+        if not catalogue.store.exists(f"{folder}/{LATEST}"):
+            return None  # an unreadable legacy pointer has no known owner: create anew
+        return Pointer(name=name, digest="", owner=owner, updated="", folder=folder)
 
 
 def _create(catalogue: Catalogue, name: str, owner: str, digest: str) -> None:

@@ -27,7 +27,7 @@ from datetime import datetime
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from adapters.errors import AdapterError, RegistryUnavailable
+from adapters.errors import AdapterError, RegistryCorrupt, RegistryUnavailable
 
 TMP_PREFIX = ".tmp-"  # in-flight writes; readers and listings skip them
 _EXCLUSIVE = threading.Lock()  # makes "xb" check-then-create atomic within this process
@@ -68,7 +68,7 @@ class Store:
         except ValueError:  # UnicodeDecodeError included
             value = None
         if not isinstance(value, dict):
-            raise AdapterError(f"registry {self.uri!r}: {rel} is corrupted (not a JSON object)")
+            raise RegistryCorrupt(f"registry {self.uri!r}: {rel} is corrupted (not a JSON object)")
         return value
 
     def write(self, rel: str, data: bytes) -> None:

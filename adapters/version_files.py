@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from adapters.base_model import BaseModelSpec
 from adapters.catalogue import Catalogue
-from adapters.errors import AdapterError, UnknownAdapter
+from adapters.errors import RegistryCorrupt, UnknownAdapter
 from adapters.format import Adapter, parse_adapter
 from adapters.layout import DRAFT, META, now_iso, version_dir
 from adapters.sources import CONFIG, WEIGHTS
@@ -66,7 +66,7 @@ def read_files(catalogue: Catalogue, digest: str, prefix: str, label: str) -> di
     for file in (CONFIG, WEIGHTS):
         data = catalogue.store.read(f"{version_dir(digest)}/{prefix}{file}")
         if data is None:
-            raise AdapterError(f"adapter {label} is corrupted: {prefix}{file} is missing")
+            raise RegistryCorrupt(f"adapter {label} is corrupted: {prefix}{file} is missing")
         files[file] = data
     return files
 
@@ -97,5 +97,5 @@ def load_version(
         files, base=base, max_rank=max_rank, draft=draft, label=short, stored_digest=trusted
     )
     if adapter.digest != digest:
-        raise AdapterError(f"adapter {label} is corrupted: its files hash to {adapter.digest}")
+        raise RegistryCorrupt(f"adapter {label} is corrupted: its files hash to {adapter.digest}")
     return adapter

@@ -41,6 +41,7 @@ def create_app(
     )
     app.state.keys = KeyRing(settings.keys)
     metrics = Metrics(pseudonym_key=app.state.keys.secret)
+    metrics.watch_registry(settings.registry)
     tenancy = tenancy if tenancy is not None else memory_tenancy(settings.limits_of)
     app.state.context = ApiContext(settings, generator, metrics, tenancy)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)

@@ -135,6 +135,10 @@ class Metrics:
             if completion_tokens > 1:
                 self.tpot.labels(label).observe((e2e - ttft) / (completion_tokens - 1))
 
+    def watch_registry(self, registry) -> None:
+        """Export the catalogue entries registry skipped as corrupt (its `skipped` count)."""
+        self.registry.register(_SkippedEntries(registry))
+
     def meter(self, tenant: str, kind: str, prompt: int, cached: int, completion: int) -> None:
         """Count one request's usage for its tenant, as the usage store records it."""
         self.tenant_requests.labels(tenant, kind).inc()
@@ -272,6 +276,23 @@ class _EngineCollector:
                     [f.replica, label], counts["accepted"] / max(counts["proposed"], 1)
                 )
         yield family
+
+
+class _SkippedEntries:
+    """The adapter registry's count of corrupt or half-written entries it skipped."""
+
+    def __init__(self, registry) -> None:
+        self.catalogue = registry
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        yield CounterMetricFamily(
+            "loraserve_registry_skipped_entries",
+            "Corrupt or half-written registry entries skipped (and logged) by this process.",
+            value=self.catalogue.skipped,
+        )
 
 
 def _has_slab(figures: EngineFigures) -> bool:

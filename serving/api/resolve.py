@@ -14,9 +14,17 @@ answers 404 at once. An adapter the caller may not see answers exactly as a miss
 
 from __future__ import annotations
 
+import logging
+
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import AdapterError, RegistryUnavailable, UnknownAdapter, quoted
+from adapters.errors import (
+    AdapterError,
+    RegistryCorrupt,
+    RegistryUnavailable,
+    UnknownAdapter,
+    quoted,
+)
 from adapters.names import parse_ref
 from adapters.visibility import resolve_for
 from serving.api.auth import Principal
@@ -24,6 +32,7 @@ from serving.api.errors import ApiError
 from serving.api.settings import AppSettings
 
 UNAVAILABLE = "the adapter registry cannot be reached; try again"
+log = logging.getLogger("loraserve.api")
 
 
 def adapter_from_model(settings: AppSettings, model: str) -> str | None:
@@ -77,9 +86,20 @@ async def resolve_version(
         raise ApiError(404, str(exc), code="model_not_found") from None
     except RegistryUnavailable:
         raise ApiError(503, UNAVAILABLE) from None
-    except AdapterError as exc:  # a damaged registry entry: the server's fault
-        raise ApiError(500, str(exc)) from None
+    except RegistryCorrupt as exc:
+        raise damaged(exc) from None
+    except AdapterError as exc:  # a malformed reference, named by the registry's check
+        raise ApiError(400, str(exc)) from None
     return version.qualified
+
+
+def damaged(exc: RegistryCorrupt) -> ApiError:
+    """The 500 of a damaged registry record: the log gets which one, the client no paths."""
+    log.error("%s", exc)
+    return ApiError(
+        500, "the adapter registry holds a damaged record for this adapter; an operator can "
+        "repair it by uploading the adapter again",
+    )  # fmt: skip
 
 
 def _model_not_found(model: str) -> ApiError:

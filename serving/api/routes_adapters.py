@@ -22,6 +22,7 @@ from adapters.errors import (
     AdapterError,
     NameConflict,
     NotOwner,
+    RegistryCorrupt,
     RegistryUnavailable,
     UnknownAdapter,
 )
@@ -35,7 +36,7 @@ from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.quotas import check_quota
-from serving.api.resolve import UNAVAILABLE
+from serving.api.resolve import UNAVAILABLE, damaged
 from serving.api.settings import AppSettings
 
 router = APIRouter(tags=["Adapters"])
@@ -188,6 +189,8 @@ async def _registry_call(fn, *args):
         raise ApiError(409, str(exc), code="conflict") from None
     except RegistryUnavailable:
         raise ApiError(503, UNAVAILABLE) from None
+    except RegistryCorrupt as exc:
+        raise damaged(exc) from None
     except AdapterError as exc:
         raise ApiError(400, str(exc)) from None
 

@@ -1,0 +1,163 @@
+"""The registry as a shared catalogue over HTTP: a tenant's adapter quotas, concurrent creates
+of one name (one winner, one clean 409), a corrupt entry that breaks nobody's listing, and a
+failing backend answered 503 without its paths."""
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from adapters import publishing
+from adapters.registry import Entry
+from serving.api.auth import Principal, key_id
+from serving.api.errors import ApiError
+from serving.api.quotas import check_quota
+from tests.serving.api.served import ACME, GLOBEX, KEYS, serve
+
+SECOND_ACME = "acme-key-second"
+LIMITS = {"acme": {"max_adapters": 2}}
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def upload(served, key, name, source):
+    adapter = served.world.adapters[served.world.versions[source]]
+    files = {
+        "adapter_config.json": ("adapter_config.json", adapter.config_bytes),
+        "adapter_model.safetensors": ("adapter_model.safetensors", adapter.weights_bytes),
+    }
+    return httpx.post(f"{served.url}/v1/adapters", data={"name": name}, files=files,
+                      headers=auth(key), timeout=60)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(world, tmp_path_factory):
+    keys = {**KEYS, SECOND_ACME: Principal("acme", "user", key_id(SECOND_ACME))}
+    root = tmp_path_factory.mktemp("catalogue")
+    with serve(world, root, keys=keys, publish=(), limits_of=lambda t: LIMITS.get(t, {})) as s:
+        yield s
+
+
+def test_a_tenant_owns_at_most_max_adapters(served):
+    assert upload(served, ACME, "one", "qk").status_code == 201
+    assert upload(served, ACME, "two", "ov").status_code == 201
+    r = upload(served, ACME, "three", "down")
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+    assert "at most 2 adapter(s)" in r.json()["error"]["message"]
+    assert not served.registry.exists("three", "acme")
+    assert upload(served, ACME, "two", "down").status_code == 201  # a new version: no new name
+    assert upload(served, GLOBEX, "three", "down").status_code == 201  # globex has no limit
+    assert httpx.delete(f"{served.url}/v1/adapters/one", headers=auth(ACME)).status_code == 200
+    assert upload(served, ACME, "three", "down").status_code == 201
+
+
+def entry(name, mb):
+    return Entry(name, "0" * 64, "acme", "", 8, ("q_proj",), int(mb * 2**20))
+
+
+def test_adapter_storage_counts_each_names_latest_version():
+    owned = [entry("a", 0.75), entry("b", 0.5)]
+    check_quota(owned, "c", int(0.75 * 2**20), {"max_adapter_mb": 2})  # 2.0 MB: fits exactly
+    with pytest.raises(ApiError) as info:
+        check_quota(owned, "c", int(0.76 * 2**20), {"max_adapter_mb": 2})
+    assert info.value.status == 429 and "above its limit of 2 MB" in info.value.message
+    # re-uploading "a" replaces its 0.75 MB
+    check_quota(owned, "a", int(1.5 * 2**20), {"max_adapter_mb": 2})
+    check_quota(owned, "c", 10 * 2**20, {})
+
+
+def test_concurrent_creates_of_one_name_end_with_one_winner_and_a_409(served, monkeypatch):
+    looked = threading.Barrier(2, timeout=30)
+    real = publishing.store_version
+
+    def store_after_both_looked(*args, **kwargs):
+        looked.wait()  # both publishes saw no such name before either claims it
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publishing, "store_version", store_after_both_looked)
+    answers = {}
+
+    def go(key, source):
+        answers[key] = upload(served, key, "race", source)
+
+    # one tenant, two keys
+    threads = [threading.Thread(target=go, args=a) for a in ((ACME, "qk"), (SECOND_ACME, "ov"))]
+    LIMITS["acme"] = {}
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        LIMITS["acme"] = {"max_adapters": 2}
+    statuses = sorted(r.status_code for r in answers.values())
+    assert statuses == [201, 409], [r.text for r in answers.values()]
+    loser = next(r for r in answers.values() if r.status_code == 409)
+    assert loser.json()["error"]["code"] == "conflict" and "race" in loser.json()["error"]["message"]
+    winner = next(r for r in answers.values() if r.status_code == 201)
+    assert served.registry.resolve("race", "acme").digest == winner.json()["digest"]
+
+
+def test_a_corrupt_entry_breaks_no_listing(served):
+    assert upload(served, GLOBEX, "fine", "qk").status_code == 201
+    assert upload(served, GLOBEX, "broken", "ov").status_code == 201
+    root = Path(served.registry.uri.removeprefix("file://"))
+    (root / "tenants/globex/names/broken/latest.json").write_text("{not json")
+    before = skipped(served)
+    r = httpx.get(f"{served.url}/v1/adapters", headers=auth(GLOBEX))
+    assert r.status_code == 200
+    assert "fine" in [a["name"] for a in r.json()["data"]]
+    assert "broken" not in [a["name"] for a in r.json()["data"]]
+    assert httpx.get(f"{served.url}/v1/models", headers=auth(ACME)).status_code == 200
+    assert skipped(served) > before
+    # re-uploading the same content repairs the name
+    assert upload(served, GLOBEX, "broken", "ov").status_code == 201
+    names = [a["name"] for a in httpx.get(f"{served.url}/v1/adapters", headers=auth(GLOBEX))
+             .json()["data"]]  # fmt: skip
+    assert "broken" in names
+
+
+def skipped(served):
+    text = httpx.get(f"{served.url}/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("loraserve_registry_skipped_entries"))
+    return float(line.split()[-1])
+
+
+def test_a_failing_backend_is_503_without_paths(served, monkeypatch):
+    fs = served.registry._store.fs
+
+    def fail(*args, **kwargs):
+        raise OSError(5, "Input/output error", "/srv/secret/registry/tenants")
+
+    for method in ("cat_file", "ls", "exists", "pipe_file"):
+        monkeypatch.setattr(fs, method, fail)
+    for r in (
+        httpx.get(f"{served.url}/v1/adapters", headers=auth(ACME)),
+        httpx.get(f"{served.url}/v1/models", headers=auth(ACME)),
+        httpx.get(f"{served.url}/v1/adapters/two", headers=auth(ACME)),
+        httpx.post(f"{served.url}/v1/completions", headers=auth(ACME),
+                   json={"model": "two", "prompt": "x", "max_tokens": 1}),
+        upload(served, ACME, "two", "qk"),
+    ):
+        assert r.status_code == 503, r.text
+        assert "secret" not in r.text and "/srv" not in r.text
+        assert "registry cannot be reached" in r.json()["error"]["message"]
+
+
+def test_a_damaged_version_is_a_500_without_paths_until_uploaded_again(served):
+    assert upload(served, GLOBEX, "damaged", "mlp").status_code == 201
+    digest = served.world.versions["mlp"].split("@")[1]
+    root = Path(served.registry.uri.removeprefix("file://"))
+    meta = root / "versions" / digest / "meta.json"
+    good = meta.read_bytes()
+    meta.write_text("[]")
+    body = {"prompt": "x", "raw": True, "lora": "damaged", "max_tokens": 1}
+    r = httpx.post(f"{served.url}/ai/run/demo", json=body, headers=auth(GLOBEX))
+    assert r.status_code == 500 and str(root) not in r.text
+    assert "upload" in r.json()["errors"][0]["message"]
+    assert upload(served, GLOBEX, "damaged", "mlp").status_code == 201  # repairs it
+    assert meta.read_bytes() != b"[]" and good
+    assert httpx.post(f"{served.url}/ai/run/demo", json=body, headers=auth(GLOBEX)).status_code == 200

@@ -1,12 +1,13 @@
-"""`loraserve adapters ...`: upload, list, show and delete adapters in a registry or on a server.
+"""`loraserve adapters ...`: upload, list, show, delete and mark public adapters in a
+registry or on a server.
 
 With --registry URI the registry is used directly, in the namespace of --tenant (default
 "default"; list without it shows every tenant's names), and `gc` collects the versions
 nothing uses any more. Otherwise the commands go to a running server (--server, default
-http://127.0.0.1:8000) with the key in LORASERVE_API_KEY, whose tenant is the namespace,
-and the server validates against the model it serves. Every failure prints one line
-naming the problem and exits with status 1; nothing is stored unless the adapter
-validated completely.
+http://127.0.0.1:8000) with the key in LORASERVE_API_KEY, whose tenant is the namespace
+unless --tenant names another (which the server allows admin keys only), and the server
+validates against the model it serves. Every failure prints one line naming the problem
+and exits with status 1; nothing is stored unless the adapter validated completely.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from adapters.remote import DEFAULT_SERVER, RemoteCatalogue, RemoteError
 
 DEFAULT_TENANT = "default"
 
-app = typer.Typer(help="Upload, list, show and delete LoRA adapters.", no_args_is_help=True)
+app = typer.Typer(
+    help="Upload, list, show, delete and mark public LoRA adapters.", no_args_is_help=True
+)
 out = Console()
 err = Console(stderr=True)
 
@@ -49,7 +52,10 @@ ServerOption = Annotated[
 NameArgument = Annotated[str, typer.Argument(help="Adapter name.")]
 TenantOption = Annotated[
     str | None,
-    typer.Option("--tenant", help='The namespace in --registry (default "default").'),
+    typer.Option(
+        "--tenant",
+        help='The namespace (default: "default" in --registry, the key\'s own on a server).',
+    ),
 ]
 
 
@@ -59,14 +65,10 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _catalogue(
-    registry: str | None, server: str | None, tenant: str | None = None
-) -> Registry | RemoteCatalogue:
+def _catalogue(registry: str | None, server: str | None) -> Registry | RemoteCatalogue:
     """The registry named by --registry, else the server (--server or the default)."""
     if registry is not None and server is not None:
         _fail("give either --registry or --server, not both")
-    if registry is None and tenant is not None:
-        _fail("--tenant applies to --registry; a server takes the tenant from the key")
     if registry is None:
         return RemoteCatalogue(server or DEFAULT_SERVER)
     try:
@@ -90,7 +92,7 @@ def upload(
     tenant: TenantOption = None,
 ) -> None:
     """Validate an adapter locally, then publish it; prints name@digest."""
-    catalogue = _catalogue(registry, server, tenant)
+    catalogue = _catalogue(registry, server)
     try:
         validate_name(name)
         validate_tenant(tenant or DEFAULT_TENANT)
@@ -104,7 +106,9 @@ def upload(
                 task, description=f"publishing {name}", total=adapter.num_bytes, completed=0
             )
             if isinstance(catalogue, RemoteCatalogue):
-                sent = catalogue.upload(name, adapter, lambda n: progress.update(task, advance=n))
+                sent = catalogue.upload(
+                    name, adapter, lambda n: progress.update(task, advance=n), tenant
+                )
                 ref, warnings = sent["version"], [*adapter.warnings, *sent.get("warnings", ())]
             else:
                 version = catalogue.publish(name, adapter, tenant or DEFAULT_TENANT)
@@ -125,13 +129,13 @@ def list_(
     server: ServerOption = None,
     tenant: Annotated[
         str | None,
-        typer.Option("--tenant", help="Only this tenant's names in --registry (default: all)."),
+        typer.Option("--tenant", help="Only this tenant's names (default: all this key may see)."),
     ] = None,
 ) -> None:
     """List adapters: name, version, owner, public, rank, modules, size."""
-    catalogue = _catalogue(registry, server, tenant)
+    catalogue = _catalogue(registry, server)
     try:
-        entries = catalogue.list(tenant) if tenant else catalogue.list()
+        entries = catalogue.list(tenant)
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     table = Table("name", "version", "owner", "public", "rank", "modules", "bytes", box=None)
@@ -140,7 +144,7 @@ def list_(
             e.name,
             e.digest[:12],
             e.owner,
-            "yes" if getattr(e, "public", False) else "",
+            "yes" if e.public else "",
             str(e.rank),
             ",".join(e.target_modules),
             str(e.num_bytes),
@@ -156,9 +160,9 @@ def show(
     tenant: TenantOption = None,
 ) -> None:
     """Show one adapter and its version history."""
-    catalogue = _catalogue(registry, server, tenant)
+    catalogue = _catalogue(registry, server)
     try:
-        entry = catalogue.show(name, *_namespace(catalogue, tenant))
+        entry = catalogue.show(name, _owner(catalogue, tenant))
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     for label, value in _fields(entry):
@@ -173,12 +177,32 @@ def delete(
     tenant: TenantOption = None,
 ) -> None:
     """Delete a name (its versions stay readable to replicas that loaded them)."""
-    catalogue = _catalogue(registry, server, tenant)
+    catalogue = _catalogue(registry, server)
     try:
-        catalogue.delete(name, *_namespace(catalogue, tenant))
+        catalogue.delete(name, _owner(catalogue, tenant))
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     out.print(f"deleted {name}", highlight=False)
+
+
+@app.command("public")
+def public(
+    name: NameArgument,
+    off: Annotated[bool, typer.Option("--off", help="Make it private again.")] = False,
+    registry: RegistryOption = None,
+    server: ServerOption = None,
+    tenant: TenantOption = None,
+) -> None:
+    """Mark an adapter public (usable by every tenant), or private with --off (servers: admins)."""
+    catalogue = _catalogue(registry, server)
+    try:
+        entry = catalogue.set_public(name, _owner(catalogue, tenant), not off)
+    except (AdapterError, RemoteError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"registry write failed: {exc}")
+    state = "public" if entry.public else "private"
+    out.print(f"{entry.name} is {state} (owner {entry.owner})", highlight=False)
 
 
 @app.command()
@@ -205,15 +229,17 @@ def gc(
     out.print(f"{verb} {len(digests)} unused version(s)", highlight=False)
 
 
-def _namespace(catalogue: Registry | RemoteCatalogue, tenant: str | None) -> tuple[str, ...]:
-    """The owner argument a registry call takes; a server knows the caller's tenant itself."""
-    return () if isinstance(catalogue, RemoteCatalogue) else (tenant or DEFAULT_TENANT,)
+def _owner(catalogue: Registry | RemoteCatalogue, tenant: str | None) -> str | None:
+    """The owner a catalogue call names: a registry needs one; None asks a server for the
+    key's own tenant."""
+    return tenant if isinstance(catalogue, RemoteCatalogue) else tenant or DEFAULT_TENANT
 
 
 def _fields(entry):
     yield "name", entry.name
     yield "version", entry.digest
     yield "owner", entry.owner
+    yield "public", "yes" if entry.public else "no"
     yield "rank", entry.rank
     yield "modules", ", ".join(entry.target_modules)
     yield "bytes", entry.num_bytes

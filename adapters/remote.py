@@ -1,7 +1,9 @@
 """The adapter catalogue of a running loraserve server, over its HTTP API (/v1/adapters).
 
-The bearer key comes from LORASERVE_API_KEY. Every failure raises RemoteError with one
-line to show: the server's own error message, or why the server could not be reached.
+The bearer key comes from LORASERVE_API_KEY and its tenant is the namespace; `tenant`
+names another one (`?tenant=`, or the form field on upload), which the server allows
+admin keys only. Every failure raises RemoteError with one line to show: the server's
+own error message, or why the server could not be reached.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Callable
+from urllib.parse import quote
 
 import httpx
 
@@ -26,7 +29,10 @@ class RemoteError(Exception):
 
 
 class RemoteCatalogue:
-    """Upload, list, show and delete adapters on the server at url."""
+    """Upload, list, show, delete and mark public adapters on the server at url.
+
+    The methods mirror Registry's: `tenant` None is the key's own tenant.
+    """
 
     def __init__(self, url: str, key: str | None = None) -> None:
         self.url = url.rstrip("/")
@@ -35,7 +41,11 @@ class RemoteCatalogue:
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
 
     def upload(
-        self, name: str, adapter: Adapter, progress: Callable[[int], None] | None = None
+        self,
+        name: str,
+        adapter: Adapter,
+        progress: Callable[[int], None] | None = None,
+        tenant: str | None = None,
     ) -> dict:
         """Send a validated adapter's files; returns the server's version record."""
         parts = [(CONFIG, adapter.config_bytes), (WEIGHTS, adapter.weights_bytes)]
@@ -48,18 +58,25 @@ class RemoteCatalogue:
             field: (field, _Counted(data, progress), "application/octet-stream")
             for field, data in parts
         }
-        return self._call("POST", "/v1/adapters", data={"name": name}, files=files)
+        form = {"name": name} if tenant is None else {"name": name, "tenant": tenant}
+        return self._call("POST", "/v1/adapters", data=form, files=files)
 
-    def list(self) -> list[Entry]:
-        """The adapters this key may manage."""
-        return [_entry(e) for e in self._call("GET", "/v1/adapters")["data"]]
+    def list(self, tenant: str | None = None) -> list[Entry]:
+        """The adapters this key may see (an admin key: every tenant's, or tenant's)."""
+        body = self._call("GET", "/v1/adapters", params=_query(tenant))
+        return [_entry(e) for e in body["data"]]
 
-    def show(self, name: str) -> Entry:
+    def show(self, name: str, tenant: str | None = None) -> Entry:
         """One adapter with its history."""
-        return _entry(self._call("GET", f"/v1/adapters/{name}"))
+        return _entry(self._call("GET", _path(name), params=_query(tenant)))
 
-    def delete(self, name: str) -> None:
-        self._call("DELETE", f"/v1/adapters/{name}")
+    def delete(self, name: str, tenant: str | None = None) -> None:
+        self._call("DELETE", _path(name), params=_query(tenant))
+
+    def set_public(self, name: str, tenant: str | None, public: bool) -> Entry:
+        """Make name usable by every tenant, or private again (admin keys only)."""
+        body = self._call("PATCH", _path(name), params=_query(tenant), json={"public": public})
+        return _entry(body)
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
         try:
@@ -92,6 +109,14 @@ class _Counted(io.BytesIO):
         return chunk
 
 
+def _path(name: str) -> str:
+    return f"/v1/adapters/{quote(name, safe='')}"  # a stray "/" or "?" stays in the name
+
+
+def _query(tenant: str | None) -> dict[str, str]:
+    return {} if tenant is None else {"tenant": tenant}
+
+
 def _error_message(body: object) -> str | None:
     """The message of an OpenAI-style or Workers-AI-style error body."""
     if not isinstance(body, dict):
@@ -116,6 +141,7 @@ def _entry(data: dict) -> Entry:
             target_modules=tuple(data["target_modules"]),
             num_bytes=data["num_bytes"],
             history=tuple(data.get("history", ())),
+            public=bool(data.get("public", False)),  # absent from servers without tenants
         )
     except (KeyError, TypeError) as exc:
         raise RemoteError(f"unexpected answer from the server: missing {exc}") from None

@@ -186,8 +186,44 @@ def test_tenants(tmp_path):
         "adapters", "upload", str(folder), "--name", "x", "--registry", reg, "--tenant", "a b"
     )
     assert bad.exit_code == 1 and "invalid tenant" in bad.stderr
-    remote = cli("adapters", "list", "--server", "http://127.0.0.1:9", "--tenant", "acme")
-    assert remote.exit_code == 1 and "--tenant applies to --registry" in remote.stderr
+
+
+def test_public(tmp_path):
+    reg = f"file://{tmp_path / 'reg'}"
+    folder = write(tmp_path / "a", peft_adapter_files(seed=7))
+    for tenant in ("acme", "globex"):
+        upload = cli(
+            "adapters",
+            "upload",
+            str(folder),
+            "--name",
+            "bot",
+            "--registry",
+            reg,
+            "--tenant",
+            tenant,
+        )
+        assert upload.exit_code == 0, upload.output
+    done = cli("adapters", "public", "bot", "--registry", reg, "--tenant", "acme")
+    assert done.exit_code == 0 and done.stdout.strip() == "bot is public (owner acme)"
+    shown = cli("adapters", "show", "bot", "--registry", reg, "--tenant", "acme")
+    assert re.search(r"^public\s+yes$", shown.stdout, re.M), shown.stdout
+    rows = [line.split() for line in cli("adapters", "list", "--registry", reg).stdout.splitlines()]
+    public = {row[2]: row[3] == "yes" for row in rows if row[:1] == ["bot"]}
+    assert public == {"acme": True, "globex": False}
+
+    # one public adapter per name: globex's "bot" cannot be made public beside acme's
+    clash = cli("adapters", "public", "bot", "--registry", reg, "--tenant", "globex")
+    assert clash.exit_code == 1 and len(clash.stderr.strip().splitlines()) == 1, clash.output
+    assert clash.stderr.startswith("error: ")
+
+    off = cli("adapters", "public", "bot", "--off", "--registry", reg, "--tenant", "acme")
+    assert off.exit_code == 0 and off.stdout.strip() == "bot is private (owner acme)"
+    from adapters.registry import Registry
+
+    assert Registry(reg).public_owner("bot") is None
+    missing = cli("adapters", "public", "nobody", "--registry", reg)
+    assert missing.exit_code == 1 and "unknown adapter 'nobody'" in missing.stderr
 
 
 def test_gc(tmp_path):

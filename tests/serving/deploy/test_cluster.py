@@ -26,6 +26,7 @@ import yaml
 from ray import serve
 
 from serving.deploy.app import APP_NAME, build
+from serving.deploy.stream_end import PROXY_ENV
 from tests.serving.deploy.served import free_port, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,9 @@ def cluster(tmp_path_factory):
                *(f"{flag}={port}" for flag, port in ports.items())]  # fmt: skip
     log = root / "ray.log"
     # No drain on SIGTERM: the node has nothing to hand over.
-    env = _env(root / "home", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0")
+    # The proxy's middleware, as README.md's multi-node section sets it on every node: a
+    # proxy without a route yet answers /readyz 503, not 404.
+    env = _env(root / "home", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", **PROXY_ENV)
     with open(log, "w") as out:
         head = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -33,6 +33,9 @@ from serving.usage.limits import Admission, RateLimited
 from serving.usage.store import UsageRecord
 
 RETRY_AFTER_SECONDS = 1
+# Admission and usage records wait at most this for the tenancy (a Ray deployment may be
+# restarting): past it a request is refused with 503, and a record is logged as lost.
+TENANCY_TIMEOUT_S = 10.0
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
 log = logging.getLogger("loraserve.api")
 
@@ -208,18 +211,26 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
         return None
     tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
     try:
-        return await ctx.tenancy.admit(caller.tenant, tokens)
+        return await asyncio.wait_for(ctx.tenancy.admit(caller.tenant, tokens), TENANCY_TIMEOUT_S)
     except RateLimited as exc:
         raise ApiError(
             429, str(exc), code="rate_limit_exceeded", headers=dict(exc.headers)
         ) from None
+    except Exception as exc:  # the shared limiter is unreachable (a timeout, a dead replica)
+        log.error("admission of a %s request failed: %s", caller.tenant, exc)
+        raise ApiError(
+            503, "the rate limiter cannot be reached; try again",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        ) from None  # fmt: skip
 
 
 async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> None:
     """Record the request's usage (out: its last output; None if it never ran) and release
     its admission. A store that fails is logged, never the client's error."""
     try:
-        await ctx.tenancy.finish(meter.admission, meter.record(out))
+        await asyncio.wait_for(
+            ctx.tenancy.finish(meter.admission, meter.record(out)), TENANCY_TIMEOUT_S
+        )
     except Exception as exc:
         log.error("usage of a %s request was not recorded: %s", meter.caller.tenant, exc)
 

@@ -225,3 +225,28 @@ def test_no_limit_configured_means_no_headers(world, tmp_path, limit):
     client, _ = client_for(world, tmp_path, {"acme": {limit: 3}})
     r = post(client, GLOBEX)
     assert r.status_code == 200 and not [h for h in r.headers if h.startswith("x-ratelimit")]
+
+
+class Unreachable:
+    """A tenancy whose calls fail, as a shared limiter that is down."""
+
+    async def admit(self, tenant, tokens):
+        raise ConnectionError("the Tenancy replica is gone")
+
+    async def finish(self, admission, record):
+        raise ConnectionError("the Tenancy replica is gone")
+
+    async def usage(self, **query):
+        return []
+
+
+def test_an_unreachable_limiter_is_503_and_unlimited_tenants_go_on(world, tmp_path):
+    held = Held()
+    held.release.set()
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: LIMITS.get(t, {}))
+    client = TestClient(create_app(held, settings, Unreachable()), raise_server_exceptions=False)
+    r = post(client, ACME)
+    assert r.status_code == 503 and "rate limiter" in r.json()["error"]["message"]
+    assert held.started == 0  # refused before the engine
+    # a tenant without limits needs no admission; its lost usage record fails nothing
+    assert post(client, "admin-key-0123").status_code == 200

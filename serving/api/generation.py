@@ -209,7 +209,9 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
     when no rate limit applies to the tenant; 429 with OpenAI's headers when one is hit."""
     if not rate_limited(ctx.settings.limits_of(caller.tenant)):
         return None
-    tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+    # The engine stops a sequence at max_model_len, prompt included: no request uses more.
+    prompt = len(request.prompt_token_ids)
+    tokens = min(prompt + request.sampling.max_tokens, max(ctx.settings.max_model_len, prompt))
     try:
         return await asyncio.wait_for(ctx.tenancy.admit(caller.tenant, tokens), TENANCY_TIMEOUT_S)
     except RateLimited as exc:

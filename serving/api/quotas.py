@@ -1,38 +1,66 @@
 """A tenant's adapter quotas: how many names it may own and how many MB they may hold.
 
-Storage counts each name's latest version (what the tenant is serving); older versions
-stay reachable by digest but are the registry's to collect (`loraserve adapters gc`).
-The check reads the tenant's list, then publishes: two uploads racing past the last slot
-can both land, which the next upload then sees.
+Storage counts every version the tenant's names have pointed to (each name's history):
+older versions stay stored and reachable as `name@digest` until the name is deleted and
+`loraserve adapters gc` collects them, so they count until then. A version stored once
+counts once per tenant. The check reads the tenant's holdings, then publishes: two uploads
+racing past the last slot can both land, which the next upload then sees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from adapters.registry import Entry
+from adapters.errors import AdapterError
+from adapters.registry import Registry
 from serving.api.errors import ApiError
 
 MB = 2**20
 
 
+@dataclass(frozen=True)
+class Holdings:
+    """What a tenant stores: its names, and the size of every version they pointed to."""
+
+    names: frozenset[str]
+    sizes: Mapping[str, int]  # digest -> bytes
+
+
+def holdings(registry: Registry, owner: str) -> Holdings:
+    """owner's names and stored versions, read from the registry (blocking I/O)."""
+    names, sizes = set(), {}
+    for entry in registry.list(owner):
+        names.add(entry.name)
+        sizes[entry.digest] = entry.num_bytes
+        for digest in registry.show(entry.name, owner).history:
+            if digest not in sizes:
+                try:
+                    sizes[digest] = registry.resolve(f"{entry.name}@{digest}", owner).num_bytes
+                except AdapterError:  # incomplete or collected: it holds no space
+                    continue
+    return Holdings(frozenset(names), sizes)
+
+
 def check_quota(
-    owned: Sequence[Entry], name: str, num_bytes: int, limits: Mapping[str, int | None]
+    held: Holdings, name: str, digest: str, num_bytes: int, limits: Mapping[str, int | None]
 ) -> None:
-    """429 unless the tenant owning `owned` may publish num_bytes under name."""
-    others = [e for e in owned if e.name != name]
+    """429 unless the tenant holding `held` may publish a version (digest, num_bytes) as name."""
     max_adapters = limits.get("max_adapters")
-    if max_adapters is not None and len(others) + 1 > max_adapters:
+    owned = len(held.names - {name})
+    if max_adapters is not None and owned + 1 > max_adapters:
         raise _exceeded(
-            f"this tenant may own at most {max_adapters} adapter(s) and owns {len(others)}; "
+            f"this tenant may own at most {max_adapters} adapter(s) and owns {owned}; "
             "delete one to upload another"
         )
     max_mb = limits.get("max_adapter_mb")
-    used = sum(e.num_bytes for e in others)
-    if max_mb is not None and used + num_bytes > max_mb * MB:
+    used = sum(held.sizes.values())
+    after = used + (0 if digest in held.sizes else num_bytes)
+    if max_mb is not None and after > max_mb * MB:
         raise _exceeded(
-            f"this upload ({num_bytes / MB:.1f} MB) would take this tenant's adapters to "
-            f"{(used + num_bytes) / MB:.1f} MB, above its limit of {max_mb} MB"
+            f"this upload ({num_bytes / MB:.1f} MB) would take this tenant's stored adapter "
+            f"versions to {after / MB:.1f} MB, above its limit of {max_mb} MB; deleting a "
+            "name frees its versions"
         )
 
 

@@ -35,7 +35,7 @@ from serving.api.adapter_json import entry_json, version_json
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
-from serving.api.quotas import check_quota
+from serving.api.quotas import check_quota, holdings
 from serving.api.resolve import UNAVAILABLE, damaged
 from serving.api.settings import AppSettings
 
@@ -144,7 +144,8 @@ def _validate(settings: AppSettings, files: dict, draft_files: dict | None) -> A
 
 
 def _publish(registry: Registry, name: str, adapter: Adapter, owner: str, limits) -> Version:
-    check_quota(registry.list(owner), name, adapter.num_bytes, limits)
+    if any(limits.get(k) is not None for k in ("max_adapters", "max_adapter_mb")):
+        check_quota(holdings(registry, owner), name, adapter.digest, adapter.num_bytes, limits)
     return registry.publish(name, adapter, owner)
 
 

@@ -9,6 +9,8 @@ answers carried.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from datetime import datetime, timezone
 from typing import Annotated, Literal
@@ -18,6 +20,9 @@ from fastapi import APIRouter, Depends, Query
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
+from serving.api.generation import TENANCY_TIMEOUT_S
+
+log = logging.getLogger("loraserve.api")
 
 router = APIRouter(tags=["Usage"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -44,7 +49,12 @@ async def usage(
     since, until = _time("start", start), _time("end", end)
     if since is not None and until is not None and since > until:
         raise ApiError(400, "start: it is after end")
-    rows = await ctx.tenancy.usage(start=since, end=until, group_by=group_by, tenant=tenant)
+    query = ctx.tenancy.usage(start=since, end=until, group_by=group_by, tenant=tenant)
+    try:
+        rows = await asyncio.wait_for(query, TENANCY_TIMEOUT_S)
+    except Exception as exc:  # the store or the shared tenancy failed; the log says which
+        log.error("usage query failed: %s", exc)
+        raise ApiError(503, "the usage store cannot be read now; try again") from None
     return {
         "object": "list",
         "group_by": group_by,

@@ -37,6 +37,7 @@ def event_stream(
             await gen.aclose()
 
     return _Stream(
+        gen,
         closing(),
         sep="\n",
         ping=PING_SECONDS,
@@ -46,9 +47,17 @@ def event_stream(
 
 
 class _Stream(EventSourceResponse):
+    def __init__(self, gen: Generation, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gen = gen
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
             # The request is aborted by now; the server drops the half-sent answer.
             log.info("closed the stream of %s: its client stopped reading", scope.get("path"))
+        finally:
+            # An answer that never started its body (its start failed, or it was cancelled
+            # first) never ran closing(): the request must still end and release its place.
+            await self.gen.aclose()

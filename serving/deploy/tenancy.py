@@ -2,7 +2,7 @@
 
 Limits must hold however many replicas serve HTTP, so their counters live in one place: a
 single-replica deployment (`num_cpus: 0`) that owns the limiter and writes the usage store
-(usage.store, a SQLite file on the node that runs it). Each ModelServer's app reaches it
+(usage.store, a SQLite file on the head node, where it runs). Each ModelServer's app reaches it
 through HandleTenancy, the serving.api TenancyClient over a deployment handle: one call to
 admit a request (only for a tenant with a rate limit) and one to record it when it ends.
 A limit that refuses a request comes back as a value, not an exception, so the refusal
@@ -20,6 +20,7 @@ from serving.usage.limits import Admission, RateLimited
 from serving.usage.service import Tenancy
 from serving.usage.store import UsageRecord, UsageStore
 
+HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has
 # Every replica's admissions and records meet here; each call is brief (a lock, a commit).
 MAX_ONGOING = 1024
 
@@ -51,7 +52,8 @@ class TenancyService:
 TenancyServer = serve.deployment(
     name="Tenancy",
     num_replicas=1,
-    ray_actor_options={"num_cpus": 0},
+    # On the head node, so that usage.store names one file however often it restarts.
+    ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
     max_ongoing_requests=MAX_ONGOING,
 )(TenancyService)
 

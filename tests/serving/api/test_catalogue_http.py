@@ -9,10 +9,9 @@ import httpx
 import pytest
 
 from adapters import publishing
-from adapters.registry import Entry
 from serving.api.auth import Principal, key_id
 from serving.api.errors import ApiError
-from serving.api.quotas import check_quota
+from serving.api.quotas import Holdings, check_quota, holdings
 from tests.serving.api.served import ACME, GLOBEX, KEYS, serve
 
 SECOND_ACME = "acme-key-second"
@@ -54,19 +53,35 @@ def test_a_tenant_owns_at_most_max_adapters(served):
     assert upload(served, ACME, "three", "down").status_code == 201
 
 
-def entry(name, mb):
-    return Entry(name, "0" * 64, "acme", "", 8, ("q_proj",), int(mb * 2**20))
-
-
-def test_adapter_storage_counts_each_names_latest_version():
-    owned = [entry("a", 0.75), entry("b", 0.5)]
-    check_quota(owned, "c", int(0.75 * 2**20), {"max_adapter_mb": 2})  # 2.0 MB: fits exactly
+def test_adapter_storage_counts_every_stored_version():
+    mb = 2**20
+    held = Holdings(frozenset({"a", "b"}), {"d1": int(0.75 * mb), "d2": int(0.5 * mb)})
+    check_quota(held, "c", "d3", int(0.75 * mb), {"max_adapter_mb": 2})  # 2.0 MB: fits exactly
     with pytest.raises(ApiError) as info:
-        check_quota(owned, "c", int(0.76 * 2**20), {"max_adapter_mb": 2})
+        check_quota(held, "c", "d3", int(0.76 * mb), {"max_adapter_mb": 2})
     assert info.value.status == 429 and "above its limit of 2 MB" in info.value.message
-    # re-uploading "a" replaces its 0.75 MB
-    check_quota(owned, "a", int(1.5 * 2**20), {"max_adapter_mb": 2})
-    check_quota(owned, "c", 10 * 2**20, {})
+    # a new version of "a" adds to what is stored: the old one stays in its history
+    with pytest.raises(ApiError):
+        check_quota(held, "a", "d4", int(0.76 * mb), {"max_adapter_mb": 2})
+    # content the tenant already stores takes no more space
+    check_quota(held, "c", "d1", int(0.75 * mb), {"max_adapter_mb": 1.25})
+    check_quota(held, "c", "d3", 10 * mb, {})
+
+
+def test_reuploads_count_against_storage(served, monkeypatch):
+    def size(source):
+        return served.world.adapters[served.world.versions[source]].num_bytes
+
+    used = sum(holdings(served.registry, "globex").sizes.values())
+    # a limit of 1 "MB" that holds what globex stores and one more version, not two
+    monkeypatch.setitem(LIMITS, "globex", {"max_adapter_mb": 1})
+    monkeypatch.setattr("serving.api.quotas.MB", used + max(size("qk"), size("ov")))
+    assert upload(served, GLOBEX, "quota-a", "qk").status_code == 201
+    r = upload(served, GLOBEX, "quota-a", "ov")  # a second version of the same name
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+    assert upload(served, GLOBEX, "quota-a", "qk").status_code == 201  # stored already
+    assert httpx.delete(f"{served.url}/v1/adapters/quota-a", headers=auth(GLOBEX)).status_code == 200
+    assert upload(served, GLOBEX, "quota-b", "ov").status_code == 201  # deleting freed it
 
 
 def test_concurrent_creates_of_one_name_end_with_one_winner_and_a_409(served, monkeypatch):

@@ -221,10 +221,15 @@ class Counter2:
 
 
 @pytest.mark.parametrize("limit", ["requests_per_minute", "concurrent_requests"])
-def test_no_limit_configured_means_no_headers(world, tmp_path, limit):
+def test_headers_only_where_a_limit_is_configured(world, tmp_path, limit):
     client, _ = client_for(world, tmp_path, {"acme": {limit: 3}})
     r = post(client, GLOBEX)
     assert r.status_code == 200 and not [h for h in r.headers if h.startswith("x-ratelimit")]
+    r = post(client, ACME)
+    headers = [h for h in r.headers if h.startswith("x-ratelimit")]
+    assert r.status_code == 200
+    # OpenAI's headers name requests and tokens; a concurrency limit has none of its own
+    assert bool(headers) == (limit == "requests_per_minute"), headers
 
 
 class Unreachable:

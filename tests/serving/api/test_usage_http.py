@@ -21,10 +21,18 @@ def auth(key):
     return {"Authorization": f"Bearer {key}"}
 
 
+SHARED = "one prompt that many requests begin with, long enough to fill cache blocks: "
+
+
+def prompt(n):
+    """Every other request repeats a long prefix, so that some prompt tokens come cached."""
+    return f"{SHARED}{n}" if n % 2 else f"usage {n}"
+
+
 def run(url, key, route, adapter, stream, n):
     """One request; the usage its answer carried, as (prompt, cached, completion)."""
     if route == "workers":
-        body = {"prompt": f"usage {n}", "max_tokens": 4 + n % 3, "stream": stream}
+        body = {"prompt": prompt(n), "max_tokens": 4 + n % 3, "stream": stream}
         if adapter:
             body["lora"] = adapter
         r = httpx.post(f"{url}/ai/run/{MODEL_ID}", json=body, headers=auth(key), timeout=60)
@@ -36,7 +44,7 @@ def run(url, key, route, adapter, stream, n):
                       if line.startswith("data:") and "[DONE]" not in line]  # fmt: skip
             usage = events[-1]["usage"]
         return usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]
-    body = {"model": adapter or MODEL_ID, "prompt": f"usage {n}", "max_tokens": 3 + n % 4}
+    body = {"model": adapter or MODEL_ID, "prompt": prompt(n), "max_tokens": 3 + n % 4}
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
     r = httpx.post(f"{url}/v1/completions", json=body, headers=auth(key), timeout=60)
@@ -52,8 +60,8 @@ def run(url, key, route, adapter, stream, n):
 
 
 def workload(url, sums, offset):
-    for n in range(8):
-        key = (ACME, GLOBEX)[n % 2]
+    for n in range(16):
+        key = (ACME, GLOBEX)[(n // 2) % 2]
         adapter = (None, "upper", "rot13")[n % 3]
         route = ("workers", "openai")[(n // 2) % 2]
         got = run(url, key, route, adapter, stream=n % 4 >= 2, n=n + offset)
@@ -111,6 +119,7 @@ def expected(sums, pick):
 
 def test_totals_equal_the_answers_usage_across_a_restart(metered):
     url, sums = metered
+    assert expected(sums, lambda *k: True)["cached_tokens"] > 0  # the workload hit the cache
     assert totals(usage(url, ADMIN, group_by="tenant")) == expected(sums, lambda *k: True)
     for tenant in ("acme", "globex"):
         rows = usage(url, ADMIN, group_by="adapter", tenant=tenant)

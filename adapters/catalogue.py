@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from adapters.errors import AdapterError, RegistryUnavailable
+from adapters.errors import AdapterError, RegistryUnavailable, UnknownAdapter
 from adapters.layout import (
     HISTORY,
     LATEST,
@@ -24,22 +24,32 @@ from adapters.store import Store
 
 log = logging.getLogger("loraserve.registry")
 
-Skip = Callable[[str, Exception], None]  # told about an entry a listing leaves out, and why
+Skip = Callable[[str, Exception], None]  # told of a record a read passes over, and why
 
 
 class Catalogue:
     """Reads of one registry's layout; a tenant's folder wins over a legacy name it owns."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, skip: Skip | None = None) -> None:
         self.store = store
+        self._skip = skip or _log_skip(store)
 
     def pointer(self, tenant: str, name: str) -> Pointer | None:
-        """tenant's pointer for name: its own folder's, else a legacy one whose owner it is."""
+        """tenant's pointer for name: its own folder's, else a legacy one whose owner it is.
+        RegistryCorrupt if tenant's own pointer is unreadable; an unreadable legacy one has
+        no known owner and reads as absent, so it answers as any missing name does."""
         found = self.read_pointer(name_dir(tenant, name))
         if found is None:
-            legacy = self.read_pointer(legacy_dir(name))
+            legacy = self._try(legacy_dir(name), self._skip)
             found = legacy if legacy is not None and legacy.owner == tenant else None
         return found
+
+    def existing(self, tenant: str, name: str) -> Pointer:
+        """pointer(), with UnknownAdapter when tenant has no such name."""
+        pointer = self.pointer(tenant, name)
+        if pointer is None:
+            raise UnknownAdapter.for_name(name)
+        return pointer
 
     def exists(self, tenant: str, name: str) -> bool:
         """Whether tenant has name: a pointer in its folder (readable or not), or a legacy one."""
@@ -54,13 +64,18 @@ class Catalogue:
 
     def legacy_owner(self, name: str) -> str | None:
         """The owner in name's legacy pointer; None when absent or unreadable."""
+        legacy = self._try(legacy_dir(name), self._skip)
+        return legacy.owner if legacy else None
+
+    def legacy_unreadable(self, name: str) -> bool:
+        """Whether name's legacy pointer exists but cannot be read (its owner is unknown)."""
         try:
-            legacy = self.read_pointer(legacy_dir(name))
+            self.read_pointer(legacy_dir(name))
         except RegistryUnavailable:
             raise
         except AdapterError:
-            return None
-        return legacy.owner if legacy else None
+            return True
+        return False
 
     def folders(self, tenant: str, name: str) -> list[str]:
         """The folders that hold tenant's name: its own, and a legacy one it owns."""
@@ -78,6 +93,19 @@ class Catalogue:
         """The version's meta.json, or None while it is absent or incomplete."""
         value = self.store.read_json(f"{version_dir(digest)}/{META}")
         return checked_meta(value, digest, self.store.uri)
+
+    def listed_meta(self, pointer: Pointer, skip: Skip) -> dict | None:
+        """The meta.json of pointer's version; None, told to skip, if missing or corrupted."""
+        try:
+            meta = self.meta(pointer.digest)
+        except RegistryUnavailable:
+            raise
+        except AdapterError as exc:
+            skip(pointer.folder, exc)
+            return None
+        if meta is None:
+            skip(pointer.folder, AdapterError(f"it points to missing {pointer.digest}"))
+        return meta
 
     def meta_or_none(self, digest: str) -> dict | None:
         """meta(), with a corrupted meta.json read as None (to be rewritten)."""
@@ -153,3 +181,12 @@ class Catalogue:
             skip(folder, exc)
             return None
         return pointer
+
+
+def _log_skip(store: Store) -> Skip:
+    """A skip that only logs, for a catalogue without a registry counting its skips."""
+
+    def skip(folder: str, reason: Exception) -> None:
+        log.warning("registry %s: skipped %s: %s", store.uri, folder, reason)
+
+    return skip

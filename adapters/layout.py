@@ -65,26 +65,52 @@ class Pointer:
 
 
 def checked_pointer(value: dict | None, folder: str, uri: str) -> Pointer | None:
-    """The pointer read from folder/latest.json; AdapterError if it is not a valid one."""
+    """The pointer read from folder/latest.json; RegistryCorrupt if it is not a valid one."""
     if value is None:
         return None
     if (
         not value.keys() >= set(POINTER_KEYS)
-        or not DIGEST_RE.match(str(value["digest"]))
+        or not all(isinstance(value[key], str) for key in POINTER_KEYS)
+        or not DIGEST_RE.match(value["digest"])
         or value["name"] != folder.rpartition("/")[2]
         # A tenant's folder holds only that tenant's names: tenants/<owner>/names/<name>.
         or (folder.startswith("tenants/") and value["owner"] != folder.split("/")[1])
     ):
         raise RegistryCorrupt(f"registry {uri!r}: {folder}/{LATEST} is corrupted")
-    fields = {key: str(value[key]) for key in POINTER_KEYS}
-    return Pointer(**fields, folder=folder)
+    return Pointer(**{key: value[key] for key in POINTER_KEYS}, folder=folder)
 
 
 def checked_meta(value: dict | None, digest: str, uri: str) -> dict | None:
-    """A version's meta.json; AdapterError if it lacks a field or names another digest."""
-    if value is not None and (not value.keys() >= set(META_KEYS) or value["digest"] != digest):
+    """A version's meta.json; RegistryCorrupt if a field is missing or of the wrong type, or
+    it names another digest."""
+    if value is not None and not (value.keys() >= set(META_KEYS) and _meta_typed(value, digest)):
         raise RegistryCorrupt(f"registry {uri!r}: {version_dir(digest)}/{META} is corrupted")
     return value
+
+
+def _meta_typed(meta: dict, digest: str) -> bool:
+    """Whether every field of meta is of the type readers use it as."""
+    modules = meta["target_modules"]
+    return (
+        meta["digest"] == digest
+        and _is_int(meta["rank"])
+        and meta["rank"] > 0
+        and all(_is_number(meta[key]) for key in ("alpha", "scale"))
+        and isinstance(modules, list)
+        and all(isinstance(module, str) for module in modules)
+        and _is_int(meta["num_bytes"])
+        and meta["num_bytes"] >= 0
+        and isinstance(meta["has_draft"], bool)
+        and isinstance(meta["created"], str)
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no count
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def now_iso() -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from adapters.errors import AdapterError
+from adapters.errors import AdapterError, quoted
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -60,6 +60,30 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
             f"invalid version {digest!r} in {ref!r}: expected 64 hex digits (sha256)"
         )
     return name, digest
+
+
+def parse_version(version: str) -> tuple[str | None, str | None, str]:
+    """'tenant/name@digest' -> (tenant, name, digest); 'name@digest' -> (None, name, digest);
+    a bare digest -> (None, None, digest). Raises AdapterError for anything else."""
+    if DIGEST_RE.match(version):
+        return None, None, version
+    label, sep, digest = version.rpartition("@")
+    if not sep:
+        raise AdapterError(
+            f"invalid adapter version {quoted(version)}: expected '[tenant/]name@digest'"
+        )
+    tenant, slash, name = label.rpartition("/")
+    if slash:
+        validate_tenant(tenant)
+    parse_ref(f"{name}@{digest}")
+    return (tenant if slash else None), name, digest
+
+
+def split_model(text: str) -> tuple[str | None, str]:
+    """'base:name' -> ('base', 'name'); 'name' -> (None, 'name'). Only the last ':' splits,
+    as a base model's id may hold one itself; neither part is checked."""
+    base, sep, name = text.rpartition(":")
+    return (base if sep else None), name
 
 
 def qualified(tenant: str, name: str, digest: str) -> str:

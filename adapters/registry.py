@@ -15,9 +15,10 @@ Layout under the registry's root, any fsspec URL (file://, memory://, s3://) or 
 Names are per tenant: two tenants may each own "support-bot". Registries written before
 tenants keep every name under names/<name>, its tenant being its pointer's owner. They
 are read in place: (tenant, name) is looked up in the tenant's folder first, then in
-names/<name> if that pointer's owner is the tenant; a listing shows a legacy name unless
-its tenant's folder has a pointer too. Publishing to a legacy name moves it (history
-copied, then the pointer, then the legacy folder removed); delete removes both.
+names/<name> if that pointer's owner is the tenant (an unreadable one, whose owner is
+unknown, reads as absent); a listing shows a legacy name unless its tenant's folder has a
+pointer too. Publishing to a legacy name moves it (history copied, then the pointer, then
+the legacy folder removed); delete removes both.
 
 Each file is written whole and durably (adapters.store) before the file that makes it
 reachable, so a crash or a concurrent publisher leaves at worst unreferenced files, never
@@ -39,17 +40,16 @@ from dataclasses import dataclass
 from adapters import gc, public_index, publishing
 from adapters.base_model import BaseModelSpec
 from adapters.catalogue import Catalogue, log
-from adapters.errors import AdapterError, RegistryUnavailable, UnknownAdapter
+from adapters.errors import AdapterError, UnknownAdapter
 from adapters.format import Adapter
-from adapters.layout import LATEST, META_KEYS, Pointer
+from adapters.layout import LATEST, META_KEYS, Pointer, legacy_dir
 from adapters.names import (
     DIGEST_RE,
     parse_ref,
+    parse_version,
     qualified,
     validate_name,
     validate_tenant,
-    version_digest,
-    version_label,
 )
 from adapters.store import Store
 from adapters.version_files import load_version
@@ -100,16 +100,17 @@ class Entry:
 class Registry:
     """Named adapter versions under one fsspec URL, safe for concurrent publishers.
 
-    `skipped` counts the entries listings have left out because they were corrupted or
-    half-written (each also logged on "loraserve.registry"); it only grows.
+    `skipped` counts the entries listings have left out, and the unreadable legacy pointers
+    lookups have read as absent, because they were corrupted or half-written (each also
+    logged on "loraserve.registry"); it only grows.
     """
 
     def __init__(self, uri: str, **storage_options) -> None:
-        self._store = Store(uri, **storage_options)
-        self._cat = Catalogue(self._store)
         self.uri = uri
         self.skipped = 0
         self._skipped_lock = threading.Lock()
+        self._store = Store(uri, **storage_options)
+        self._cat = Catalogue(self._store, self._skip)
 
     def publish(
         self, name: str, adapter: Adapter, owner: str = "default", *, create_only: bool = False
@@ -128,7 +129,7 @@ class Registry:
             raise AdapterError(f"invalid adapter reference {ref!r}: expected 'name[@digest]'")
         name, digest = parse_ref(ref)
         validate_tenant(owner)
-        pointer = self._existing(owner, name)
+        pointer = self._cat.existing(owner, name)
         digest = digest or pointer.digest
         # The latest digest is accepted even without its history entry: a delete racing a
         # publish can remove the entry after the new pointer's publisher wrote it.
@@ -159,12 +160,7 @@ class Registry:
             raise AdapterError(f"invalid adapter version {version!r}: expected 'name@digest'")
         if "@" not in version and not DIGEST_RE.match(version):
             version = self.resolve(version).ref
-        digest = version_digest(version)
-        if digest != version:  # 'name@digest' or 'tenant/name@digest': check both parts
-            tenant, slash, name = version_label(version).rpartition("/")
-            if slash:
-                validate_tenant(tenant)
-            parse_ref(f"{name}@{digest}")
+        _, _, digest = parse_version(version)
         return load_version(self._cat, digest, version, base=base, max_rank=max_rank, verify=verify)
 
     def exists(self, name: str, owner: str = "default") -> bool:
@@ -187,10 +183,14 @@ class Registry:
         return sorted(entries, key=lambda e: (e.name, e.owner))
 
     def list_visible(self, tenant: str) -> list[Entry]:
-        """tenant's own names and every other tenant's public one, sorted by (name, owner)."""
+        """tenant's own names and every other tenant's public one whose name tenant has not
+        (its own wins, as in resolving), sorted by (name, owner)."""
         entries = self.list(tenant)
         for pointer in self._cat.public_pointers(self._skip):
-            if pointer.owner != tenant and (entry := self._entry_or_skip(pointer, True)):
+            # exists(), as resolving asks it: an own name left out as corrupted still wins.
+            if pointer.owner == tenant or self._cat.exists(tenant, pointer.name):
+                continue
+            if entry := self._entry_or_skip(pointer, True):
                 entries.append(entry)
         return sorted(entries, key=lambda e: (e.name, e.owner))
 
@@ -198,7 +198,7 @@ class Registry:
         """owner's name with its history: every digest it pointed to, newest version first."""
         validate_name(name)
         validate_tenant(owner)
-        pointer = self._existing(owner, name)
+        pointer = self._cat.existing(owner, name)
         digests = self._cat.history(owner, name)
         created = {d: (self._cat.meta_or_none(d) or {}).get("created", "") for d in digests}
         history = sorted(digests, key=lambda d: (created[d], d), reverse=True)
@@ -208,14 +208,19 @@ class Registry:
         return _entry(pointer, meta, self._cat.indexed_owner(name) == owner, tuple(history))
 
     def delete(self, name: str, owner: str = "default") -> None:
-        """Remove owner's name: its public index entry, pointer and history, in both layouts.
-        Its versions stay, as versions are immutable."""
+        """Remove owner's name: its public index entry, pointer and history, in both layouts;
+        its versions stay, as versions are immutable. A legacy name whose pointer is
+        unreadable has no known owner: an owner with no name of its own by it removes it."""
         # exists() rather than reading the pointer, so a corrupted name can still be deleted.
-        if not self.exists(name, owner):
+        if self.exists(name, owner):
+            # The index entry goes first: a crash must not leave a later name of owner public.
+            public_index.unlist(self._cat, name, owner)
+            folders = self._cat.folders(owner, name)
+        elif self._cat.legacy_unreadable(name):
+            # Nobody can use it, and its owner cannot be checked: an operator's repair.
+            folders = [legacy_dir(name)]
+        else:
             raise UnknownAdapter.for_name(name)
-        # The index entry goes first: a crash must not leave a later name of owner public.
-        public_index.unlist(self._cat, name, owner)
-        folders = self._cat.folders(owner, name)
         # Pointers first: from then on the name is gone even if removing the rest fails.
         for folder in folders:
             self._store.remove(f"{folder}/{LATEST}")
@@ -259,12 +264,6 @@ class Registry:
             self._cat, grace_s=grace_s, lease_ttl_s=lease_ttl_s, dry_run=dry_run, now=now
         )
 
-    def _existing(self, owner: str, name: str) -> Pointer:
-        pointer = self._cat.pointer(owner, name)
-        if pointer is None:
-            raise UnknownAdapter.for_name(name)
-        return pointer
-
     def _version(self, name: str, owner: str, meta: dict) -> Version:
         fields = {key: meta[key] for key in META_KEYS}  # Version's fields besides name and owner
         fields["target_modules"] = tuple(fields["target_modules"])
@@ -273,20 +272,11 @@ class Registry:
 
     def _entry_or_skip(self, pointer: Pointer, public: bool) -> Entry | None:
         """pointer's entry; None, counted as skipped, when its version is missing or corrupted."""
-        try:
-            meta = self._cat.meta(pointer.digest)
-        except RegistryUnavailable:
-            raise
-        except AdapterError as exc:
-            self._skip(pointer.folder, exc)
-            return None
-        if meta is None:
-            self._skip(pointer.folder, AdapterError(f"it points to missing {pointer.digest}"))
-            return None
-        return _entry(pointer, meta, public, ())
+        meta = self._cat.listed_meta(pointer, self._skip)
+        return None if meta is None else _entry(pointer, meta, public, ())
 
     def _skip(self, folder: str, reason: Exception) -> None:
-        log.warning("registry %s: skipped %s in a listing: %s", self.uri, folder, reason)
+        log.warning("registry %s: skipped %s: %s", self.uri, folder, reason)
         with self._skipped_lock:
             self.skipped += 1
 

@@ -4,8 +4,8 @@ A caller of tenant T, user or admin alike, generates with T's own adapter of a n
 has one, else with the public adapter of that name, else with none: another tenant's
 private adapter answers exactly as a missing one does, so it cannot be told apart.
 Changing or deleting is narrower: a user key manages its own tenant's names only; an
-admin may name any owner. A public adapter of another tenant is visible to a user but
-not its to change (NotOwner).
+admin may name any owner, and without one manages what it reads. A public adapter of
+another tenant is visible to a user but not its to change (NotOwner).
 """
 
 from __future__ import annotations
@@ -28,19 +28,42 @@ def resolve_for(registry: Registry, tenant: str, ref: str) -> Version:
     return registry.resolve(ref, owner)
 
 
+def visible_entry(
+    registry: Registry, tenant: str, is_admin: bool, name: str, owner: str | None = None
+) -> Entry:
+    """The entry a caller of tenant reads as name: tenant's own, else the public one. An admin
+    naming owner reads owner's; a user naming another owner is answered as for a missing name."""
+    validate_tenant(tenant)
+    if is_admin and owner is not None:
+        return registry.show(name, validate_tenant(owner))
+    if owner not in (None, tenant):
+        raise UnknownAdapter.for_name(name)
+    # exists(), as resolve_for asks it: a damaged own name is reported, never passed over.
+    if registry.exists(name, tenant):
+        return registry.show(name, tenant)
+    public_owner = registry.public_owner(name)
+    if public_owner is None:
+        raise UnknownAdapter.for_name(name)
+    return registry.show(name, public_owner)
+
+
 def manageable(
     registry: Registry, tenant: str, is_admin: bool, name: str, owner: str | None = None
 ) -> Entry:
-    """The entry a caller of tenant may change or delete: owner's name (owner None: tenant's).
-    A user names no owner but its own tenant."""
+    """The entry a caller of tenant may change or delete: owner's name, or (owner None)
+    tenant's own, else the public one of that name. A user names no owner but its own
+    tenant, and a public adapter of another tenant is NotOwner; an admin may manage any."""
     validate_tenant(tenant)
     target = tenant if owner is None else validate_tenant(owner)
     if (is_admin or target == tenant) and registry.exists(name, target):
         return registry.show(name, target)
+    # Found as the read path finds it, so what an admin can read it can manage.
     public_owner = registry.public_owner(name)
-    if not is_admin and public_owner not in (None, tenant) and owner in (None, public_owner):
+    if public_owner in (None, tenant) or owner not in (None, public_owner):
+        raise UnknownAdapter.for_name(name)
+    if not is_admin:
         raise NotOwner(
             f"adapter {name!r} is public and belongs to another tenant; "
             "only its owner or an admin can change it"
         )
-    raise UnknownAdapter.for_name(name)
+    return registry.show(name, public_owner)

@@ -4,14 +4,16 @@ pointer) are listed, resolved, loaded, shown, deleted and published to in place.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import datetime, timezone
 
 import pytest
 from fsspec.core import url_to_fs
 
-from adapters.errors import UnknownAdapter
+from adapters.errors import RegistryCorrupt, UnknownAdapter
 from adapters.registry import Registry
+from adapters.visibility import manageable, resolve_for, visible_entry
 from tests.adapters.registry_helpers import (
     assert_consistent,
     assert_same_adapter,
@@ -145,3 +147,61 @@ def test_a_half_moved_name_is_listed_once(legacy):
     reg.delete("support-bot", "acme")
     assert reg.list("acme") == []
     assert not [p for p in snapshot(legacy) if "support-bot" in p]
+
+
+def test_an_unreadable_legacy_pointer_answers_as_a_missing_name(legacy, caplog):
+    """Its owner is unknown: telling it from a missing name would show every tenant it exists."""
+    reg = Registry(legacy)
+    fs, root = url_to_fs(legacy)
+    write_legacy(legacy, "secret", make_adapter(seed=18), "acme")
+    fs.pipe_file(f"{root}/names/secret/latest.json", b"{broken")
+    calls = {
+        "show": lambda n: reg.show(n, "globex"),
+        "resolve": lambda n: reg.resolve(n, "globex"),
+        "resolve_for": lambda n: resolve_for(reg, "globex", n),
+        "visible_entry": lambda n: visible_entry(reg, "globex", False, n),
+        "manageable": lambda n: manageable(reg, "ops", True, n),
+        "set_public": lambda n: reg.set_public(n, "acme", True),
+    }
+    with caplog.at_level(logging.WARNING, logger="loraserve.registry"):
+        for what, call in calls.items():
+            with pytest.raises(UnknownAdapter) as hidden:
+                call("secret")
+            with pytest.raises(UnknownAdapter) as missing:
+                call("nosuch")
+            assert str(hidden.value) == str(missing.value).replace("nosuch", "secret"), what
+    assert not reg.exists("secret", "acme") and reg.skipped > 0
+    assert "names/secret" in caplog.text
+    assert [e.name for e in reg.list()] == ["sql", "support-bot"]
+    # Another tenant may take the name; it gets a folder of its own.
+    assert reg.publish("secret", make_adapter(seed=19), owner="globex").owner == "globex"
+    assert reg.show("secret", "globex").owner == "globex"
+
+
+def test_an_unreadable_pointer_of_ones_own_name_is_reported(legacy):
+    reg = Registry(legacy)
+    reg.publish("mine", make_adapter(seed=18), owner="globex")
+    fs, root = url_to_fs(legacy)
+    fs.pipe_file(f"{root}/tenants/globex/names/mine/latest.json", b"{broken")
+    for call in (lambda: reg.show("mine", "globex"), lambda: reg.resolve("mine", "globex")):
+        with pytest.raises(RegistryCorrupt):
+            call()
+
+
+def test_an_unreadable_legacy_name_can_be_deleted(legacy):
+    reg = Registry(legacy)
+    fs, root = url_to_fs(legacy)
+    for name in ("secret", "twin"):
+        write_legacy(legacy, name, make_adapter(seed=18), "acme")
+        fs.pipe_file(f"{root}/names/{name}/latest.json", b"{broken")
+    # A tenant's own name of that name is what deleting it removes; the legacy folder stays.
+    reg.publish("twin", make_adapter(seed=19), owner="globex")
+    reg.delete("twin", "globex")
+    assert "/names/twin/latest.json" in snapshot(legacy)
+    reg.delete("secret", "ops")
+    assert not [p for p in snapshot(legacy) if "secret" in p]
+    with pytest.raises(UnknownAdapter):
+        reg.delete("secret", "ops")
+    reg.delete("twin", "ops")
+    assert not [p for p in snapshot(legacy) if "twin" in p]
+    assert_same_adapter(reg.load(make_adapter(seed=18).digest), make_adapter(seed=18))

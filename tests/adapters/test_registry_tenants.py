@@ -6,7 +6,7 @@ import pytest
 
 from adapters.errors import NameConflict, NotOwner, UnknownAdapter
 from adapters.registry import Registry
-from adapters.visibility import manageable, resolve_for
+from adapters.visibility import manageable, resolve_for, visible_entry
 from tests.adapters.registry_helpers import assert_consistent, assert_same_adapter, make_adapter
 
 
@@ -144,3 +144,43 @@ def test_manageable(reg):
     assert manageable(reg, "acme", True, "support-bot").owner == "acme"
     with pytest.raises(UnknownAdapter):
         manageable(reg, "ops", True, "support-bot")
+
+
+def test_list_visible_shows_a_tenants_own_name_over_a_public_one(reg):
+    reg.set_public("support-bot", "acme", True)
+    assert [(e.name, e.owner) for e in reg.list_visible("globex")] == [("support-bot", "globex")]
+    assert [(e.name, e.owner) for e in reg.list_visible("initech")] == [("support-bot", "acme")]
+
+
+def test_an_admin_manages_the_public_adapter_it_reads(reg):
+    reg.set_public("sql", "acme", True)
+    assert visible_entry(reg, "ops", True, "sql").owner == "acme"
+    entry = manageable(reg, "ops", True, "sql")
+    assert (entry.name, entry.owner, entry.public) == ("sql", "acme", True)
+    # The admin's own tenant's name comes first; another owner is named explicitly.
+    reg.publish("sql", make_adapter(seed=6), owner="ops")
+    assert manageable(reg, "ops", True, "sql").owner == "ops"
+    assert manageable(reg, "ops", True, "sql", owner="acme").owner == "acme"
+    with pytest.raises(UnknownAdapter, match=r"^unknown adapter 'sql'$"):
+        manageable(reg, "initech", True, "sql", owner="globex")
+    with pytest.raises(NotOwner):
+        manageable(reg, "initech", False, "sql")
+
+
+def test_visible_entry(reg):
+    reg.set_public("sql", "acme", True)
+    assert visible_entry(reg, "acme", False, "support-bot").owner == "acme"
+    assert visible_entry(reg, "globex", False, "support-bot", owner="globex").owner == "globex"
+    assert visible_entry(reg, "initech", False, "sql").owner == "acme"
+    assert visible_entry(reg, "ops", True, "support-bot", owner="globex").owner == "globex"
+    # Naming another owner, or a private name of another tenant, reads as missing.
+    for owner in ("globex", "acme", "nosuch"):
+        with pytest.raises(UnknownAdapter, match=r"^unknown adapter 'support-bot'$"):
+            visible_entry(reg, "initech", False, "support-bot", owner=owner)
+    with pytest.raises(UnknownAdapter, match=r"^unknown adapter 'sql'$"):
+        visible_entry(reg, "globex", False, "sql", owner="acme")
+    for tenant, is_admin in (("initech", False), ("ops", True)):
+        with pytest.raises(UnknownAdapter, match=r"^unknown adapter 'support-bot'$"):
+            visible_entry(reg, tenant, is_admin, "support-bot")
+    with pytest.raises(UnknownAdapter):
+        visible_entry(reg, "ops", True, "sql", owner="globex")

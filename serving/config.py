@@ -217,7 +217,7 @@ class TenantLimitsSection(_Section):
     tokens_per_minute: Limit = Field(None, description="Tokens (prompt + output) in any 60 s.")
     concurrent_requests: Limit = Field(None, description="Requests running at once.")
     max_adapters: Limit = Field(None, description="Adapters the tenant may own.")
-    max_adapter_mb: Limit = Field(None, description="Largest adapter upload, in MiB.")
+    max_adapter_mb: Limit = Field(None, description="Total MB of all stored versions of its names.")
 
 
 class LimitsSection(TenantLimitsSection):

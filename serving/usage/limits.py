@@ -8,7 +8,15 @@ Semantics, per tenant; a limit of None is no limit:
                           the charges of the admissions in (t - 60, t] plus the reservation stay
                           <= M. finish() replaces the reservation by the tokens used, still
                           dated t. A reservation above M alone is refused outright.
-  concurrent_requests C   at most C requests admitted and not yet finished.
+  concurrent_requests C   at most C requests admitted and not yet finished, nor older than
+                          running_ttl_s (default 1 h) since their admission.
+
+A request still running running_ttl_s after its admission stops counting: a finish() that never
+comes (its caller died, or its call timed out after the limiter admitted) must not hold a
+tenant's place forever. So no request should run longer than the TTL: past it, its place is
+given away and its late finish() changes nothing (its reservation stays charged as reserved).
+Tickets carry a random epoch drawn by each Limiter, so an Admission made before the limiter
+restarted (a new instance) never finishes a request of the new one.
 
 A refusal raises RateLimited carrying the soonest moment the refusing limit could admit the
 request (the longest such wait when several refuse). Answers carry OpenAI's x-ratelimit-*
@@ -16,23 +24,26 @@ headers for the limits that are set; a reset is the time until the window frees 
 unit. One lock guards every tenant's state and the clock is read under it, once per call, so
 concurrent callers are ordered exactly as their admission times. A tenant with no limit
 skips all of it: no lock, no state, empty headers. A tenant's state is bounded by its
-limits, and dropped when its last request finishes with nothing left in the window.
+limits, and dropped once no request runs (finished or past the TTL) and its window is empty.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 WINDOW_S = 60.0
 CONCURRENT_RETRY_S = 1.0  # when a running request ends cannot be foreseen: ask again soon
+RUNNING_TTL_S = 3600.0  # longer than any request should run, short enough to heal a leak
 
 Headers = tuple[tuple[str, str], ...]
+Ticket = tuple[int, int]  # (the admitting Limiter's random epoch, its count of admissions)
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ RATE_LIMITS = tuple(field.name for field in fields(Limits))
 class Admission:
     """An admitted request: hand it back to finish() when the request ends."""
 
-    ticket: int
+    ticket: Ticket
     tenant: str
     reserved_tokens: int
     headers: Headers = ()  # OpenAI's x-ratelimit-* headers for the answer
@@ -99,15 +110,20 @@ class _Tenant:
         self.admitted: deque[float] = deque()  # admission times in the window, oldest first
         self.charges: deque[_Charge] = deque()  # token charges in the window, oldest first
         self.charged = 0  # the sum of charges' tokens
-        self.running: dict[int, _Charge | None] = {}  # unfinished tickets -> their charge
+        # Unfinished tickets -> (admission time, charge), oldest first: admissions are made
+        # under the lock in clock order, so the front is always the next to outlive the TTL.
+        self.running: OrderedDict[Ticket, tuple[float, _Charge | None]] = OrderedDict()
 
-    def expire(self, now: float) -> None:
-        """Forget what left the window (t - 60, t]."""
+    def expire(self, now: float, running_ttl_s: float) -> None:
+        """Forget what left the window (t - 60, t], and running tickets admitted TTL ago."""
         edge = now - WINDOW_S
         while self.admitted and self.admitted[0] <= edge:
             self.admitted.popleft()
         while self.charges and self.charges[0].time <= edge:
             self.charged -= self.charges.popleft().tokens
+        born = now - running_ttl_s
+        while self.running and next(iter(self.running.values()))[0] <= born:
+            self.running.popitem(last=False)  # its charge stays, dated at its admission
 
     def idle(self) -> bool:
         return not (self.admitted or self.charges or self.running)
@@ -117,12 +133,21 @@ class Limiter:
     """Admits or refuses requests under each tenant's Limits; thread-safe."""
 
     def __init__(
-        self, limits_of: Callable[[str], Limits], clock: Callable[[], float] = time.monotonic
+        self,
+        limits_of: Callable[[str], Limits],
+        clock: Callable[[], float] = time.monotonic,
+        running_ttl_s: float = RUNNING_TTL_S,
     ) -> None:
-        self.limits_of, self.clock = limits_of, clock
+        if not running_ttl_s > 0:
+            raise ValueError(f"running_ttl_s must be > 0 seconds, got {running_ttl_s!r}")
+        self.limits_of, self.clock, self.running_ttl_s = limits_of, clock, running_ttl_s
         self._lock = threading.Lock()
         self._tenants: dict[str, _Tenant] = {}
-        self._tickets = itertools.count(1)  # next() on a count is atomic: no lock needed
+        self._epoch = secrets.randbits(64)  # another instance's tickets never match ours
+        self._counts = itertools.count(1)  # next() on a count is atomic: no lock needed
+
+    def _ticket(self) -> Ticket:
+        return (self._epoch, next(self._counts))
 
     def admit(self, tenant: str, tokens: int) -> Admission:
         """Admit a request reserving `tokens`, or raise RateLimited."""
@@ -130,49 +155,59 @@ class Limiter:
             raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
         limits = self.limits_of(tenant)
         if limits.unlimited:
-            return Admission(next(self._tickets), tenant, tokens)
+            return Admission(self._ticket(), tenant, tokens)
         with self._lock:
             now = self.clock()
             state = self._tenants.get(tenant) or self._tenants.setdefault(tenant, _Tenant())
-            state.expire(now)
+            state.expire(now, self.running_ttl_s)
             refusals = _refusals(limits, state, tokens, now)
             if refusals:
                 limit, message, wait = max(refusals, key=lambda refusal: refusal[2])
                 retry = ("Retry-After", str(max(1, math.ceil(wait - 1e-9))))
                 raise RateLimited(limit, message, wait, (*_headers(limits, state, now), retry))
-            ticket, charge = next(self._tickets), None
+            ticket, charge = self._ticket(), None
             if limits.requests_per_minute is not None:
                 state.admitted.append(now)
             if limits.tokens_per_minute is not None:
                 charge = _Charge(now, tokens)
                 state.charges.append(charge)
                 state.charged += tokens
-            state.running[ticket] = charge
+            state.running[ticket] = (now, charge)
             return Admission(ticket, tenant, tokens, _headers(limits, state, now))
 
     def finish(self, admission: Admission, tokens_used: int) -> None:
-        """End an admitted request: free its place, charge `tokens_used`; again is a no-op."""
+        """End an admitted request: free its place, charge `tokens_used`.
+
+        A no-op for an admission finished already, past the running TTL, or made by another
+        Limiter instance.
+        """
         if type(tokens_used) is not int or tokens_used < 0:
             raise ValueError(f"tokens_used must be an integer >= 0, got {tokens_used!r}")
         with self._lock:
             state = self._tenants.get(admission.tenant)
-            if state is None or admission.ticket not in state.running:
-                return  # admitted without limits, or finished already
-            charge = state.running.pop(admission.ticket)
+            if state is None:
+                return  # admitted without limits, or nothing of this tenant is left
             now = self.clock()
-            state.expire(now)
-            # After expire() a charge inside the window is still counted in `charged`.
-            if charge is not None and charge.time > now - WINDOW_S:
-                state.charged += tokens_used - charge.tokens
-                charge.tokens = tokens_used
+            state.expire(now, self.running_ttl_s)
+            if admission.ticket in state.running:
+                _, charge = state.running.pop(admission.ticket)
+                # After expire() a charge inside the window is still counted in `charged`.
+                if charge is not None and charge.time > now - WINDOW_S:
+                    state.charged += tokens_used - charge.tokens
+                    charge.tokens = tokens_used
             if state.idle():
                 del self._tenants[admission.tenant]
 
     def in_flight(self, tenant: str) -> int:
-        """Requests admitted under limits and not finished (tenants without limits: 0)."""
+        """Requests admitted under limits, not finished nor past the TTL (no limits: 0)."""
         with self._lock:
             state = self._tenants.get(tenant)
-            return len(state.running) if state else 0
+            if state is None:
+                return 0
+            state.expire(self.clock(), self.running_ttl_s)
+            if state.idle():
+                del self._tenants[tenant]
+            return len(state.running)
 
 
 def _refusals(limits: Limits, state: _Tenant, tokens: int, now: float) -> list:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from serving.config import LimitsSection
-from serving.usage.limits import RATE_LIMITS, Admission, Limiter, Limits
+from serving.usage.limits import RATE_LIMITS, RUNNING_TTL_S, Admission, Limiter, Limits
 from serving.usage.store import UsageRecord, UsageStore
 
 
@@ -24,9 +24,10 @@ class Tenancy:
         store: UsageStore | None,
         limits_of: Callable[[str], Limits],
         clock: Callable[[], float] = time.monotonic,
+        running_ttl_s: float = RUNNING_TTL_S,
     ) -> None:
         self.store = store
-        self.limiter = Limiter(limits_of, clock)
+        self.limiter = Limiter(limits_of, clock, running_ttl_s)
 
     def admit(self, tenant: str, tokens: int) -> Admission:
         """Admit a request reserving `tokens` (prompt + max_tokens); raises RateLimited."""
@@ -36,6 +37,8 @@ class Tenancy:
         """Free the admission (if any), charging the record's tokens; record it, committed.
 
         A request that never reached the engine has no record: its admission is charged 0.
+        One finished past the limiter's running TTL frees nothing (its place was given away
+        already) but its record is still kept.
         """
         if admission is not None:
             used = record.prompt_tokens + record.completion_tokens if record is not None else 0

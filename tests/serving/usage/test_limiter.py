@@ -6,15 +6,19 @@ import threading
 
 import pytest
 
-from serving.usage.limits import Admission, Limiter, Limits, RateLimited, duration
+from serving.usage.limits import Limiter, Limits, RateLimited, duration
 from tests.serving.usage.fakes import FakeClock
 
 RESET = re.compile(r"^(0s|[1-9]\d{0,2}ms|(\d+m)?\d+(\.\d{1,3})?s)$")
 
 
-def _limiter(clock=None, **limits) -> Limiter:
+def _limiter(clock=None, running_ttl_s=3600.0, **limits) -> Limiter:
     fixed = Limits(**limits)
-    return Limiter(lambda tenant: fixed if tenant == "acme" else Limits(), clock or FakeClock())
+
+    def limits_of(tenant: str) -> Limits:
+        return fixed if tenant == "acme" else Limits()
+
+    return Limiter(limits_of, clock or FakeClock(), running_ttl_s)
 
 
 def _refused(limiter, tokens=0, tenant="acme") -> RateLimited:
@@ -242,8 +246,14 @@ def test_rate_limited_crosses_processes_intact():
         (("Retry-After", "13"),),
     )
     assert str(again) == "too many"
-    admission = Admission(3, "acme", 10, (("x-ratelimit-limit-tokens", "9"),))
-    assert pickle.loads(pickle.dumps(admission)) == admission
+    admission = _limiter(tokens_per_minute=9).admit("acme", 3)
+    again = pickle.loads(pickle.dumps(admission))
+    assert again == admission and hash(again.ticket) == hash(admission.ticket)
+    assert again.headers == (
+        ("x-ratelimit-limit-tokens", "9"),
+        ("x-ratelimit-remaining-tokens", "6"),
+        ("x-ratelimit-reset-tokens", "1m0s"),
+    )
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "5"])
@@ -278,3 +288,63 @@ def test_changed_limits_apply_to_the_next_request():
     current["limits"] = Limits(requests_per_minute=6)  # raised: one more fits
     limiter.admit("acme", 0)
     assert _refused(limiter).retry_after_s == pytest.approx(50)
+
+
+def test_a_lost_finish_frees_its_place_after_the_ttl_and_not_before():
+    clock = FakeClock()
+    limiter = _limiter(clock, running_ttl_s=100, concurrent_requests=1)
+    leaked = limiter.admit("acme", 0)  # at 1000; its caller never finishes it
+    clock.advance(99.5)
+    assert _refused(limiter).limit == "concurrent"
+    assert limiter.in_flight("acme") == 1
+    clock.advance(0.5)  # 1100: admitted exactly running_ttl_s ago
+    assert limiter.in_flight("acme") == 0
+    fresh = limiter.admit("acme", 0)
+    limiter.finish(leaked, 0)  # late: frees nothing, above all not the fresh request's place
+    assert limiter.in_flight("acme") == 1
+    assert _refused(limiter).limit == "concurrent"
+    limiter.finish(fresh, 0)
+    assert limiter.in_flight("acme") == 0
+
+
+def test_a_finish_past_the_ttl_leaves_the_reservation_charged():
+    clock = FakeClock()
+    limiter = _limiter(clock, running_ttl_s=30, tokens_per_minute=100, concurrent_requests=1)
+    leaked = limiter.admit("acme", 100)  # at 1000
+    clock.advance(30)
+    limiter.finish(leaked, 0)  # past the TTL: the 100 reserved stay in the window
+    error = _refused(limiter, 1)
+    assert (error.limit, error.retry_after_s) == ("tokens", pytest.approx(30))
+    clock.advance(30)  # the charge leaves the window at 1060
+    assert dict(limiter.admit("acme", 100).headers)["x-ratelimit-remaining-tokens"] == "0"
+
+
+def test_expired_tickets_leave_no_state_behind():
+    clock = FakeClock()
+    limiter = _limiter(clock, running_ttl_s=90, concurrent_requests=2)
+    limiter.admit("acme", 0)
+    clock.advance(45)
+    limiter.admit("acme", 0)
+    clock.advance(45)  # 1090: the first is past the TTL, the second is not
+    assert limiter.in_flight("acme") == 1
+    clock.advance(45)
+    assert limiter.in_flight("acme") == 0
+    assert limiter._tenants == {}  # nothing runs and no limit keeps a window
+
+
+def test_a_finish_from_another_limiter_frees_nothing():
+    # A restarted limiter is a new instance; an Admission from the old one may still arrive.
+    before, after = _limiter(concurrent_requests=1), _limiter(concurrent_requests=1)
+    old, live = before.admit("acme", 0), after.admit("acme", 0)  # each its first ticket
+    assert old.ticket != live.ticket
+    after.finish(pickle.loads(pickle.dumps(old)), 0)  # as it crosses Ray
+    assert after.in_flight("acme") == 1
+    assert _refused(after).limit == "concurrent"
+    after.finish(live, 0)
+    assert after.in_flight("acme") == 0
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, float("nan")])
+def test_the_running_ttl_must_be_positive(ttl):
+    with pytest.raises(ValueError, match="running_ttl_s must be > 0 seconds"):
+        Limiter(lambda tenant: Limits(), FakeClock(), ttl)

@@ -72,6 +72,21 @@ def test_a_failing_store_still_frees_the_admission(url):
     tenancy.admit("acme", 0)
 
 
+def test_a_finish_past_the_running_ttl_frees_nothing_but_is_recorded(url):
+    clock = FakeClock()
+    tenancy = Tenancy(
+        UsageStore(url), lambda tenant: Limits(concurrent_requests=1), clock, running_ttl_s=600
+    )
+    lost = tenancy.admit("acme", 10)
+    clock.advance(600)
+    tenancy.admit("acme", 10)  # the lost request's place was given away at the TTL
+    tenancy.finish(lost, _record())
+    with pytest.raises(RateLimited):  # the late finish did not free the new one's place
+        tenancy.admit("acme", 10)
+    assert tenancy.usage(group_by="tenant")[0]["interactive"]["requests"] == 1
+    tenancy.close()
+
+
 def test_without_a_store_usage_is_not_kept():
     tenancy = Tenancy(None, lambda tenant: Limits())
     tenancy.finish(tenancy.admit("acme", 5), _record())

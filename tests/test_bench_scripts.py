@@ -50,7 +50,7 @@ def test_load_generator_against_an_in_process_server(tmp_path):
 
     models = ["demo", "upper", "rot13"]  # the base model by its id, adapters by name
     requests = workload(9, models)
-    with serve(chat_world(tmp_path / "world"), tmp_path, keys={}) as served:
+    with serve(chat_world(tmp_path / "world"), tmp_path, keys={}, owner="default") as served:
         records, wall = run_load(served.url, requests, concurrency=4, max_tokens=5)
         for req, rec in zip(requests, records, strict=True):
             adapter = None if req["model"] == "demo" else req["model"]

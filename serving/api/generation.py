@@ -68,7 +68,9 @@ class Meter:
         return dict(self.admission.headers) if self.admission else {}
 
     def record(self, out: RequestOutput | None) -> UsageRecord | None:
-        if out is None:
+        """The usage record of a request whose answer carried its usage: one that finished
+        (stop or length); a failed, refused or aborted one is not metered."""
+        if out is None or not out.finished or out.finish_reason == "error":
             return None
         return UsageRecord(
             tenant=self.caller.tenant,
@@ -228,11 +230,17 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
 
 async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> None:
     """Record the request's usage (out: its last output; None if it never ran) and release
-    its admission. A store that fails is logged, never the client's error."""
+    its admission, charging the tokens it used even when it is not metered (a failure, an
+    abort). A store that fails is logged, never the client's error."""
+    used = out.prompt_tokens + out.completion_tokens if out is not None else 0
     try:
-        await asyncio.wait_for(
-            ctx.tenancy.finish(meter.admission, meter.record(out)), TENANCY_TIMEOUT_S
-        )
+        # Built inside the try: a record that cannot be built must not keep the admission.
+        record = meter.record(out)
+    except Exception as exc:
+        log.error("usage of a %s request could not be recorded: %s", meter.caller.tenant, exc)
+        record = None
+    try:
+        await asyncio.wait_for(ctx.tenancy.finish(meter.admission, record, used), TENANCY_TIMEOUT_S)
     except Exception as exc:
         log.error("usage of a %s request was not recorded: %s", meter.caller.tenant, exc)
 

@@ -25,7 +25,7 @@ from adapters.errors import (
     UnknownAdapter,
     quoted,
 )
-from adapters.names import parse_ref
+from adapters.names import parse_ref, split_model
 from adapters.visibility import resolve_for
 from serving.api.auth import Principal
 from serving.api.errors import ApiError
@@ -39,8 +39,8 @@ def adapter_from_model(settings: AppSettings, model: str) -> str | None:
     """The adapter reference an OpenAI `model` names, None for the base model; 404 if unknown."""
     if model == settings.model_id:
         return None
-    base, sep, name = model.rpartition(":")
-    if sep and base != settings.model_id:
+    base, name = split_model(model)
+    if base is not None and base != settings.model_id:
         raise _model_not_found(model)
     try:
         parse_ref(name)
@@ -51,8 +51,8 @@ def adapter_from_model(settings: AppSettings, model: str) -> str | None:
 
 def adapter_from_lora(settings: AppSettings, lora: str) -> str:
     """The adapter reference a `lora` field names; 400 if malformed, 404 for another base."""
-    base, sep, name = lora.rpartition(":")
-    if sep and base != settings.model_id:
+    base, name = split_model(lora)
+    if base is not None and base != settings.model_id:
         raise ApiError(
             404,
             f"lora {quoted(lora)} names base model {quoted(base)}; this server serves "

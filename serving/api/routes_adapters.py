@@ -30,7 +30,7 @@ from adapters.format import Adapter, parse_adapter
 from adapters.names import validate_name
 from adapters.registry import Entry, Registry, Version
 from adapters.sources import CONFIG, WEIGHTS
-from adapters.visibility import manageable
+from adapters.visibility import manageable, visible_entry
 from serving.api.adapter_json import entry_json, version_json
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
@@ -150,18 +150,7 @@ def _publish(registry: Registry, name: str, adapter: Adapter, owner: str, limits
 
 
 def _visible(registry: Registry, caller: Principal, name: str, tenant: str | None) -> Entry:
-    """name as caller sees it: its own tenant's, else the public one (an admin: `tenant`'s)."""
-    if caller.is_admin and tenant is not None:
-        return registry.show(name, tenant)
-    if tenant is not None and tenant != caller.tenant:
-        raise UnknownAdapter(f"unknown adapter {name!r}")  # as for a name nobody has
-    try:
-        return registry.show(name, caller.tenant)
-    except UnknownAdapter:
-        owner = registry.public_owner(name)
-        if owner is None:
-            raise
-        return registry.show(name, owner)
+    return visible_entry(registry, caller.tenant, caller.is_admin, name, tenant)
 
 
 def _delete(registry: Registry, caller: Principal, name: str, tenant: str | None) -> None:

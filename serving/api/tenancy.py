@@ -27,8 +27,11 @@ class TenancyClient(Protocol):
         """Admit a request reserving `tokens`; raises serving.usage.limits.RateLimited."""
         ...
 
-    async def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
-        """Release an admission (if any) and record usage (if any), committed on return."""
+    async def finish(
+        self, admission: Admission | None, record: UsageRecord | None, tokens_used: int
+    ) -> None:
+        """Release an admission (if any), charging tokens_used, and record usage (if any),
+        committed on return."""
         ...
 
     async def usage(
@@ -47,8 +50,10 @@ class LocalTenancy:
     async def admit(self, tenant: str, tokens: int) -> Admission:
         return self.tenancy.admit(tenant, tokens)
 
-    async def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
-        await run_in_threadpool(self.tenancy.finish, admission, record)
+    async def finish(
+        self, admission: Admission | None, record: UsageRecord | None, tokens_used: int
+    ) -> None:
+        await run_in_threadpool(self.tenancy.finish, admission, record, tokens_used)
 
     async def usage(self, **query) -> list[dict]:
         return await run_in_threadpool(lambda: self.tenancy.usage(**query))

@@ -37,8 +37,10 @@ class TenancyService:
         except RateLimited as exc:
             return ("limited", exc.limit, str(exc), exc.retry_after_s, tuple(exc.headers))
 
-    def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
-        self.tenancy.finish(admission, record)
+    def finish(
+        self, admission: Admission | None, record: UsageRecord | None, tokens_used: int
+    ) -> None:
+        self.tenancy.finish(admission, record, tokens_used)
 
     def usage(self, query: dict) -> list[dict]:
         return self.tenancy.usage(**query)
@@ -71,8 +73,10 @@ class HandleTenancy:
             raise RateLimited(limit, message, retry_after_s, headers)
         return answer
 
-    async def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
-        await self.handle.finish.remote(admission, record)
+    async def finish(
+        self, admission: Admission | None, record: UsageRecord | None, tokens_used: int
+    ) -> None:
+        await self.handle.finish.remote(admission, record, tokens_used)
 
     async def usage(self, **query) -> list[dict]:
         return await self.handle.usage.remote(query)

@@ -33,15 +33,25 @@ class Tenancy:
         """Admit a request reserving `tokens` (prompt + max_tokens); raises RateLimited."""
         return self.limiter.admit(tenant, tokens)
 
-    def finish(self, admission: Admission | None, record: UsageRecord | None) -> None:
-        """Free the admission (if any), charging the record's tokens; record it, committed.
+    def finish(
+        self,
+        admission: Admission | None,
+        record: UsageRecord | None,
+        tokens_used: int | None = None,
+    ) -> None:
+        """Free the admission (if any), charging tokens_used (default: the record's prompt and
+        completion tokens); record the record (if any), committed.
 
-        A request that never reached the engine has no record: its admission is charged 0.
+        A request that never reached the engine has no record: its admission is charged 0. A
+        request that failed or was aborted has tokens it used but no record (its answer
+        carried no usage).
         One finished past the limiter's running TTL frees nothing (its place was given away
         already) but its record is still kept.
         """
         if admission is not None:
-            used = record.prompt_tokens + record.completion_tokens if record is not None else 0
+            used = tokens_used
+            if used is None:
+                used = record.prompt_tokens + record.completion_tokens if record else 0
             # Freed before the write, so a failing disk never holds a tenant's place.
             self.limiter.finish(admission, used)
         if record is not None and self.store is not None:

@@ -185,29 +185,36 @@ def test_one_tenant_at_its_limit_does_not_slow_another(world, tmp_path):
 
         for _ in range(2):
             ttft(GLOBEX)  # warm up
-        alone = [ttft(GLOBEX)[1] for _ in range(5)]
-        stop = threading.Event()
         flood = Counter2()
+        alone, during = [], []
+        # Rounds of globex alone, then globex while acme floods, so that the host's load,
+        # which drifts, weighs on both alike.
+        for _ in range(3):
+            alone += [ttft(GLOBEX)[1] for _ in range(3)]
+            stop = threading.Event()
 
-        def flooder():
-            while not stop.is_set():
-                flood.add(ttft(ACME)[0])
+            def flooder(stop=stop):
+                while not stop.is_set():
+                    flood.add(ttft(ACME)[0])
 
-        threads = [threading.Thread(target=flooder) for _ in range(6)]
-        for t in threads:
-            t.start()
-        try:
-            time.sleep(0.5)
-            during = [ttft(GLOBEX) for _ in range(5)]
-        finally:
-            stop.set()
+            threads = [threading.Thread(target=flooder) for _ in range(4)]
             for t in threads:
-                t.join()
+                t.start()
+            try:
+                time.sleep(0.2)
+                during += [ttft(GLOBEX) for _ in range(3)]
+            finally:
+                stop.set()
+                for t in threads:
+                    t.join()
         assert all(status == 200 for status, _ in during)
         assert flood.counts.get(429, 0) > flood.counts.get(200, 0) > 0  # acme was at its limit
-        # acme's refusals cost no engine time: globex's first tokens come about as fast
-        slowest = max(statistics.median(alone) * 3, statistics.median(alone) + 0.5)
-        assert statistics.median(t for _, t in during) <= slowest, (alone, during)
+        # acme's refusals cost no engine time: globex's first tokens come about as fast (the
+        # flood's own HTTP work shares this process, hence the margin)
+        base = statistics.median(alone)
+        assert statistics.median(t for _, t in during) <= max(4 * base, base + 1.0), (
+            alone, during,
+        )  # fmt: skip
 
 
 class Counter2:
@@ -238,7 +245,7 @@ class Unreachable:
     async def admit(self, tenant, tokens):
         raise ConnectionError("the Tenancy replica is gone")
 
-    async def finish(self, admission, record):
+    async def finish(self, admission, record, tokens_used):
         raise ConnectionError("the Tenancy replica is gone")
 
     async def usage(self, **query):
@@ -255,3 +262,34 @@ def test_an_unreachable_limiter_is_503_and_unlimited_tenants_go_on(world, tmp_pa
     assert held.started == 0  # refused before the engine
     # a tenant without limits needs no admission; its lost usage record fails nothing
     assert post(client, "admin-key-0123").status_code == 200
+
+
+class FailsMidway(Held):
+    """Each request yields a token, then fails (as an engine step fault would)."""
+
+    async def generate(self, request, *, session=None):
+        self.prompt_len = len(request.prompt_token_ids)
+        yield RequestOutput(request.request_id, (1,), "a", False, None, 3, 1)
+        yield RequestOutput(request.request_id, (), "", True, "error", 3, 2, error="boom")
+
+
+def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(
+    world, tmp_path
+):
+    failing = FailsMidway()
+    failing.release.set()
+    limits = {"globex": {"tokens_per_minute": 100}}
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: limits.get(t, {}))
+    client = TestClient(create_app(failing, settings), raise_server_exceptions=False)
+    assert post(client, GLOBEX).status_code == 500  # its answer carries no usage
+    ok = Held()
+    ok.release.set()
+    client.app.state.context = client.app.state.context.__class__(
+        settings, ok, client.app.state.context.metrics, client.app.state.context.tenancy
+    )
+    r = post(client, GLOBEX, max_tokens=4)
+    assert r.status_code == 200
+    # 3 + 2 tokens charged for the failed request, then this one's reservation
+    assert int(r.headers["x-ratelimit-remaining-tokens"]) == 100 - 5 - (ok.prompt_len + 4)
+    rows = client.get("/v1/usage", params={"group_by": "tenant"}, headers=auth(GLOBEX)).json()
+    assert [row["interactive"]["requests"] for row in rows["data"]] == [1]  # the answered one

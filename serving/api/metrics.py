@@ -168,12 +168,13 @@ class Metrics:
             if not sample.name.endswith("_created")
         )
 
-    def pseudonym(self, label: str) -> str:
-        """label's stand-in for scrapes that may not see adapter names."""
-        if label in (BASE, OTHER):
+    def pseudonym(self, label: str, kind: str = "adapter") -> str:
+        """label's stand-in for scrapes that may not see adapter or tenant (kind) names."""
+        if kind == "adapter" and label in (BASE, OTHER):
             return label
-        digest = hmac.new(self.pseudonym_key, label.encode(), hashlib.sha256).hexdigest()
-        return f"adapter-{digest[:16]}"
+        # The kind is keyed in, so a tenant and an adapter of one name look unrelated.
+        message = f"{kind}:{label}".encode()
+        return f"{kind}-{hmac.new(self.pseudonym_key, message, hashlib.sha256).hexdigest()[:16]}"
 
 
 class _EngineCollector:

@@ -35,7 +35,7 @@ class Summed:
 class Relabelled:
     """A registry's metrics with every `adapter` and `tenant` label passed through rename."""
 
-    def __init__(self, registry: CollectorRegistry, rename: Callable[[str], str]) -> None:
+    def __init__(self, registry: CollectorRegistry, rename: Callable[[str, str], str]) -> None:
         self.registry, self.rename = registry, rename
 
     def collect(self) -> Iterable[Metric]:
@@ -45,6 +45,6 @@ class Relabelled:
                 labels = dict(sample.labels)
                 for key in RENAMED:
                     if key in labels:
-                        labels[key] = self.rename(labels[key])
+                        labels[key] = self.rename(labels[key], key)
                 out.samples.append(sample._replace(labels=labels))
             yield out

@@ -140,6 +140,7 @@ def test_adapter_names_need_an_admin_key(served):
         text = scrape_text(served, key)
         assert "rot13" not in text and "upper" not in text, key
         assert "acme" not in text, key  # tenant names are pseudonyms too
+        assert 'tenant="tenant-' in text, key
         assert adapter_labels(samples_of(text)) == pseudonyms  # stable from scrape to scrape
     assert any(label.startswith("adapter-") for label in pseudonyms) and "base" in pseudonyms
 

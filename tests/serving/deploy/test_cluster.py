@@ -8,15 +8,9 @@ by its process group, never by `ray stop`, which would stop every Ray on the mac
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -26,63 +20,19 @@ import yaml
 from ray import serve
 
 from serving.deploy.app import APP_NAME, build
-from serving.deploy.stream_end import PROXY_ENV
+from tests.serving.deploy.ray_head import BIN, env_for, ray_head, stop
 from tests.serving.deploy.served import free_port, wait_ready
 
 pytestmark = pytest.mark.slow
 
 DEMO = Path(__file__).resolve().parents[3] / "models" / "demo" / "base"
-BIN = Path(sys.executable).parent
-PORT_FLAGS = ("--port", "--node-manager-port", "--object-manager-port", "--ray-client-server-port",
-              "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-              "--metrics-export-port", "--runtime-env-agent-port")  # fmt: skip
-START_TIMEOUT_S = 120
-
-
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "LORASERVE_API_KEYS"}
-    return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), **extra}
-
-
-def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> None:
-    """sig to proc, then SIGKILL to its process group (its own session) after timeout."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
-    with contextlib.suppress(ProcessLookupError):  # whatever it started and left behind
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """The GCS address of a fresh 2-CPU head node."""
-    root = tmp_path_factory.mktemp("cluster")
-    ray_dir = tempfile.mkdtemp(prefix="lsrc-")  # short: Ray's socket paths must fit 107 bytes
-    ports = {flag: free_port() for flag in PORT_FLAGS}
-    command = [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=2",
-               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={ray_dir}",
-               *(f"{flag}={port}" for flag, port in ports.items())]  # fmt: skip
-    log = root / "ray.log"
-    # No drain on SIGTERM: the node has nothing to hand over.
-    # The proxy's middleware, as README.md's multi-node section sets it on every node: a
-    # proxy without a route yet answers /readyz 503, not 404.
-    env = _env(root / "home", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", **PROXY_ENV)
-    with open(log, "w") as out:
-        head = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while "Ray runtime started" not in log.read_text():
-            assert head.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
-        yield f"127.0.0.1:{ports['--port']}"
-    finally:
-        _stop(head, signal.SIGTERM, timeout=30)
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    with ray_head(tmp_path_factory.mktemp("cluster")) as head:
+        yield head.address
 
 
 def _config(root: Path, address: str, port: int, host: str = "127.0.0.1") -> Path:
@@ -104,7 +54,7 @@ def test_keys_from_the_driver_reach_the_replicas(cluster, tmp_path):
     """`loraserve serve` joins the cluster with LORASERVE_API_KEYS in its own env only."""
     port = free_port()
     config = _config(tmp_path, cluster, port)
-    env = _env(tmp_path / "home", LORASERVE_API_KEYS="k1:acme:user")
+    env = env_for(tmp_path / "home", LORASERVE_API_KEYS="k1:acme:user")
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -121,7 +71,7 @@ def test_keys_from_the_driver_reach_the_replicas(cluster, tmp_path):
         right = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer k1"})
         assert right.status_code == 200, right.text
     finally:
-        _stop(proc, signal.SIGINT, timeout=60)  # drains and removes only its app
+        stop(proc, signal.SIGINT, timeout=60)  # drains and removes only its app
     assert proc.returncode == 0, log.read_text()
 
 

@@ -56,6 +56,8 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
     draft = None
     if cfg.draft.method == "draft_model":
         draft = served_spec(cfg.draft.path, cfg.model.dtype)
+    # Before the registry is opened (which creates its folder): a bad keys file touches nothing.
+    keys = load_keys(cfg.server.api_keys_file)
     return AppSettings(
         model_id=cfg.model.id,
         max_model_len=min(cfg.model.max_model_len, context),
@@ -64,7 +66,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         base_spec=served_spec(cfg.model.path, cfg.model.dtype),
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
-        keys=load_keys(cfg.server.api_keys_file),
+        keys=keys,
         insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         vocab_size=model.vocab_size,

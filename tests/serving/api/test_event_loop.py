@@ -43,7 +43,9 @@ def test_healthz_answers_while_a_30mb_prompt_is_refused(served, route):
     limit = MAX_MODEL_LEN * MAX_CHARS_PER_TOKEN
     field = "messages" if "chat" in route else "prompt"
     assert f"{field} too long: {HUGE} characters, more than the limit of {limit}" in r.text
-    assert max(latencies) < 0.5, latencies
+    # Parsing the 30 MB JSON body itself takes the loop for up to ~0.5 s on a loaded 2-core
+    # host; tokenizing or templating it there would take it for many seconds.
+    assert max(latencies) < 1.5, latencies
 
 
 def test_prompts_within_the_cap_are_tokenized_and_served(served):

@@ -13,11 +13,9 @@ from typing import Protocol
 
 from starlette.concurrency import run_in_threadpool
 
-from serving.usage.limits import Admission, Limits
+from serving.usage.limits import RATE_LIMITS, Admission, Limits
 from serving.usage.service import Tenancy
 from serving.usage.store import UsageRecord, UsageStore
-
-RATE_LIMITS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 
 
 class TenancyClient(Protocol):
@@ -63,7 +61,12 @@ def limits_getter(
     limits_of: Callable[[str], Mapping[str, int | None]],
 ) -> Callable[[str], Limits]:
     """tenant -> its rate Limits, from settings.limits_of's mapping."""
-    return lambda tenant: Limits(**{k: limits_of(tenant).get(k) for k in RATE_LIMITS})
+
+    def limits(tenant: str) -> Limits:
+        given = limits_of(tenant)
+        return Limits(**{key: given.get(key) for key in RATE_LIMITS})
+
+    return limits
 
 
 def rate_limited(limits: Mapping[str, int | None]) -> bool:

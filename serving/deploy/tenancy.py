@@ -14,10 +14,9 @@ from __future__ import annotations
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serving.api.tenancy import limits_getter
 from serving.config import LimitsSection
 from serving.usage.limits import Admission, RateLimited
-from serving.usage.service import Tenancy
+from serving.usage.service import Tenancy, limits_from_config
 from serving.usage.store import UsageRecord, UsageStore
 
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has
@@ -29,7 +28,7 @@ class TenancyService:
     """The deployment's replica: one Tenancy over the configured store and limits."""
 
     def __init__(self, store_url: str, limits: LimitsSection) -> None:
-        self.tenancy = Tenancy(UsageStore(store_url), limits_getter(limits.for_tenant))
+        self.tenancy = Tenancy(UsageStore(store_url), limits_from_config(limits))
 
     def admit(self, tenant: str, tokens: int) -> Admission | tuple:
         try:

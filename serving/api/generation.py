@@ -167,9 +167,6 @@ class Generation:
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
         )
-        m = self.meter
-        self._ctx.metrics.meter(m.caller.tenant, m.kind, out.prompt_tokens, out.cached_tokens,
-                                out.completion_tokens)  # fmt: skip
 
 
 async def start(
@@ -239,6 +236,9 @@ async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> No
     except Exception as exc:
         log.error("usage of a %s request could not be recorded: %s", meter.caller.tenant, exc)
         record = None
+    if record is not None:  # the metrics count what the store records
+        ctx.metrics.meter(record.tenant, record.kind, record.prompt_tokens,
+                          record.cached_tokens, record.completion_tokens)  # fmt: skip
     try:
         await asyncio.wait_for(ctx.tenancy.finish(meter.admission, record, used), TENANCY_TIMEOUT_S)
     except Exception as exc:

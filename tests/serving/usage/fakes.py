@@ -1,6 +1,11 @@
-"""A fake clock for the limiter's tests: time moves only when a test says so, never by sleeping."""
+"""A fake clock for the limiter's tests (time moves only when a test says so, never by sleeping),
+and a limiter on it."""
 
 import threading
+
+import pytest
+
+from serving.usage.limits import Limiter, Limits, RateLimited
 
 
 class FakeClock:
@@ -31,3 +36,20 @@ class FakeClock:
     @property
     def last(self) -> float:
         return self._local.last
+
+
+def limiter(clock=None, running_ttl_s=3600.0, **limits) -> Limiter:
+    """A limiter on a fake clock with `limits` for tenant acme and none for any other."""
+    fixed = Limits(**limits)
+
+    def limits_of(tenant: str) -> Limits:
+        return fixed if tenant == "acme" else Limits()
+
+    return Limiter(limits_of, clock or FakeClock(), running_ttl_s)
+
+
+def refused(limiter, tokens=0, tenant="acme") -> RateLimited:
+    """The refusal limiter gives an admission of `tokens` for tenant."""
+    with pytest.raises(RateLimited) as info:
+        limiter.admit(tenant, tokens)
+    return info.value

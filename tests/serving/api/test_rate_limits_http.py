@@ -293,3 +293,5 @@ def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(
     assert int(r.headers["x-ratelimit-remaining-tokens"]) == 100 - 5 - (ok.prompt_len + 4)
     rows = client.get("/v1/usage", params={"group_by": "tenant"}, headers=auth(GLOBEX)).json()
     assert [row["interactive"]["requests"] for row in rows["data"]] == [1]  # the answered one
+    text = client.get("/metrics", headers=auth("admin-key-0123")).text
+    assert 'loraserve_tenant_requests_total{kind="interactive",tenant="globex"} 1.0' in text

@@ -56,7 +56,8 @@ scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048}
 server: {host: 127.0.0.1, port: 8000, api_keys_file: null, insecure: false, max_body_mb: 32,
          max_queue: 256, stream_interval_ms: 100}
 deploy: {num_replicas: 1, ray_address: null, resources: {num_gpus: 0, num_cpus: 1}}
-batch: {store: "sqlite:///ROOT/loraserve-batch.db", max_payload_mb: 10}
+batch: {store: "sqlite:///ROOT/loraserve-batch.db", max_payload_mb: 10, ttl_hours: 72,
+       max_in_flight: 8}
 usage: {store: "sqlite:///ROOT/loraserve-usage.db"}
 limits: {requests_per_minute: null, tokens_per_minute: null, concurrent_requests: null,
          max_adapters: null, max_adapter_mb: null, tenants: {}}

@@ -1,9 +1,8 @@
-"""The server's configuration: one YAML file, validated by pydantic, every default documented here.
+"""The config's sections: pydantic models, every key with its default and description.
 
 Unknown keys are errors at every level, so a typo never silently falls back to a default.
 Relative paths, file:// and sqlite:/// URIs resolve against the working directory (or the
 base_dir given) once, at load time; other fsspec URIs (s3://, memory://, ...) stay as written.
-A bad file raises ConfigError, one paragraph naming the file and each bad field as a dotted path.
 """
 
 from __future__ import annotations
@@ -11,15 +10,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_serializer,
     field_validator,
@@ -198,10 +195,13 @@ class DeploySection(_Section):
 
 
 class BatchSection(_Section):
-    """The batch API: jobs of many requests, stored until done."""
+    """The batch API: jobs of many requests, stored until done, run in idle capacity."""
 
     store: SqliteURI = Field("sqlite:///./loraserve-batch.db", description="Job database URL.")
-    max_payload_mb: int = Field(10, gt=0, description="Largest batch input file, in MiB.")
+    max_payload_mb: int = Field(10, gt=0, description="Largest batch submission or file, in MiB.")
+    ttl_hours: float = Field(72, gt=0, description="Finished jobs' results are kept this long.")
+    # Per replica: the store, not the engine's queue, holds the rest of the backlog.
+    max_in_flight: int = Field(8, gt=0, description="Batch items running at once, per replica.")
 
 
 class UsageSection(_Section):
@@ -272,78 +272,3 @@ class ServeConfig(_Section):
         if isinstance(data, dict):
             data = {**data, **{k: {} for k in cls.model_fields if data.get(k) is None}}
         return data
-
-
-def parse_config(data: dict, base_dir: Path | None = None) -> ServeConfig:
-    """Validate an in-memory config; relative paths resolve against base_dir or the cwd."""
-    return _validate(data, base_dir, "config")
-
-
-def load_config(path: str | Path, base_dir: Path | None = None) -> ServeConfig:
-    """Read and validate a YAML config; relative paths resolve against base_dir or the cwd."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the config file: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: the config file is not UTF-8 text") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise ConfigError(f"{source}: invalid YAML: {where}{problem}") from None
-    return _validate({} if data is None else data, base_dir, source)  # empty file: defaults
-
-
-def _validate(data: Any, base_dir: Path | None, source: str) -> ServeConfig:
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: the top level must be a mapping of sections "
-            f"({', '.join(ServeConfig.model_fields)}), got {type(data).__name__}"
-        )
-    try:
-        return ServeConfig.model_validate(data, context={"base_dir": base_dir})
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
-
-
-def _describe(exc: ValidationError) -> str:
-    """Every error as 'dotted.field: message', joined into one paragraph."""
-    parts = []
-    for err in exc.errors(include_url=False):
-        loc = err["loc"]
-        where = ".".join(str(p) for p in loc)
-        if err["type"] == "extra_forbidden":
-            section = _section_at(loc[:-1])
-            under = ".".join(str(p) for p in loc[:-1]) or "the top level"
-            allowed = ", ".join(section.model_fields) if section else "none"
-            parts.append(f"{where}: unknown key {loc[-1]!r}; allowed under {under}: {allowed}")
-            continue
-        msg = " ".join(err["msg"].removeprefix("Value error, ").split())
-        if err["type"] == "model_type":  # pydantic names our class; a user wrote YAML
-            msg = "Input should be a mapping of keys"
-        # Validators' own messages quote the value already; pydantic's range messages do not.
-        if err["type"] != "value_error" and isinstance(err.get("input"), str | int | float):
-            msg += f" (got {err['input']!r})"
-        parts.append(f"{where}: {msg}")
-    return "; ".join(parts)
-
-
-def _section_at(loc: tuple) -> type[BaseModel] | None:
-    """The model class at a location inside ServeConfig, or None if it is not a section."""
-    model: type[BaseModel] = ServeConfig
-    parts = iter(loc)
-    for part in parts:
-        kind = model.model_fields[part].annotation if part in model.model_fields else None
-        if get_origin(kind) is dict:  # {name: section}: the next part is a name, not a field
-            kind = get_args(kind)[1]
-            next(parts, None)
-        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
-            return None
-        model = kind
-    return model

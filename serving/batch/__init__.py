@@ -1,0 +1,1 @@
+"""Asynchronous batches: a durable store of jobs and their items, and the feeder that runs them."""

@@ -1,0 +1,112 @@
+"""The feeder: takes queued items from the batch store and runs them, a bounded number at once.
+
+It keeps at most max_in_flight items running, so the store, not the engine's queue, holds the
+backlog, and the items it runs (at the scheduler's batch priority, which is the runner's to
+set) only use capacity interactive requests leave. Each result is committed to the store as
+its item ends; a runner that raises fails that item alone, with a 500. On start it puts back
+the items a dead process left running, and every sweep_s it deletes what has outlived
+batch.ttl_hours. Committed results are then handed to on_result (usage metering), after the
+commit, so a crash between the two loses a usage record rather than counting one twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.concurrency import run_in_threadpool
+
+from serving.batch.records import Item, ItemResult
+from serving.batch.store import BatchStore
+
+log = logging.getLogger("loraserve.batch")
+Runner = Callable[[Item], Awaitable[ItemResult]]
+ResultHook = Callable[[Item, ItemResult], Awaitable[None]]
+IDLE_POLL_S = 0.5  # how often an idle feeder looks for work that no wake() announced
+SWEEP_S = 600.0
+
+
+class Feeder:
+    """Runs the store's queued items through run(item), at most max_in_flight at once."""
+
+    def __init__(
+        self, store: BatchStore, run: Runner, *, max_in_flight: int, ttl_s: float,
+        on_result: ResultHook | None = None, sweep_s: float = SWEEP_S,
+    ) -> None:  # fmt: skip
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.store, self.run, self.on_result = store, run, on_result
+        self.max_in_flight, self.ttl_s, self.sweep_s = max_in_flight, ttl_s, sweep_s
+        self.running: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Requeue what a dead feeder left running, then feed on this event loop."""
+        requeued = self.store.requeue_running()
+        if requeued:
+            log.warning("%d batch items were left running by a stopped server; rerunning", requeued)
+        self._task = asyncio.get_running_loop().create_task(self._feed(), name="batch-feeder")
+
+    def wake(self) -> None:
+        """Look for work now (a job was submitted)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop feeding and cancel running items; they stay running in the store and run
+        again when a feeder next starts."""
+        tasks = [t for t in (self._task, *self.running) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _feed(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time()
+        while True:
+            try:
+                if loop.time() >= next_sweep:
+                    next_sweep = loop.time() + self.sweep_s
+                    await run_in_threadpool(self.store.expire, self.ttl_s)
+                room = self.max_in_flight - len(self.running)
+                items = await run_in_threadpool(self.store.claim, room) if room else []
+            except Exception as exc:  # the store is unreachable for now; keep trying
+                log.error("the batch feeder cannot read its store: %s", exc)
+                items = []
+            for item in items:
+                task = loop.create_task(self._one(item))
+                self.running.add(task)
+                task.add_done_callback(self._done)
+            if not items:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.running.discard(task)
+        self._wake.set()  # room for another item
+
+    async def _one(self, item: Item) -> None:
+        try:
+            result = await self.run(item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("batch item %s#%d failed", item.job_id, item.index)
+            result = ItemResult(500, error=f"the item could not be run: {type(exc).__name__}")
+        try:
+            recorded = await run_in_threadpool(self.store.finish, item, result)
+        except Exception as exc:  # left running: it runs again when the feeder restarts
+            log.error("the result of batch item %s#%d was not stored: %s",
+                      item.job_id, item.index, exc)  # fmt: skip
+            return
+        if recorded and self.on_result is not None:
+            try:
+                await self.on_result(item, result)
+            except Exception as exc:
+                log.error("usage of batch item %s#%d was not recorded: %s",
+                          item.job_id, item.index, exc)  # fmt: skip

@@ -1,0 +1,109 @@
+"""What the batch store holds and hands out: plain frozen dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The APIs a job came through; each renders the same items in its own shape.
+WORKERS_AI, OPENAI = "workers-ai", "openai"
+# The bodies an item may carry: a Workers-AI body, or an OpenAI body for one of its URLs.
+ENDPOINTS = ("/ai/run", "/v1/chat/completions", "/v1/completions")
+QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+
+
+@dataclass(frozen=True)
+class NewItem:
+    """One request of a job being submitted: its body, and the caller's reference for it."""
+
+    body: dict
+    ref: str | None = None  # Workers AI's external_reference, OpenAI's custom_id
+
+
+@dataclass(frozen=True)
+class Item:
+    """One queued request, as the feeder runs it: who sent it, for which model, and how."""
+
+    job_id: str
+    index: int  # its place in the job, from 0
+    tenant: str
+    key_id: str
+    model: str
+    endpoint: str  # one of ENDPOINTS
+    body: dict
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """How one item ended: status 200 with the endpoint's answer, or an error status and
+    message; the token counts are what it used, zero when it never ran."""
+
+    status: int
+    body: dict | None = None  # the endpoint's JSON answer, on success
+    error: str | None = None  # the message, on failure
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """One item of a finished (or running) job, as its results show it."""
+
+    index: int
+    ref: str | None
+    state: str  # queued | running | done | failed | cancelled
+    result: ItemResult | None
+
+
+@dataclass(frozen=True)
+class Job:
+    """A submitted batch and its progress; times are epoch seconds, None until they happen."""
+
+    id: str
+    tenant: str
+    model: str
+    api: str  # WORKERS_AI | OPENAI
+    endpoint: str
+    total: int
+    completed: int  # items that succeeded
+    failed: int  # items that failed (their errors are in the results)
+    created: float
+    started: float | None = None  # the first item was taken
+    finished: float | None = None  # every item ended, or cancelled ones were dropped
+    cancelling: float | None = None  # cancel was asked
+    input_file_id: str | None = None
+    metadata: dict = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def cancelled(self) -> int:
+        """Items dropped by a cancel before they ran."""
+        return self.total - self.completed - self.failed if self.finished else 0
+
+    @property
+    def state(self) -> str:
+        """queued | running | done | cancelling | cancelled."""
+        if self.cancelling is not None:
+            return CANCELLED if self.finished is not None else "cancelling"
+        if self.finished is not None:
+            return "done"
+        return RUNNING if self.started is not None else QUEUED
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """An uploaded file (OpenAI's Files API), without its content."""
+
+    id: str
+    tenant: str
+    purpose: str
+    filename: str
+    bytes: int
+    created: float

@@ -1,0 +1,331 @@
+"""The batch store in SQLite (WAL): jobs, their items and results, and uploaded files.
+
+A job is acknowledged only after the transaction that holds all its items has committed, so
+an answered submit survives any crash. Items move queued -> running -> done | failed; the
+move to done or failed writes the result and the job's counts in one transaction, and only
+from running, so each item's result is committed exactly once however often it runs. One
+feeder owns the running items: when it starts, items left running by a process that died
+go back to queued and run again (requeue_running). synchronous=FULL makes a commit durable
+even across a power loss, not only a killed process.
+
+A BatchStore is safe to share between threads (one connection under a lock).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from serving.batch.records import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    Item,
+    ItemRecord,
+    ItemResult,
+    Job,
+    NewItem,
+    StoredFile,
+)
+
+BUSY_TIMEOUT_MS = 30_000
+_JOB_COLUMNS = (
+    "id, tenant, model, api, endpoint, total, completed, failed, created, started, finished, "
+    "cancelling, input_file_id, metadata, prompt_tokens, completion_tokens, cached_tokens"
+)
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, key_id TEXT NOT NULL,
+    {_JOB_COLUMNS},  -- untyped: SQLite keeps what each is given
+    UNIQUE (id)
+);
+CREATE TABLE IF NOT EXISTS items (
+    job INTEGER NOT NULL REFERENCES jobs (seq) ON DELETE CASCADE,
+    idx INTEGER NOT NULL, ref TEXT, body TEXT NOT NULL, state TEXT NOT NULL,
+    status INTEGER, result TEXT, error TEXT,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job, idx)
+) WITHOUT ROWID;
+-- The feeder's order: the i-th item of every job before any job's (i+1)-th, so a small job
+-- is not stuck behind a large one; then oldest job first.
+CREATE INDEX IF NOT EXISTS items_queued ON items (state, idx, job);
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+    bytes INTEGER NOT NULL, created REAL NOT NULL, content BLOB NOT NULL
+);
+"""
+
+
+class BatchStoreError(RuntimeError):
+    """A batch database that cannot be opened or used; the message names its path."""
+
+
+class BatchStore:
+    """Jobs, items and files in one SQLite file (or in memory)."""
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith("sqlite:///"):
+            raise ValueError(f"{url!r} is not a sqlite:///<path> URL, the only batch store")
+        self.path = url.removeprefix("sqlite:///") or ":memory:"
+        self._lock = threading.Lock()
+        with self._failing("open"):
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit mode, transactions begun IMMEDIATE: a writer takes the lock up front.
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            for pragma in (f"busy_timeout = {BUSY_TIMEOUT_MS}", "journal_mode = WAL",
+                           "synchronous = FULL", "foreign_keys = ON"):  # fmt: skip
+                self._db.execute(f"PRAGMA {pragma}")
+            self._db.executescript(_SCHEMA)
+
+    # -- files ---------------------------------------------------------------------------
+
+    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes) -> StoredFile:
+        """Store an uploaded file; committed on return."""
+        f = StoredFile(_new_id("file-"), tenant, purpose, filename, len(content), time.time())
+        with self._write() as db:
+            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (f.id, tenant, purpose, filename, f.bytes, f.created, content))  # fmt: skip
+        return f
+
+    def file(self, tenant: str, file_id: str) -> StoredFile | None:
+        """tenant's file, None if it has none of that id."""
+        row = self._read_one(
+            "SELECT id, tenant, purpose, filename, bytes, created FROM files "
+            "WHERE id = ? AND tenant = ?", (file_id, tenant),
+        )  # fmt: skip
+        return StoredFile(*row) if row else None
+
+    def file_content(self, tenant: str, file_id: str) -> bytes | None:
+        row = self._read_one(
+            "SELECT content FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)
+        )
+        return bytes(row[0]) if row else None
+
+    def delete_file(self, tenant: str, file_id: str) -> bool:
+        with self._write() as db:
+            gone = db.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant))
+            return gone.rowcount > 0
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def submit(
+        self, *, tenant: str, key_id: str, model: str, api: str, endpoint: str,
+        items: Sequence[NewItem], input_file_id: str | None = None, metadata: dict | None = None,
+    ) -> Job:  # fmt: skip
+        """Store a job and all its items, queued; committed before it returns."""
+        if not items:
+            raise ValueError("a batch needs at least one request")
+        job = Job(_new_id("batch_"), tenant, model, api, endpoint, len(items), 0, 0,
+                  time.time(), input_file_id=input_file_id, metadata=dict(metadata or {}))  # fmt: skip
+        with self._write() as db:
+            seq = db.execute(
+                f"INSERT INTO jobs (key_id, {_JOB_COLUMNS}) VALUES ({', '.join('?' * 18)})",
+                (key_id, *_job_row(job)),
+            ).lastrowid
+            db.executemany(
+                "INSERT INTO items (job, idx, ref, body, state) VALUES (?, ?, ?, ?, ?)",
+                ((seq, i, it.ref, json.dumps(it.body), QUEUED) for i, it in enumerate(items)),
+            )
+        return job
+
+    def job(self, tenant: str, job_id: str) -> Job | None:
+        """tenant's job, None if it has none of that id (another tenant's looks the same)."""
+        row = self._read_one(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)
+        )
+        return _job(row) if row else None
+
+    def jobs(self, tenant: str, *, limit: int = 20, after: str | None = None) -> list[Job]:
+        """tenant's jobs, newest first; after: a job id, to list those older than it."""
+        clause, args = "", [tenant]
+        if after is not None:
+            clause, args = " AND seq < (SELECT seq FROM jobs WHERE id = ?)", [tenant, after]
+        with self._reading() as db:
+            rows = db.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ?{clause} "
+                "ORDER BY seq DESC LIMIT ?", (*args, limit),
+            ).fetchall()  # fmt: skip
+        return [_job(row) for row in rows]
+
+    def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
+        """Every item of tenant's job in order, with its result once it has one."""
+        with self._reading() as db:
+            seq = _seq(db, tenant, job_id)
+            if seq is None:
+                return None
+            rows = db.execute(
+                "SELECT idx, ref, state, status, result, error, prompt_tokens, "
+                "completion_tokens, cached_tokens FROM items WHERE job = ? ORDER BY idx", (seq,),
+            ).fetchall()  # fmt: skip
+        return [_record(row) for row in rows]
+
+    def cancel(self, tenant: str, job_id: str) -> Job | None:
+        """Stop taking tenant's job's items; those already running finish and are kept."""
+        with self._write() as db:
+            seq = _seq(db, tenant, job_id)
+            if seq is None:
+                return None
+            now = time.time()
+            db.execute("UPDATE jobs SET cancelling = ? WHERE seq = ? AND cancelling IS NULL "
+                       "AND finished IS NULL", (now, seq))  # fmt: skip
+            db.execute("UPDATE items SET state = ? WHERE job = ? AND state = ?",
+                       (CANCELLED, seq, QUEUED))  # fmt: skip
+            _close_if_ended(db, seq, now)
+        return self.job(tenant, job_id)
+
+    # -- the feeder's side ---------------------------------------------------------------
+
+    def claim(self, n: int) -> list[Item]:
+        """Up to n queued items, now running, in the feeder's order (see items_queued)."""
+        if n < 1:
+            return []
+        with self._write() as db:
+            rows = db.execute(
+                "SELECT i.job, i.idx, j.id, j.tenant, j.key_id, j.model, j.endpoint, i.body, "
+                "i.ref FROM items i JOIN jobs j ON j.seq = i.job WHERE i.state = ? "
+                "ORDER BY i.idx, i.job LIMIT ?", (QUEUED, n),
+            ).fetchall()  # fmt: skip
+            now = time.time()
+            for seq, idx, *_ in rows:
+                db.execute("UPDATE items SET state = ? WHERE job = ? AND idx = ?",
+                           (RUNNING, seq, idx))  # fmt: skip
+                db.execute("UPDATE jobs SET started = ? WHERE seq = ? AND started IS NULL",
+                           (now, seq))  # fmt: skip
+        return [
+            Item(job_id, idx, tenant, key_id, model, endpoint, json.loads(body), ref)
+            for _, idx, job_id, tenant, key_id, model, endpoint, body, ref in rows
+        ]
+
+    def finish(self, item: Item, result: ItemResult) -> bool:
+        """Commit item's result and its job's counts; False (and nothing written) when the
+        item is no longer running: its result is already in, or its job was deleted."""
+        with self._write() as db:
+            row = db.execute("SELECT seq FROM jobs WHERE id = ?", (item.job_id,)).fetchone()
+            if row is None:
+                return False
+            seq = row[0]
+            state = DONE if result.ok else FAILED
+            tokens = (result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+            body = json.dumps(result.body) if result.body is not None else None
+            changed = db.execute(
+                "UPDATE items SET state = ?, status = ?, result = ?, error = ?, prompt_tokens = ?,"
+                " completion_tokens = ?, cached_tokens = ? WHERE job = ? AND idx = ? AND state = ?",
+                (state, result.status, body, result.error, *tokens, seq, item.index, RUNNING),
+            ).rowcount  # fmt: skip
+            if not changed:
+                return False
+            column = "completed" if result.ok else "failed"
+            db.execute(
+                f"UPDATE jobs SET {column} = {column} + 1, prompt_tokens = prompt_tokens + ?, "
+                "completion_tokens = completion_tokens + ?, cached_tokens = cached_tokens + ? "
+                "WHERE seq = ?", (*tokens, seq),
+            )  # fmt: skip
+            _close_if_ended(db, seq, time.time())
+        return True
+
+    def requeue_running(self) -> int:
+        """Put back every running item (its runner died before committing); how many."""
+        with self._write() as db:
+            return db.execute(
+                "UPDATE items SET state = ? WHERE state = ?", (QUEUED, RUNNING)
+            ).rowcount
+
+    def expire(self, ttl_s: float, now: float | None = None) -> int:
+        """Delete jobs finished more than ttl_s ago, with their items, and files older than
+        that which no unfinished job reads; how many jobs went."""
+        cutoff = (time.time() if now is None else now) - ttl_s
+        with self._write() as db:
+            gone = db.execute("DELETE FROM jobs WHERE finished < ?", (cutoff,)).rowcount
+            db.execute(
+                "DELETE FROM files WHERE created < ? AND id NOT IN (SELECT input_file_id FROM "
+                "jobs WHERE finished IS NULL AND input_file_id IS NOT NULL)", (cutoff,),
+            )  # fmt: skip
+        return gone
+
+    def queued(self) -> int:
+        """Items waiting to be taken, over every job."""
+        with self._reading() as db:
+            return db.execute("SELECT COUNT(*) FROM items WHERE state = ?", (QUEUED,)).fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction, committed when the block ends, rolled back if it raises."""
+        with self._lock, self._failing("write to"):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._failing("read"):
+            yield self._db
+
+    def _read_one(self, sql: str, args: tuple) -> tuple | None:
+        with self._reading() as db:
+            return db.execute(sql, args).fetchone()
+
+    @contextmanager
+    def _failing(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, sqlite3.Error) as exc:
+            raise BatchStoreError(f"batch store {self.path}: cannot {action} it: {exc}") from exc
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def _seq(db: sqlite3.Connection, tenant: str, job_id: str) -> int | None:
+    row = db.execute("SELECT seq FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant))
+    found = row.fetchone()
+    return found[0] if found else None
+
+
+def _close_if_ended(db: sqlite3.Connection, seq: int, now: float) -> None:
+    """Mark the job finished once none of its items is queued or running."""
+    db.execute(
+        "UPDATE jobs SET finished = ? WHERE seq = ? AND finished IS NULL AND NOT EXISTS "
+        "(SELECT 1 FROM items WHERE job = ? AND state IN (?, ?))", (now, seq, seq, QUEUED, RUNNING),
+    )  # fmt: skip
+
+
+def _job_row(job: Job) -> tuple:
+    return (job.id, job.tenant, job.model, job.api, job.endpoint, job.total, job.completed,
+            job.failed, job.created, job.started, job.finished, job.cancelling,
+            job.input_file_id, json.dumps(job.metadata), job.prompt_tokens,
+            job.completion_tokens, job.cached_tokens)  # fmt: skip
+
+
+def _job(row: tuple) -> Job:
+    fields = list(row)
+    fields[13] = json.loads(fields[13] or "{}")
+    return Job(*fields)
+
+
+def _record(row: tuple) -> ItemRecord:
+    idx, ref, state, status, body, error, *tokens = row
+    result = None
+    if status is not None:
+        result = ItemResult(status, json.loads(body) if body else None, error, *tokens)
+    return ItemRecord(idx, ref, state, result)

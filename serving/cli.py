@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from adapters.cli import app as adapters_app
+from serving.batch.cli import app as batch_app
 
 app = typer.Typer(
     name="loraserve",
@@ -45,6 +46,7 @@ def main(
 
 
 app.add_typer(adapters_app, name="adapters")
+app.add_typer(batch_app, name="batch")
 
 DEMO_CONFIG = Path("configs/demo.yaml")
 

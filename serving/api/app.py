@@ -7,16 +7,21 @@ serves the app, and sets settings.ready once the preloaded adapters are publishe
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 
 from serving.api import (
     routes_adapters,
+    routes_batch,
     routes_openai,
     routes_ops,
     routes_usage,
     routes_workers_ai,
 )
 from serving.api.auth import KeyRing
+from serving.api.batch_calls import run_item
+from serving.api.batch_client import BatchClient, LocalBatch, memory_batch
 from serving.api.context import ApiContext
 from serving.api.errors import install_error_handlers
 from serving.api.gate import Gate
@@ -30,11 +35,26 @@ __all__ = ["AppSettings", "create_app", "settings_from_config"]
 
 
 def create_app(
-    generator: Generator, settings: AppSettings, tenancy: TenancyClient | None = None
+    generator: Generator,
+    settings: AppSettings,
+    tenancy: TenancyClient | None = None,
+    batch: BatchClient | None = None,
 ) -> FastAPI:
     """The API over generator for the model settings describe; tenancy holds the tenants'
-    limits and usage (default: settings' limits, usage kept in memory)."""
+    limits and usage (default: settings' limits, usage kept in memory); batch, the batch
+    store (default: in memory). A LocalBatch is fed by this app, each item run through it."""
+    batch = batch if batch is not None else memory_batch()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if isinstance(batch, LocalBatch):
+            batch.start()  # resume what a stopped server left, without waiting for a call
+        yield
+        if isinstance(batch, LocalBatch):
+            await batch.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="loraserve",
         summary="One base LLM and thousands of LoRA adapters, OpenAI and Workers-AI shaped.",
         version="0.1.0",
@@ -43,11 +63,21 @@ def create_app(
     metrics = Metrics(pseudonym_key=app.state.keys.secret)
     metrics.watch_registry(settings.registry)
     tenancy = tenancy if tenancy is not None else memory_tenancy(settings.limits_of)
-    app.state.context = ApiContext(settings, generator, metrics, tenancy)
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    app.state.context = ApiContext(settings, generator, metrics, tenancy, batch)
+    if isinstance(batch, LocalBatch):
+
+        async def meter(item, result) -> None:  # once the item's result is committed
+            if result.usage is not None:
+                await tenancy.finish(None, result.usage, 0)
+
+        batch.bind(lambda item: run_item(app, item), meter)
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes,
+                       max_batch_bytes=settings.max_batch_bytes)  # fmt: skip
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
     install_error_handlers(app)
-    for module in (routes_workers_ai, routes_openai, routes_adapters, routes_usage, routes_ops):
+    routes = (routes_workers_ai, routes_openai, routes_batch, routes_adapters, routes_usage,
+              routes_ops)  # fmt: skip
+    for module in routes:
         app.include_router(module.router)
     return app

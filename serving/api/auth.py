@@ -56,7 +56,9 @@ class Principal:
         return self.is_admin or owner == self.tenant
 
 
-OPEN = Principal(tenant="default", scope="admin", key_id="open")  # every caller when no keys are configured
+OPEN = Principal(
+    tenant="default", scope="admin", key_id="open"
+)  # every caller when no keys are configured
 
 
 def load_keys(

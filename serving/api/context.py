@@ -1,4 +1,4 @@
-"""What every route reads: the settings, the generator, the metrics and the tenancy of this app."""
+"""What every route reads: the settings, generator, metrics, tenancy and batch store of this app."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from serving.api.batch_client import BatchClient
 from serving.api.generator import Generator
 from serving.api.metrics import Metrics
 from serving.api.settings import AppSettings
@@ -18,6 +19,7 @@ class ApiContext:
     generator: Generator
     metrics: Metrics
     tenancy: TenancyClient
+    batch: BatchClient
 
 
 def api_context(request: Request) -> ApiContext:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -24,11 +25,12 @@ from fastapi.responses import JSONResponse
 
 from adapters.names import version_label
 from serving.api.auth import Principal
+from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError, error_body
 from serving.api.generator import QueueFull
 from serving.api.tenancy import rate_limited
-from serving.engine.request import GenerateRequest, RequestOutput, TokenLogprob
+from serving.engine.request import GenerateRequest, Priority, RequestOutput, TokenLogprob
 from serving.usage.limits import Admission, RateLimited
 from serving.usage.store import UsageRecord
 
@@ -61,6 +63,8 @@ class Meter:
     adapter: str | None  # the qualified version, None for the base model
     kind: str = "interactive"  # | "batch"
     admission: Admission | None = None
+    # A batch item's: its record is left here, metered by the feeder after the commit.
+    sink: BatchCall | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -176,10 +180,18 @@ async def start(
     caller: Principal,
     session: str | None,
     t0: float,
-    kind: str = "interactive",
+    batch: BatchCall | None = None,
 ) -> Generation:
-    """The request admitted, queued and its first output in hand; 400, 429 or 500 if not."""
-    meter = Meter(caller, request.adapter, kind, await admit(ctx, caller, request))
+    """The request admitted, queued and its first output in hand; 400, 429 or 500 if not.
+
+    A batch item (batch given) runs at batch priority and is not rate limited: the feeder
+    paces batches, and its items only use capacity interactive requests leave.
+    """
+    if batch is not None:
+        request = dataclasses.replace(request, priority=Priority.BATCH)
+        meter = Meter(caller, request.adapter, "batch", sink=batch)
+    else:
+        meter = Meter(caller, request.adapter, "interactive", await admit(ctx, caller, request))
     stream = ctx.generator.generate(request, session=session)
     try:
         first = await anext(stream)
@@ -239,6 +251,9 @@ async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> No
     if record is not None:  # the metrics count what the store records
         ctx.metrics.meter(record.tenant, record.kind, record.prompt_tokens,
                           record.cached_tokens, record.completion_tokens)  # fmt: skip
+    if meter.sink is not None:  # a batch item: no admission, metered after its commit
+        meter.sink.record = record
+        return
     try:
         await asyncio.wait_for(ctx.tenancy.finish(meter.admission, record, used), TENANCY_TIMEOUT_S)
     except Exception as exc:

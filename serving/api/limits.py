@@ -1,5 +1,8 @@
 """Refuse request bodies above a size limit while they are read, before any route sees them.
 
+Batch payloads (a queued Workers-AI batch, an uploaded batch file) have their own limit,
+batch.max_payload_mb; every other body has server.max_body_mb.
+
 A declared Content-Length above the limit is answered 413 at once, without reading; a body
 sent in chunks is counted as it arrives and refused the moment it passes the limit. A body
 within the limit is buffered whole and replayed to the app (routes read whole bodies
@@ -16,16 +19,19 @@ from serving.api.errors import send_error
 class BodyLimit:
     """ASGI middleware: HTTP bodies larger than max_body_bytes get a 413 JSON answer."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_batch_bytes: int | None = None):
         self.app, self.max_body_bytes = app, max_body_bytes
+        self.max_batch_bytes = max_batch_bytes if max_batch_bytes is not None else max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        batch = _is_batch_payload(scope)
+        limit = self.max_batch_bytes if batch else self.max_body_bytes
         declared = _content_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
-            await self._refuse(scope, send)
+        if declared is not None and declared > limit:
+            await self._refuse(scope, send, limit, batch)
             return
         chunks, size = [], 0
         while True:
@@ -35,8 +41,8 @@ class BodyLimit:
                 return
             body = message.get("body", b"")
             size += len(body)
-            if size > self.max_body_bytes:
-                await self._refuse(scope, send)
+            if size > limit:
+                await self._refuse(scope, send, limit, batch)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -44,10 +50,19 @@ class BodyLimit:
         whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
-        limit_mb = self.max_body_bytes / 2**20
-        text = f"the request body is larger than the limit of {limit_mb:g} MiB"
-        await send_error(send, scope.get("path", ""), 413, text)
+    async def _refuse(self, scope: Scope, send: Send, limit: int, batch: bool) -> None:
+        what, key = ("batch payload", "batch.max_payload_mb") if batch else ("request body", None)
+        text = f"the {what} is larger than the limit of {limit / 2**20:g} MiB"
+        await send_error(send, scope.get("path", ""), 413, text + (f" ({key})" if key else ""))
+
+
+def _is_batch_payload(scope: Scope) -> bool:
+    """A POST of a batch file, or of a Workers-AI batch (?queueRequest=true)."""
+    path = scope.get("path", "")
+    if path == "/v1/files":
+        return True
+    query = scope.get("query_string", b"").decode("latin-1").lower()
+    return path.startswith("/ai/run/") and "queuerequest=true" in query
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -73,9 +73,7 @@ def pick_adapter(from_model: str | None, from_lora: str | None) -> str | None:
     return from_lora or from_model
 
 
-async def resolve_version(
-    settings: AppSettings, caller: Principal, ref: str | None
-) -> str | None:
+async def resolve_version(settings: AppSettings, caller: Principal, ref: str | None) -> str | None:
     """'name' or 'name@digest' as caller sees it -> 'tenant/name@digest'; 404 when the caller
     has no such adapter, 503 when the registry cannot be read."""
     if ref is None:

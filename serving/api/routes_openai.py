@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from adapters.errors import RegistryUnavailable
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
+from serving.api.batch_calls import batch_call
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
@@ -122,7 +123,7 @@ async def _version(ctx: ApiContext, caller: Principal, body) -> str | None:
 
 
 def _who(request: Request, t0: float) -> dict:
-    return {"session": request.headers.get(SESSION_HEADER), "t0": t0}
+    return {"session": request.headers.get(SESSION_HEADER), "t0": t0, "batch": batch_call(request)}
 
 
 async def _chat_events(

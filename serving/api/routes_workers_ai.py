@@ -3,7 +3,8 @@
 `model` must be the served model's id; the adapter comes from `lora`. A `prompt` is
 wrapped by the chat template as one user turn unless `raw`; `messages` always are.
 Streams are server-sent events `data: {"response": "..."}`, the last carrying `usage`,
-then `data: [DONE]`.
+then `data: [DONE]`. With ?queueRequest=true the body's `requests` are queued as one batch
+(answered with its request_id at once); a body of `request_id` alone polls that batch.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
+from serving.api.batch_calls import batch_call
+from serving.api.batch_format import workers_status
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
@@ -25,6 +28,7 @@ from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
 from serving.api.schemas import ChatMessage, WorkersAIRequest
 from serving.api.sse import event_stream
+from serving.batch.records import WORKERS_AI, NewItem
 from serving.engine.request import GenerateRequest, RequestOutput
 
 router = APIRouter(tags=["Workers AI"])
@@ -35,11 +39,23 @@ DEFAULT_TEMPERATURE = 0.6  # Workers AI's default
 SESSION_HEADER = "x-session-affinity"
 
 
+QueueFlag = Annotated[
+    bool, Query(alias="queueRequest", description="Queue `requests` as a batch, answer at once.")
+]
+
+
 @router.post("/ai/run/{model:path}", summary="Run the model (Workers AI)")
-async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, caller: Caller):
+async def run(
+    model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, caller: Caller,
+    queue: QueueFlag = False,
+):  # fmt: skip
     t0, s = time.perf_counter(), ctx.settings
     if model != s.model_id:
         raise ApiError(404, f"unknown model {quoted(model)}; this server serves {s.model_id!r}")
+    if queue or body.requests is not None:
+        return await _queue(model, body, ctx, caller, queue)
+    if body.request_id is not None:
+        return await _poll(body.request_id, ctx, caller)
     ref = adapter_from_lora(s, body.lora) if body.lora else None
     version = await resolve_version(s, caller, ref)
     if body.messages is not None:
@@ -63,6 +79,7 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
         caller=caller,
         session=request.headers.get(SESSION_HEADER),
         t0=t0,
+        batch=batch_call(request),
     )
     if body.stream:
         return event_stream(gen, _events(gen), s.send_timeout_s)
@@ -70,6 +87,33 @@ async def run(model: str, body: WorkersAIRequest, request: Request, ctx: Ctx, ca
     usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
     result = {"response": outcome.text, "usage": usage}
     return answer(gen, {"result": result, "success": True, "errors": [], "messages": []})
+
+
+async def _queue(model: str, body: WorkersAIRequest, ctx: ApiContext, caller: Principal, queue):
+    """Store the batch (committed before the answer); its request_id to poll."""
+    if not queue:
+        raise ApiError(400, "requests queues a batch: send it with ?queueRequest=true")
+    if body.requests is None:
+        raise ApiError(400, 'queueRequest=true needs a body of {"requests": [...]}')
+    items = [
+        NewItem(item.model_dump(exclude_unset=True, exclude={"external_reference"}),
+                item.external_reference)
+        for item in body.requests
+    ]  # fmt: skip
+    job = await ctx.batch.submit(tenant=caller.tenant, key_id=caller.key_id, model=model,
+                                 api=WORKERS_AI, endpoint="/ai/run", items=items)  # fmt: skip
+    result = {"status": "queued", "request_id": job.id, "model": model}
+    return {"result": result, "success": True, "errors": [], "messages": []}
+
+
+async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
+    """The batch's progress, or its responses once every item has ended."""
+    job = await ctx.batch.job(caller.tenant, request_id)
+    if job is None:  # another tenant's id reads exactly as one never issued
+        raise ApiError(404, f"unknown batch request {quoted(request_id)}")
+    records = await ctx.batch.results(caller.tenant, request_id) if job.finished else None
+    result = workers_status(job, records)
+    return {"result": result, "success": True, "errors": [], "messages": []}
 
 
 async def _events(gen: Generation) -> AsyncIterator[str]:

@@ -81,8 +81,8 @@ class _Sampling(BaseModel):
         return value
 
 
-class WorkersAIRequest(_Sampling):
-    """POST /ai/run/{model}: a prompt or a chat, optionally through an adapter."""
+class _WorkersBody(_Sampling):
+    """A Workers-AI generation body: a prompt or a chat, optionally through an adapter."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -91,14 +91,62 @@ class WorkersAIRequest(_Sampling):
     raw: bool = Field(False, description="Send prompt as is, without the chat template.")
     stream: bool = Field(False, description="Answer with server-sent events.")
 
+    def _other_form(self) -> bool:
+        """Whether the body is a batch submission or poll rather than a generation."""
+        return False
+
     @model_validator(mode="after")
-    def _one_input(self) -> WorkersAIRequest:
+    def _one_input(self) -> _WorkersBody:
+        if self._other_form():
+            return self
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
         if self.messages is not None and not self.messages:
             raise ValueError("messages must not be empty")
         if self.raw and self.messages is not None:
             raise ValueError("raw applies to prompt only; messages always use the chat template")
+        return self
+
+
+class QueuedItem(_WorkersBody):
+    """One request of a queued batch: a generation body and the caller's reference for it."""
+
+    external_reference: Annotated[Text, Field(max_length=256)] | None = Field(
+        None, description="Returned with this item's response."
+    )
+
+    @field_validator("stream")
+    @classmethod
+    def _not_streamed(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("stream is not supported for a queued request")
+        return value
+
+
+class WorkersAIRequest(_WorkersBody):
+    """POST /ai/run/{model}: a generation; with ?queueRequest=true a batch of them
+    (`requests`); or the poll of a queued batch (`request_id` alone)."""
+
+    requests: list[QueuedItem] | None = Field(
+        None, description="With ?queueRequest=true: the requests of a batch to queue."
+    )
+    request_id: Text | None = Field(None, description="Poll the queued batch of this id.")
+
+    def _other_form(self) -> bool:
+        return self.requests is not None or self.request_id is not None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> WorkersAIRequest:
+        given = [k for k in ("prompt", "messages", "requests") if getattr(self, k) is not None]
+        if self.request_id is not None and (given or self.lora or self.stream):
+            raise ValueError("request_id polls a queued batch: send it alone")
+        if self.requests is not None:
+            if len(given) > 1:
+                raise ValueError("give either requests (a batch) or a prompt or messages")
+            if not self.requests:
+                raise ValueError("the batch has no requests")
+            if self.stream:
+                raise ValueError("stream is not supported for a queued batch")
         return self
 
 

@@ -34,6 +34,7 @@ class AppSettings:
     # server.insecure: keyless yet reachable beyond loopback, so no Host check (see gate)
     insecure: bool = False
     max_body_bytes: int = 32 * 2**20
+    max_batch_bytes: int = 10 * 2**20  # a queued batch's or batch file's body (batch.*)
     vocab_size: int | None = None  # token ids a prompt may hold; None: the tokenizer's
     # A stream whose client stops reading is closed, and its request aborted, once one write
     # has waited this long (a reader that keeps up never makes a write wait).
@@ -69,6 +70,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         keys=keys,
         insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
+        max_batch_bytes=cfg.batch.max_payload_mb * 2**20,
         vocab_size=model.vocab_size,
         limits_of=cfg.limits.for_tenant,
     )

@@ -44,6 +44,8 @@ class ItemResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # What to meter once the result is committed (serving.usage's UsageRecord); not stored.
+    usage: object = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:

@@ -3,6 +3,7 @@ refusals are 429 with Retry-After and OpenAI's x-ratelimit-* headers, other tena
 limited by them, and one tenant at its limit does not slow another."""
 
 import asyncio
+import dataclasses
 import statistics
 import threading
 import time
@@ -273,9 +274,7 @@ class FailsMidway(Held):
         yield RequestOutput(request.request_id, (), "", True, "error", 3, 2, error="boom")
 
 
-def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(
-    world, tmp_path
-):
+def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(world, tmp_path):
     failing = FailsMidway()
     failing.release.set()
     limits = {"globex": {"tokens_per_minute": 100}}
@@ -284,9 +283,7 @@ def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(
     assert post(client, GLOBEX).status_code == 500  # its answer carries no usage
     ok = Held()
     ok.release.set()
-    client.app.state.context = client.app.state.context.__class__(
-        settings, ok, client.app.state.context.metrics, client.app.state.context.tenancy
-    )
+    client.app.state.context = dataclasses.replace(client.app.state.context, generator=ok)
     r = post(client, GLOBEX, max_tokens=4)
     assert r.status_code == 200
     # 3 + 2 tokens charged for the failed request, then this one's reservation

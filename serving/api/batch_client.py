@@ -1,0 +1,115 @@
+"""What the HTTP layer needs from the batch store, and the in-process implementation.
+
+The routes see only the BatchClient protocol. In one process it is LocalBatch: the store and
+a feeder on this app's event loop, running each item through the app itself (batch_calls).
+Under Ray one Batch deployment owns the store and the feeder for every replica, and
+serving.deploy wraps its handle in the same protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from starlette.concurrency import run_in_threadpool
+
+from serving.batch.feeder import Feeder, ResultHook, Runner
+from serving.batch.records import ItemRecord, Job, NewItem, StoredFile
+from serving.batch.store import BatchStore
+
+
+class BatchClient(Protocol):
+    """The batch store as the routes use it; every call is scoped to one tenant."""
+
+    async def submit(
+        self, *, tenant: str, key_id: str, model: str, api: str, endpoint: str,
+        items: Sequence[NewItem], input_file_id: str | None = None, metadata: dict | None = None,
+    ) -> Job: ...  # fmt: skip
+
+    async def job(self, tenant: str, job_id: str) -> Job | None: ...
+
+    async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]: ...
+
+    async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None: ...
+
+    async def cancel(self, tenant: str, job_id: str) -> Job | None: ...
+
+    async def add_file(
+        self, tenant: str, purpose: str, filename: str, content: bytes
+    ) -> StoredFile: ...
+
+    async def file(self, tenant: str, file_id: str) -> StoredFile | None: ...
+
+    async def file_content(self, tenant: str, file_id: str) -> bytes | None: ...
+
+    async def delete_file(self, tenant: str, file_id: str) -> bool: ...
+
+
+class LocalBatch:
+    """A BatchStore in this process, and its feeder once start() has run on a loop."""
+
+    def __init__(self, store: BatchStore, *, max_in_flight: int, ttl_s: float) -> None:
+        self.store, self.max_in_flight, self.ttl_s = store, max_in_flight, ttl_s
+        self.feeder: Feeder | None = None
+        self._run: tuple[Runner, ResultHook | None] | None = None
+
+    def bind(self, run: Runner, on_result: ResultHook | None = None) -> None:
+        """What runs each item, and what meters it once committed (the app, at creation)."""
+        self._run = (run, on_result)
+
+    def start(self) -> None:
+        """Start feeding on the running loop, once: requeue what a dead process left running.
+
+        Called at the app's start-up, and by every batch call (an app served without its
+        lifespan, as in tests, starts feeding at its first batch request)."""
+        if self.feeder is None and self._run is not None:
+            run, on_result = self._run
+            self.feeder = Feeder(self.store, run, max_in_flight=self.max_in_flight,
+                                 ttl_s=self.ttl_s, on_result=on_result)  # fmt: skip
+            self.feeder.start()
+
+    async def stop(self) -> None:
+        if self.feeder is not None:
+            await self.feeder.stop()
+            self.feeder = None
+
+    async def submit(self, **job) -> Job:
+        self.start()
+        submitted = await run_in_threadpool(lambda: self.store.submit(**job))
+        if self.feeder is not None:
+            self.feeder.wake()
+        return submitted
+
+    async def job(self, tenant: str, job_id: str) -> Job | None:
+        return await self._call(self.store.job, tenant, job_id)
+
+    async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]:
+        self.start()
+        return await run_in_threadpool(lambda: self.store.jobs(tenant, limit=limit, after=after))
+
+    async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
+        return await self._call(self.store.results, tenant, job_id)
+
+    async def cancel(self, tenant: str, job_id: str) -> Job | None:
+        return await self._call(self.store.cancel, tenant, job_id)
+
+    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes):
+        return await self._call(self.store.add_file, tenant, purpose, filename, content)
+
+    async def file(self, tenant: str, file_id: str) -> StoredFile | None:
+        return await self._call(self.store.file, tenant, file_id)
+
+    async def file_content(self, tenant: str, file_id: str) -> bytes | None:
+        return await self._call(self.store.file_content, tenant, file_id)
+
+    async def delete_file(self, tenant: str, file_id: str) -> bool:
+        return await self._call(self.store.delete_file, tenant, file_id)
+
+    async def _call(self, method: Callable, *args):
+        self.start()
+        return await run_in_threadpool(method, *args)
+
+
+def memory_batch(max_in_flight: int = 8, ttl_s: float = 72 * 3600) -> LocalBatch:
+    """A batch store in memory: an app started without one (tests)."""
+    return LocalBatch(BatchStore("sqlite:///:memory:"), max_in_flight=max_in_flight, ttl_s=ttl_s)

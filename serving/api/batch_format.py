@@ -1,0 +1,104 @@
+"""A stored batch job rendered in each API's shape: Workers AI's poll answer, OpenAI's Batch
+object, and the JSONL lines of OpenAI's output and error files."""
+
+from __future__ import annotations
+
+import json
+
+from serving.api.errors import error_body
+from serving.batch.records import ItemRecord, Job
+
+# OpenAI's batch status by the store's job state; items are checked at submission, so a job
+# is in progress from the start.
+OPENAI_STATUS = {"queued": "in_progress", "running": "in_progress", "done": "completed",
+                 "cancelling": "cancelling", "cancelled": "cancelled"}  # fmt: skip
+COMPLETION_WINDOW_S = 24 * 3600
+OUTPUT, ERRORS = "-output", "-errors"
+
+
+def workers_status(job: Job, records: list[ItemRecord] | None) -> dict:
+    """The `result` of a Workers-AI poll: progress, and once finished every response."""
+    result = {
+        "status": job.state, "request_id": job.id, "model": job.model,
+        "total": job.total, "completed": job.completed, "failed": job.failed,
+    }  # fmt: skip
+    if job.finished is None or records is None:
+        return result
+    result["responses"] = [_workers_response(r) for r in records if r.result is not None]
+    result["usage"] = {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.completion_tokens,
+        "total_tokens": job.prompt_tokens + job.completion_tokens,
+    }
+    return result
+
+
+def _workers_response(record: ItemRecord) -> dict:
+    r = record.result
+    answer = {"id": record.index, "success": r.ok, "external_reference": record.ref}
+    if r.ok:
+        answer["result"] = (r.body or {}).get("result")
+    else:
+        answer.update(result=None, errors=[{"code": r.status, "message": r.error}])
+    return answer
+
+
+def output_file_ids(job: Job) -> tuple[str | None, str | None]:
+    """The ids of a finished job's output and error files; None for one with no lines."""
+    if job.finished is None:
+        return None, None
+    base = "file-" + job.id.removeprefix("batch_")
+    return (base + OUTPUT if job.completed else None), (base + ERRORS if job.failed else None)
+
+
+def job_of_file(file_id: str) -> tuple[str, bool] | None:
+    """(job id, whether the errors file) of an output or error file id, else None."""
+    for suffix, errors in ((OUTPUT, False), (ERRORS, True)):
+        if file_id.startswith("file-") and file_id.endswith(suffix):
+            return "batch_" + file_id.removeprefix("file-").removesuffix(suffix), errors
+    return None
+
+
+def openai_batch(job: Job) -> dict:
+    """OpenAI's Batch object for job."""
+    output, errors = output_file_ids(job)
+    state, t = job.state, _seconds
+    ended = job.finished if state == "done" else None
+    return {
+        "id": job.id, "object": "batch", "endpoint": job.endpoint, "model": job.model,
+        "errors": None, "input_file_id": job.input_file_id, "completion_window": "24h",
+        "status": OPENAI_STATUS[state], "output_file_id": output, "error_file_id": errors,
+        "created_at": t(job.created), "in_progress_at": t(job.created),
+        "expires_at": t(job.created + COMPLETION_WINDOW_S), "finalizing_at": t(ended),
+        "completed_at": t(ended), "failed_at": None, "expired_at": None,
+        "cancelling_at": t(job.cancelling),
+        "cancelled_at": t(job.finished if state == "cancelled" else None),
+        "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
+        "metadata": job.metadata or None,
+        "usage": {
+            "input_tokens": job.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": job.cached_tokens},
+            "output_tokens": job.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": job.prompt_tokens + job.completion_tokens,
+        },
+    }  # fmt: skip
+
+
+def file_lines(job: Job, records: list[ItemRecord], errors: bool) -> bytes:
+    """The JSONL of a job's output file (its successes) or error file (its failures)."""
+    lines = []
+    for record in records:
+        r = record.result
+        if r is None or r.ok == errors:
+            continue
+        body = r.body if r.ok else error_body(job.endpoint, r.status, r.error or "failed")
+        response = {"status_code": r.status, "request_id": f"{job.id}-{record.index}", "body": body}
+        line = {"id": f"batch_req_{job.id.removeprefix('batch_')}_{record.index}",
+                "custom_id": record.ref, "response": response, "error": None}  # fmt: skip
+        lines.append(json.dumps(line) + "\n")
+    return "".join(lines).encode()
+
+
+def _seconds(t: float | None) -> int | None:
+    return int(t) if t is not None else None

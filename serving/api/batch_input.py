@@ -1,0 +1,88 @@
+"""OpenAI batch input files: JSONL lines of {custom_id, method, url, body}, checked line by line.
+
+A file for purpose `batch` is checked when it is uploaded, so a typo is reported at once,
+naming each bad line (at most MAX_REPORTED), rather than as failed items hours later. Each
+body is validated as its route would validate it; what only running can tell (an unknown
+adapter, a prompt too long once tokenized) fails that item alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from serving.api.errors import ApiError, describe_validation
+from serving.api.schemas import ChatCompletionRequest, CompletionRequest
+
+BODIES: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+}
+MAX_REPORTED = 10
+MAX_CUSTOM_ID = 512
+
+
+@dataclass(frozen=True)
+class InputLine:
+    custom_id: str
+    url: str
+    body: dict
+
+
+def parse_input(content: bytes) -> list[InputLine]:
+    """The requests of a batch input file; 400 naming each bad line, or an empty file."""
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the file is not UTF-8 text (byte {exc.start})") from None
+    lines, problems, seen = [], [], set()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = _line(raw)
+            if line.custom_id in seen:
+                raise ValueError(f"custom_id {line.custom_id!r} is used by an earlier line")
+            seen.add(line.custom_id)
+            lines.append(line)
+        except ValueError as exc:
+            problems.append(f"line {number}: {exc}")
+    if problems:
+        more = len(problems) - MAX_REPORTED
+        tail = [f"and {more} more bad lines"] if more > 0 else []
+        raise ApiError(400, "; ".join(problems[:MAX_REPORTED] + tail))
+    if not lines:
+        raise ApiError(400, "the batch file has no requests")
+    return lines
+
+
+def _line(raw: str) -> InputLine:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    unknown = set(data) - {"custom_id", "method", "url", "body"}
+    if unknown:
+        raise ValueError(f"unknown field {sorted(unknown)[0]!r}")
+    custom_id, url, body = data.get("custom_id"), data.get("url"), data.get("body")
+    if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID:
+        raise ValueError(f"custom_id must be a string of 1-{MAX_CUSTOM_ID} characters")
+    if data.get("method") != "POST":
+        raise ValueError('method must be "POST"')
+    if url not in BODIES:
+        raise ValueError(f"url must be one of {', '.join(BODIES)}, got {url!r}")
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    if body.get("stream"):
+        raise ValueError("body.stream is not supported in a batch")
+    try:
+        BODIES[url].model_validate(body)
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        raise ValueError(f"body: {describe_validation(RequestValidationError(errors))}") from None
+    return InputLine(custom_id, url, body)

@@ -1,0 +1,142 @@
+"""OpenAI's Files and Batch API over the batch store: upload a JSONL file, run it as a batch,
+read its output and error files. Every id is scoped to the key's tenant: another tenant's id
+answers exactly as one that never existed (404)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from adapters.errors import quoted
+from serving.api.auth import Principal, authenticate
+from serving.api.batch_format import file_lines, job_of_file, openai_batch, output_file_ids
+from serving.api.batch_input import parse_input
+from serving.api.context import ApiContext, api_context
+from serving.api.errors import ApiError
+from serving.batch.records import OPENAI, NewItem, StoredFile
+
+router = APIRouter(tags=["OpenAI Batch"])
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Caller = Annotated[Principal, Depends(authenticate)]
+Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+
+
+class BatchCreate(BaseModel):
+    """POST /v1/batches."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_file_id: str = Field(..., description="A file uploaded with purpose batch.")
+    endpoint: Endpoint = Field(..., description="The route every line's body is for.")
+    completion_window: Literal["24h"] = Field("24h", description="Only 24h is offered.")
+    metadata: dict[str, str] | None = Field(None, description="Up to 16 key-value pairs.")
+
+
+@router.post("/v1/files", summary="Upload a batch input file (JSONL)")
+async def upload_file(
+    ctx: Ctx, caller: Caller, file: Annotated[UploadFile, File()],
+    purpose: Annotated[str, Form()],
+):  # fmt: skip
+    if purpose != "batch":
+        raise ApiError(400, f"purpose {quoted(purpose)} is not supported; only 'batch' is")
+    content = await file.read()
+    parse_input(content)  # refused now, line by line, rather than at batch time
+    stored = await ctx.batch.add_file(caller.tenant, purpose, file.filename or "batch.jsonl",
+                                      content)  # fmt: skip
+    return _file_object(stored)
+
+
+@router.get("/v1/files/{file_id}", summary="A file's metadata")
+async def get_file(file_id: str, ctx: Ctx, caller: Caller):
+    stored = await ctx.batch.file(caller.tenant, file_id)
+    if stored is not None:
+        return _file_object(stored)
+    job, content = await _output(ctx, caller, file_id)
+    purpose = "batch_output"
+    return _file_object(StoredFile(file_id, caller.tenant, purpose, f"{file_id}.jsonl",
+                                   len(content), job.finished or job.created))  # fmt: skip
+
+
+@router.get("/v1/files/{file_id}/content", summary="A file's content")
+async def file_content(file_id: str, ctx: Ctx, caller: Caller):
+    content = await ctx.batch.file_content(caller.tenant, file_id)
+    if content is None:
+        _, content = await _output(ctx, caller, file_id)
+    return Response(content, media_type="application/jsonl")
+
+
+@router.delete("/v1/files/{file_id}", summary="Delete an uploaded file")
+async def delete_file(file_id: str, ctx: Ctx, caller: Caller):
+    if not await ctx.batch.delete_file(caller.tenant, file_id):
+        raise ApiError(404, f"unknown file {quoted(file_id)}")
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+@router.post("/v1/batches", summary="Run an uploaded file as a batch")
+async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller):
+    content = await ctx.batch.file_content(caller.tenant, body.input_file_id)
+    if content is None:
+        raise ApiError(404, f"unknown file {quoted(body.input_file_id)}")
+    lines = parse_input(content)
+    wrong = [i for i, line in enumerate(lines, start=1) if line.url != body.endpoint]
+    if wrong:
+        raise ApiError(400, f"request {wrong[0]} of the file is for {lines[wrong[0] - 1].url}, "
+                            f"not the batch's endpoint {body.endpoint}")  # fmt: skip
+    if body.metadata is not None and len(body.metadata) > 16:
+        raise ApiError(400, "metadata holds at most 16 pairs")
+    job = await ctx.batch.submit(
+        tenant=caller.tenant, key_id=caller.key_id, model=ctx.settings.model_id, api=OPENAI,
+        endpoint=body.endpoint, items=[NewItem(line.body, line.custom_id) for line in lines],
+        input_file_id=body.input_file_id, metadata=body.metadata,
+    )  # fmt: skip
+    return openai_batch(job)
+
+
+@router.get("/v1/batches/{batch_id}", summary="A batch and its progress")
+async def get_batch(batch_id: str, ctx: Ctx, caller: Caller):
+    return openai_batch(await _job(ctx, caller, batch_id))
+
+
+@router.get("/v1/batches", summary="The key's tenant's batches, newest first")
+async def list_batches(
+    ctx: Ctx, caller: Caller, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+):  # fmt: skip
+    jobs = await ctx.batch.jobs(caller.tenant, limit=limit + 1, after=after)
+    data = [openai_batch(job) for job in jobs[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(jobs) > limit}  # fmt: skip
+
+
+@router.post("/v1/batches/{batch_id}/cancel", summary="Stop a batch; finished items are kept")
+async def cancel_batch(batch_id: str, ctx: Ctx, caller: Caller):
+    job = await ctx.batch.cancel(caller.tenant, batch_id)
+    if job is None:
+        raise ApiError(404, f"unknown batch {quoted(batch_id)}")
+    return openai_batch(job)
+
+
+async def _job(ctx: ApiContext, caller: Principal, batch_id: str):
+    job = await ctx.batch.job(caller.tenant, batch_id)
+    if job is None:
+        raise ApiError(404, f"unknown batch {quoted(batch_id)}")
+    return job
+
+
+async def _output(ctx: ApiContext, caller: Principal, file_id: str):
+    """(job, content) of a batch's output or error file; 404 when it is no such file."""
+    found = job_of_file(file_id)
+    job = await ctx.batch.job(caller.tenant, found[0]) if found else None
+    if job is None or file_id not in output_file_ids(job):
+        raise ApiError(404, f"unknown file {quoted(file_id)}")
+    records = await ctx.batch.results(caller.tenant, job.id) or []
+    return job, file_lines(job, records, errors=found[1])
+
+
+def _file_object(f: StoredFile) -> dict:
+    return {"id": f.id, "object": "file", "bytes": f.bytes, "created_at": int(f.created),
+            "filename": f.filename, "purpose": f.purpose, "status": "processed",
+            "expires_at": None, "status_details": None}  # fmt: skip

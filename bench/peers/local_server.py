@@ -5,8 +5,9 @@
 The same config, app (serving.api.create_app) and engine (serving.deploy.engine_setup) as
 `loraserve serve`, but the routes call the engine in this process (LocalGenerator) instead
 of going through Ray Serve's HTTP proxy and replica handles: the difference between the two
-rows in bench/serve.py's table is what those hops cost. Stops on SIGINT/SIGTERM (uvicorn's
-own handlers), then stops the engine.
+rows in bench/serve.py's table is what those hops cost. Batches are stored in batch.store and
+fed in this process (bench/batch.py). Stops on SIGINT/SIGTERM (uvicorn's own handlers), then
+stops the engine.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import uvicorn
 
 from serving.api import LocalGenerator, create_app, settings_from_config
+from serving.api.batch_client import LocalBatch
+from serving.batch.store import BatchStore
 from serving.config import load_config
 from serving.deploy.app import publish_preloads
 from serving.deploy.engine_setup import build_engine
@@ -32,10 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     publish_preloads(cfg)  # the engine's slab loads adapters from the registry, as a replica's
     generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue)
     settings.ready.set()
+    batch = LocalBatch(BatchStore(cfg.batch.store), max_in_flight=cfg.batch.max_in_flight,
+                       ttl_s=cfg.batch.ttl_hours * 3600)  # fmt: skip
+    app = create_app(generator, settings, batch=batch)
     try:
-        uvicorn.run(
-            create_app(generator, settings), host=args.host, port=args.port, log_level="warning"
-        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         generator.close()
 

@@ -3,10 +3,11 @@
     serve run serving.deploy.app:build config=configs/demo.yaml
 
 build() reads the API keys and refuses a keyless server beyond loopback (see exposure),
-publishes the config's preloaded adapters, then binds two deployments: `deploy.num_replicas`
-ModelServers, each serving the HTTP app in front of its own engine (see replica), and one
+publishes the config's preloaded adapters, then binds three deployments: `deploy.num_replicas`
+ModelServers, each serving the HTTP app in front of its own engine (see replica); one
 Tenancy (`num_cpus: 0`) that holds tenants' rate limits and writes the usage store for all of
-them (see tenancy). The keys travel to the replicas as an argument, so replicas on other
+them (see tenancy); and one Batch (`num_cpus: 0`) that holds the batch store and feeds its
+items to the ModelServers (see batch). The keys travel to the replicas as an argument, so replicas on other
 nodes need neither the env nor the file.
 Preloads belong to the reserved tenant `operator` and are public: every tenant may use
 them, and only an admin key may change or delete them.
@@ -28,9 +29,10 @@ from adapters.registry import Registry, Version
 from serving.api.auth import Principal
 from serving.api.settings import served_spec
 from serving.config import ServeConfig, load_config
+from serving.deploy.batch import BatchServer
 from serving.deploy.engine_setup import check_draft_vocab
 from serving.deploy.exposure import load_checked_keys
-from serving.deploy.replica import ModelServer
+from serving.deploy.replica import SERVER_NAME, ModelServer
 from serving.deploy.router import ROUTING_STATS_PERIOD_S, AdapterRouter
 from serving.deploy.routing import spread_at
 from serving.deploy.tenancy import TenancyServer
@@ -79,7 +81,15 @@ def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
         ),
     )
     tenancy = TenancyServer.bind(cfg.usage.store, cfg.limits)
-    return server.bind(cfg, dict(keys), tenancy)
+    batch = BatchServer.bind(
+        cfg.batch.store,
+        max_in_flight=cfg.batch.max_in_flight * cfg.deploy.num_replicas,
+        ttl_s=cfg.batch.ttl_hours * 3600,
+        server_name=SERVER_NAME,
+        app_name=APP_NAME,
+        tenancy=tenancy,
+    )
+    return server.bind(cfg, dict(keys), tenancy, batch)
 
 
 def publish_preloads(cfg: ServeConfig) -> list[Version]:

@@ -28,10 +28,13 @@ from ray.serve.handle import DeploymentHandle
 from adapters.registry import Registry
 from serving.api.app import create_app
 from serving.api.auth import Principal
+from serving.api.batch_calls import run_item
 from serving.api.generator import LocalGenerator
 from serving.api.settings import AppSettings, settings_from_config
+from serving.batch.records import Item, ItemResult
 from serving.config import ServeConfig
 from serving.deploy.arrivals import Arrivals, is_resident
+from serving.deploy.batch import HandleBatch
 from serving.deploy.engine_setup import build_engine
 from serving.deploy.exposure import check_open_server, serve_proxy_host
 from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
@@ -65,10 +68,12 @@ class EngineReplica:
         cfg: ServeConfig,
         keys: Mapping[str, Principal] | None = None,
         tenancy: DeploymentHandle | None = None,
+        batch: DeploymentHandle | None = None,
     ):
         self.cfg = cfg
         self.keys = dict(keys or {})  # read where the app was built (see exposure)
         self.tenancy = tenancy  # the Tenancy deployment every replica shares (see tenancy)
+        self.batch = batch  # the Batch deployment: the store, and the feeder that calls here
         self.engine = build_engine(cfg)
         self.leases = Leases(Registry(cfg.lora.registry), self.engine.slab)
         replica = serve.get_replica_context().replica_id.unique_id
@@ -102,9 +107,11 @@ class EngineReplica:
             self.cfg.deploy.num_replicas,
         )
         tenancy = HandleTenancy(self.tenancy) if self.tenancy is not None else None
+        batch = HandleBatch(self.batch) if self.batch is not None else None
         generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
-        app = create_app(generator, settings, tenancy)
+        app = create_app(generator, settings, tenancy, batch)
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
+        self.http_app = app  # batch items from the feeder are served through it
         return app
 
     def _settings(self) -> AppSettings:
@@ -149,6 +156,10 @@ class EngineReplica:
             # runs its own cleanup, which aborts the request.
             await stream.aclose()
 
+    async def run_batch_item(self, item: Item) -> ItemResult:
+        """A batch item from the Batch deployment's feeder, served by this replica's app."""
+        return await run_item(self.http_app, item)
+
     def record_routing_stats(self) -> dict:
         """What AdapterRouter reads: open streams per routing id, and in all."""
         ids = {k: n for k, n in self.in_flight.items() if k and n > 0}
@@ -181,6 +192,7 @@ class EngineReplica:
 
 
 # The deployment; EngineReplica stays a plain class, so tests can build one outside Ray.
-ModelServer = serve.deployment(name="ModelServer", graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)(
+SERVER_NAME = "ModelServer"
+ModelServer = serve.deployment(name=SERVER_NAME, graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)(
     serve.ingress()(EngineReplica)
 )

@@ -84,6 +84,7 @@ def write_config(root: Path, world: World, port: int) -> Path:
         "server": {"host": "127.0.0.1", "port": port},
         "deploy": {"num_replicas": REPLICAS, "resources": {"num_cpus": 1, "num_gpus": 0}},
         "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
+        "batch": {"store": f"sqlite:///{root / 'batch.db'}"},
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))

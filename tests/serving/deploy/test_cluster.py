@@ -44,6 +44,7 @@ def _config(root: Path, address: str, port: int, host: str = "127.0.0.1") -> Pat
         "server": {"host": host, "port": port},
         "deploy": {"ray_address": address, "resources": {"num_cpus": 1}},
         "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
+        "batch": {"store": f"sqlite:///{root / 'batch.db'}"},
     }
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))

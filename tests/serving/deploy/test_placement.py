@@ -46,6 +46,7 @@ def url(tmp_path_factory):
         "server": {"host": "127.0.0.1", "port": port},
         "deploy": {"num_replicas": 2, "resources": {"num_cpus": 1, "num_gpus": 0}},
         "usage": {"store": f"sqlite:///{root / 'usage.db'}"},
+        "batch": {"store": f"sqlite:///{root / 'batch.db'}"},
     }  # fmt: skip
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config))

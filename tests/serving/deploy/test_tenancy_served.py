@@ -5,6 +5,7 @@ either replica adds up to what the answers said."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import httpx
@@ -93,3 +94,30 @@ def test_a_limit_holds_across_replicas_and_usage_adds_up(url):
             recorded[row["tenant"], field] += row["interactive"][field]
     assert recorded == said
     assert {row["key_id"] for row in rows} == {key_id(ACME), key_id(GLOBEX)}
+
+
+def test_a_batch_runs_on_the_replicas_and_is_metered_as_batch(url):
+    # The Batch deployment's feeder runs each item on a ModelServer, through its own route.
+    auth = {"Authorization": f"Bearer {GLOBEX}"}
+    bodies = [{"prompt": f"batch {i}", "raw": True, "max_tokens": 3, "temperature": 0}
+              for i in range(6)]  # fmt: skip
+    r = httpx.post(f"{url}/ai/run/{MODEL_ID}?queueRequest=true", json={"requests": bodies},
+                   headers=auth, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    request_id = r.json()["result"]["request_id"]
+    deadline = time.monotonic() + 120
+    while True:
+        poll = httpx.post(f"{url}/ai/run/{MODEL_ID}", json={"request_id": request_id},
+                          headers=auth, timeout=60).json()["result"]  # fmt: skip
+        if poll["status"] == "done" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert poll["status"] == "done" and poll["completed"] == 6, poll
+    for body, answer in zip(bodies, poll["responses"], strict=True):
+        direct = httpx.post(f"{url}/ai/run/{MODEL_ID}", json=body, headers=auth, timeout=60)
+        assert answer["result"]["response"] == direct.json()["result"]["response"]
+    rows = httpx.get(f"{url}/v1/usage", params={"group_by": "tenant"}, headers=auth,
+                     timeout=30).json()["data"]  # fmt: skip
+    batch = rows[0]["batch"]
+    assert batch["requests"] == 6
+    assert batch["completion_tokens"] == poll["usage"]["completion_tokens"]

@@ -1,0 +1,108 @@
+"""One Batch deployment for every replica: the batch store and the feeder that runs its items.
+
+Like the Tenancy, it is a single replica (`num_cpus: 0`) on the head node, where batch.store
+names one SQLite file however often it restarts. Every ModelServer's app reaches the store
+through HandleBatch (serving.api's BatchClient over the handle): submits, polls, files. The
+feeder runs each item on some ModelServer (run_batch_item), whose app serves it through its
+own route at batch priority, forwarding it to the replica where its adapter is hot; it keeps
+batch.max_in_flight items running per replica, and meters each one through the Tenancy once
+its result is committed. On (re)start it requeues the items a dead replica left running.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from serving.api.batch_client import LocalBatch
+from serving.batch.records import Item, ItemRecord, ItemResult, Job, StoredFile
+from serving.batch.store import BatchStore
+from serving.deploy.tenancy import HEAD_NODE
+
+MAX_ONGOING = 1024  # every replica's batch calls meet here; each is a brief store query
+
+
+class BatchService:
+    """The deployment's replica: the store, and its feeder on this replica's event loop."""
+
+    async def __init__(
+        self, store_url: str, *, max_in_flight: int, ttl_s: float, server_name: str,
+        app_name: str, tenancy: DeploymentHandle | None = None,
+    ) -> None:  # fmt: skip
+        self.batch = LocalBatch(BatchStore(store_url), max_in_flight=max_in_flight, ttl_s=ttl_s)
+        self.server_name, self.app_name, self.tenancy = server_name, app_name, tenancy
+        self._servers: DeploymentHandle | None = None
+        self.batch.bind(self._run, self._meter)
+        self.batch.start()  # async __init__: on the loop the feeder keeps running on
+
+    async def _run(self, item: Item) -> ItemResult:
+        if self._servers is None:  # looked up late: the ModelServers are bound after this
+            self._servers = serve.get_deployment_handle(self.server_name, self.app_name)
+        return await self._servers.run_batch_item.remote(item)
+
+    async def _meter(self, item: Item, result: ItemResult) -> None:
+        if self.tenancy is not None and result.usage is not None:
+            await self.tenancy.finish.remote(None, result.usage, 0)
+
+    async def submit(self, job: dict) -> Job:
+        return await self.batch.submit(**job)
+
+    async def call(self, method: str, args: tuple, kwargs: dict):
+        """One of the store's read and file calls (see HandleBatch), on this replica."""
+        if method not in HandleBatch.FORWARDED:
+            raise ValueError(f"no batch call {method!r}")
+        return await getattr(self.batch, method)(*args, **kwargs)
+
+    def __del__(self):
+        batch = getattr(self, "batch", None)
+        if batch is not None:
+            batch.store.close()
+
+
+BatchServer = serve.deployment(
+    name="Batch",
+    num_replicas=1,
+    ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
+    max_ongoing_requests=MAX_ONGOING,
+)(BatchService)
+
+
+class HandleBatch:
+    """serving.api's BatchClient over the Batch deployment's handle."""
+
+    FORWARDED = frozenset(
+        {"job", "jobs", "results", "cancel", "add_file", "file", "file_content", "delete_file"}
+    )
+
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self.handle = handle
+
+    async def submit(self, **job) -> Job:
+        return await self.handle.submit.remote(job)
+
+    async def job(self, tenant: str, job_id: str) -> Job | None:
+        return await self._call("job", tenant, job_id)
+
+    async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]:
+        return await self._call("jobs", tenant, limit=limit, after=after)
+
+    async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
+        return await self._call("results", tenant, job_id)
+
+    async def cancel(self, tenant: str, job_id: str) -> Job | None:
+        return await self._call("cancel", tenant, job_id)
+
+    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes):
+        return await self._call("add_file", tenant, purpose, filename, content)
+
+    async def file(self, tenant: str, file_id: str) -> StoredFile | None:
+        return await self._call("file", tenant, file_id)
+
+    async def file_content(self, tenant: str, file_id: str) -> bytes | None:
+        return await self._call("file_content", tenant, file_id)
+
+    async def delete_file(self, tenant: str, file_id: str) -> bool:
+        return await self._call("delete_file", tenant, file_id)
+
+    async def _call(self, method: str, *args, **kwargs):
+        return await self.handle.call.remote(method, args, kwargs)

@@ -1,0 +1,83 @@
+"""parse_input, the check of an OpenAI batch file at upload: good lines come back in order,
+blank lines are skipped but counted, and every bad line is named by its number."""
+
+import json
+
+import pytest
+
+from serving.api.batch_input import MAX_CUSTOM_ID, MAX_REPORTED, InputLine, parse_input
+from serving.api.errors import ApiError
+
+CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+TEXT = {"model": "demo", "prompt": "hi"}
+
+
+def line(custom_id="a", url="/v1/chat/completions", body=None, **extra) -> str:
+    body = body if body is not None else (CHAT if url == "/v1/chat/completions" else TEXT)
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body, **extra})
+
+
+def refused(*lines: str, raw: bytes | None = None) -> str:
+    with pytest.raises(ApiError) as caught:
+        parse_input(raw if raw is not None else "\n".join(lines).encode())
+    assert caught.value.status == 400
+    return caught.value.message
+
+
+def test_good_lines_come_back_in_order_with_their_bodies():
+    """Both endpoints' lines parse, blank lines and CRLF endings are harmless."""
+    content = f"{line('a')}\r\n\r\n  \n{line('b', '/v1/completions')}\n".encode()
+    assert parse_input(content) == [
+        InputLine("a", "/v1/chat/completions", CHAT),
+        InputLine("b", "/v1/completions", TEXT),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("{", "line 2: not JSON"),
+        ('"text"', "line 2: not a JSON object"),
+        (line("b", extra=1), "line 2: unknown field 'extra'"),
+        (line(""), f"line 2: custom_id must be a string of 1-{MAX_CUSTOM_ID} characters"),
+        (line("x" * (MAX_CUSTOM_ID + 1)), "line 2: custom_id must be a string"),
+        (line(7), "line 2: custom_id must be a string"),
+        (line("b", method="GET"), 'line 2: method must be "POST"'),
+        (line("b", "/v1/embeddings"), "line 2: url must be one of /v1/chat/completions"),
+        (line("b", body=[1]), "line 2: body must be a JSON object"),
+        (line("b", body={**CHAT, "stream": True}), "line 2: body.stream is not supported"),
+        (line("b", body={"model": "demo"}), "line 2: body: messages"),
+        (line("b", "/v1/completions", {"prompt": "x"}), "line 2: body: model"),
+        (line("b", body={**CHAT, "n": 2}), "line 2: body: n: only n=1 is supported"),
+        (line("a"), "line 2: custom_id 'a' is used by an earlier line"),
+    ],
+)
+def test_a_bad_line_is_named_by_number(bad, message):
+    """Each kind of malformed line is refused with its line number and what is wrong."""
+    assert message in refused(line("a"), bad, line("c"))
+
+
+def test_blank_lines_count_in_line_numbers():
+    """Line numbers are the file's, as an editor shows them, blank lines included."""
+    assert refused("", line("a"), "", "nope").startswith("line 4: not JSON")
+
+
+def test_many_bad_lines_are_summarised():
+    """At most MAX_REPORTED lines are named, the rest counted."""
+    message = refused(*["x"] * (MAX_REPORTED + 3))
+    assert message.count("not JSON") == MAX_REPORTED
+    assert f"line {MAX_REPORTED}:" in message and f"line {MAX_REPORTED + 1}:" not in message
+    assert message.endswith("and 3 more bad lines")
+
+
+@pytest.mark.parametrize("raw", [b"", b"\n \n\r\n"])
+def test_a_file_with_no_requests_is_refused(raw):
+    """An empty file, or one of blank lines only, is a 400 of its own."""
+    assert refused(raw=raw) == "the batch file has no requests"
+
+
+def test_bytes_that_are_not_utf8_are_refused_with_their_offset():
+    """A file that is not UTF-8 is refused whole, naming the first bad byte's offset."""
+    assert refused(raw=line().encode() + b"\n\xff") == (
+        f"the file is not UTF-8 text (byte {len(line()) + 1})"
+    )

@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from serving.api.generator import QueueFull
 from serving.deploy.routing import routing_id
 from serving.engine.figures import EngineFigures
-from serving.engine.request import GenerateRequest, RequestOutput
+from serving.engine.request import GenerateRequest, Priority, RequestOutput
 
 # A probe of every replica must answer within this, or the app does not count as ready.
 PROBE_TIMEOUT_S = 5.0
@@ -86,8 +86,15 @@ class ReplicaGenerator:
     async def generate(
         self, request: GenerateRequest, *, session: str | None = None
     ) -> AsyncIterator[RequestOutput]:
-        """Outputs from this engine when it holds the request's id, else from a peer's."""
-        model_id = routing_id(request.adapter, session, self._num_session_ids)
+        """Outputs from this engine when it holds the request's id, else from a peer's.
+
+        A batch item runs here whatever its adapter: the Batch deployment's feeder spreads
+        items over the replicas, which run them in whatever capacity they have left, and the
+        engine loads the item's adapter as it would any other's.
+        """
+        model_id = None
+        if request.priority != Priority.BATCH:
+            model_id = routing_id(request.adapter, session, self._num_session_ids)
         if model_id is None or model_id in self._server.held:
             stream = self._server.serve_here(request, model_id)
         else:

@@ -40,6 +40,8 @@ class BatchClient(Protocol):
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None: ...
 
+    async def files(self, tenant: str) -> list[StoredFile]: ...
+
     async def file_content(self, tenant: str, file_id: str) -> bytes | None: ...
 
     async def delete_file(self, tenant: str, file_id: str) -> bool: ...
@@ -98,6 +100,9 @@ class LocalBatch:
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None:
         return await self._call(self.store.file, tenant, file_id)
+
+    async def files(self, tenant: str) -> list[StoredFile]:
+        return await self._call(self.store.files, tenant)
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None:
         return await self._call(self.store.file_content, tenant, file_id)

@@ -8,6 +8,7 @@ adapter, a prompt too long once tokenized) fails that item alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -30,12 +31,13 @@ class InputLine:
     custom_id: str
     url: str
     body: dict
+    line: int = 0  # its line number in the file, from 1
 
 
 def parse_input(content: bytes) -> list[InputLine]:
     """The requests of a batch input file; 400 naming each bad line, or an empty file."""
     try:
-        text = content.decode("utf-8")
+        text = content.decode("utf-8-sig")  # a byte-order mark, as some editors write, is no line
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"the file is not UTF-8 text (byte {exc.start})") from None
     lines, problems, seen = [], [], set()
@@ -43,7 +45,7 @@ def parse_input(content: bytes) -> list[InputLine]:
         if not raw.strip():
             continue
         try:
-            line = _line(raw)
+            line = dataclasses.replace(_line(raw), line=number)
             if line.custom_id in seen:
                 raise ValueError(f"custom_id {line.custom_id!r} is used by an earlier line")
             seen.add(line.custom_id)

@@ -49,6 +49,12 @@ async def upload_file(
     return _file_object(stored)
 
 
+@router.get("/v1/files", summary="The key's tenant's uploaded files, newest first")
+async def list_files(ctx: Ctx, caller: Caller):
+    files = await ctx.batch.files(caller.tenant)
+    return {"object": "list", "data": [_file_object(f) for f in files], "has_more": False}
+
+
 @router.get("/v1/files/{file_id}", summary="A file's metadata")
 async def get_file(file_id: str, ctx: Ctx, caller: Caller):
     stored = await ctx.batch.file(caller.tenant, file_id)
@@ -81,9 +87,9 @@ async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller):
     if content is None:
         raise ApiError(404, f"unknown file {quoted(body.input_file_id)}")
     lines = parse_input(content)
-    wrong = [i for i, line in enumerate(lines, start=1) if line.url != body.endpoint]
+    wrong = [line for line in lines if line.url != body.endpoint]
     if wrong:
-        raise ApiError(400, f"request {wrong[0]} of the file is for {lines[wrong[0] - 1].url}, "
+        raise ApiError(400, f"line {wrong[0].line} of the file is for {wrong[0].url}, "
                             f"not the batch's endpoint {body.endpoint}")  # fmt: skip
     if body.metadata is not None and len(body.metadata) > 16:
         raise ApiError(400, "metadata holds at most 16 pairs")

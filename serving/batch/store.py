@@ -105,6 +105,15 @@ class BatchStore:
         )  # fmt: skip
         return StoredFile(*row) if row else None
 
+    def files(self, tenant: str) -> list[StoredFile]:
+        """tenant's uploaded files, newest first."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT id, tenant, purpose, filename, bytes, created FROM files "
+                "WHERE tenant = ? ORDER BY created DESC", (tenant,),
+            ).fetchall()  # fmt: skip
+        return [StoredFile(*row) for row in rows]
+
     def file_content(self, tenant: str, file_id: str) -> bytes | None:
         row = self._read_one(
             "SELECT content FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)

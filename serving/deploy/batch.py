@@ -71,7 +71,17 @@ class HandleBatch:
     """serving.api's BatchClient over the Batch deployment's handle."""
 
     FORWARDED = frozenset(
-        {"job", "jobs", "results", "cancel", "add_file", "file", "file_content", "delete_file"}
+        {
+            "job",
+            "jobs",
+            "results",
+            "cancel",
+            "add_file",
+            "file",
+            "files",
+            "file_content",
+            "delete_file",
+        }
     )
 
     def __init__(self, handle: DeploymentHandle) -> None:
@@ -97,6 +107,9 @@ class HandleBatch:
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None:
         return await self._call("file", tenant, file_id)
+
+    async def files(self, tenant: str) -> list[StoredFile]:
+        return await self._call("files", tenant)
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None:
         return await self._call("file_content", tenant, file_id)

@@ -25,11 +25,12 @@ def refused(*lines: str, raw: bytes | None = None) -> str:
 
 
 def test_good_lines_come_back_in_order_with_their_bodies():
-    """Both endpoints' lines parse, blank lines and CRLF endings are harmless."""
-    content = f"{line('a')}\r\n\r\n  \n{line('b', '/v1/completions')}\n".encode()
+    """Both endpoints' lines parse, each with its line number; blank lines, CRLF endings and
+    a byte-order mark are harmless."""
+    content = f"\ufeff{line('a')}\r\n\r\n  \n{line('b', '/v1/completions')}\n".encode()
     assert parse_input(content) == [
-        InputLine("a", "/v1/chat/completions", CHAT),
-        InputLine("b", "/v1/completions", TEXT),
+        InputLine("a", "/v1/chat/completions", CHAT, line=1),
+        InputLine("b", "/v1/completions", TEXT, line=4),
     ]
 
 

@@ -293,3 +293,12 @@ def test_another_tenants_batches_and_files_read_as_unknown(served):
     theirs, never = done.output_file_id, never_file + "-output"
     assert unknown(them.files.content, theirs) == unknown(them.files.content, never)
     assert c.files.retrieve(file_id).id == file_id
+
+
+def test_files_list_shows_the_tenants_own_uploads(served):
+    """files.list: the key's tenant's uploads, newest first; another tenant's are not there."""
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": body})
+    uploaded = client(served).files.create(file=("mine.jsonl", line.encode()), purpose="batch")
+    assert client(served).files.list().data[0].id == uploaded.id
+    assert uploaded.id not in {f.id for f in client(served, GLOBEX).files.list().data}

@@ -14,7 +14,6 @@ A BatchStore is safe to share between threads (one connection under a lock).
 from __future__ import annotations
 
 import json
-import secrets
 import sqlite3
 import threading
 import time
@@ -22,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from serving.batch.files import FileTable, new_id
 from serving.batch.records import (
     CANCELLED,
     DONE,
@@ -33,7 +33,6 @@ from serving.batch.records import (
     ItemResult,
     Job,
     NewItem,
-    StoredFile,
 )
 
 BUSY_TIMEOUT_MS = 30_000
@@ -69,7 +68,7 @@ class BatchStoreError(RuntimeError):
     """A batch database that cannot be opened or used; the message names its path."""
 
 
-class BatchStore:
+class BatchStore(FileTable):
     """Jobs, items and files in one SQLite file (or in memory)."""
 
     def __init__(self, url: str) -> None:
@@ -87,44 +86,6 @@ class BatchStore:
                 self._db.execute(f"PRAGMA {pragma}")
             self._db.executescript(_SCHEMA)
 
-    # -- files ---------------------------------------------------------------------------
-
-    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes) -> StoredFile:
-        """Store an uploaded file; committed on return."""
-        f = StoredFile(_new_id("file-"), tenant, purpose, filename, len(content), time.time())
-        with self._write() as db:
-            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (f.id, tenant, purpose, filename, f.bytes, f.created, content))  # fmt: skip
-        return f
-
-    def file(self, tenant: str, file_id: str) -> StoredFile | None:
-        """tenant's file, None if it has none of that id."""
-        row = self._read_one(
-            "SELECT id, tenant, purpose, filename, bytes, created FROM files "
-            "WHERE id = ? AND tenant = ?", (file_id, tenant),
-        )  # fmt: skip
-        return StoredFile(*row) if row else None
-
-    def files(self, tenant: str) -> list[StoredFile]:
-        """tenant's uploaded files, newest first."""
-        with self._reading() as db:
-            rows = db.execute(
-                "SELECT id, tenant, purpose, filename, bytes, created FROM files "
-                "WHERE tenant = ? ORDER BY created DESC", (tenant,),
-            ).fetchall()  # fmt: skip
-        return [StoredFile(*row) for row in rows]
-
-    def file_content(self, tenant: str, file_id: str) -> bytes | None:
-        row = self._read_one(
-            "SELECT content FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)
-        )
-        return bytes(row[0]) if row else None
-
-    def delete_file(self, tenant: str, file_id: str) -> bool:
-        with self._write() as db:
-            gone = db.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant))
-            return gone.rowcount > 0
-
     # -- jobs ----------------------------------------------------------------------------
 
     def submit(
@@ -134,7 +95,7 @@ class BatchStore:
         """Store a job and all its items, queued; committed before it returns."""
         if not items:
             raise ValueError("a batch needs at least one request")
-        job = Job(_new_id("batch_"), tenant, model, api, endpoint, len(items), 0, 0,
+        job = Job(new_id("batch_"), tenant, model, api, endpoint, len(items), 0, 0,
                   time.time(), input_file_id=input_file_id, metadata=dict(metadata or {}))  # fmt: skip
         with self._write() as db:
             seq = db.execute(
@@ -299,10 +260,6 @@ class BatchStore:
             yield
         except (OSError, sqlite3.Error) as exc:
             raise BatchStoreError(f"batch store {self.path}: cannot {action} it: {exc}") from exc
-
-
-def _new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
 
 
 def _seq(db: sqlite3.Connection, tenant: str, job_id: str) -> int | None:

@@ -83,8 +83,13 @@ class Feeder:
                 task.add_done_callback(self._done)
             if not items:
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), IDLE_POLL_S)
+                # Not wait_for: before Python 3.12 it swallows a cancel (stop()) that arrives
+                # as the event is set (a running item ending), and feeding would never stop.
+                waiting = loop.create_task(self._wake.wait())
+                try:
+                    await asyncio.wait((waiting,), timeout=IDLE_POLL_S)
+                finally:
+                    waiting.cancel()
 
     def _done(self, task: asyncio.Task) -> None:
         self.running.discard(task)

@@ -6,7 +6,7 @@ The same config, app (serving.api.create_app) and engine (serving.deploy.engine_
 `loraserve serve`, but the routes call the engine in this process (LocalGenerator) instead
 of going through Ray Serve's HTTP proxy and replica handles: the difference between the two
 rows in bench/serve.py's table is what those hops cost. Batches are stored in batch.store and
-fed in this process (bench/batch.py). Stops on SIGINT/SIGTERM (uvicorn's own handlers), then
+fed in this process (bench/batch.py); usage goes to usage.store under the config's limits. Stops on SIGINT/SIGTERM (uvicorn's own handlers), then
 stops the engine.
 """
 
@@ -18,10 +18,13 @@ import uvicorn
 
 from serving.api import LocalGenerator, create_app, settings_from_config
 from serving.api.batch_client import LocalBatch
+from serving.api.tenancy import LocalTenancy
 from serving.batch.store import BatchStore
 from serving.config import load_config
 from serving.deploy.app import publish_preloads
 from serving.deploy.engine_setup import build_engine
+from serving.usage.service import Tenancy, limits_from_config
+from serving.usage.store import UsageStore
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     settings.ready.set()
     batch = LocalBatch(BatchStore(cfg.batch.store), max_in_flight=cfg.batch.max_in_flight,
                        ttl_s=cfg.batch.ttl_hours * 3600)  # fmt: skip
-    app = create_app(generator, settings, batch=batch)
+    tenancy = LocalTenancy(Tenancy(UsageStore(cfg.usage.store), limits_from_config(cfg.limits)))
+    app = create_app(generator, settings, tenancy, batch)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

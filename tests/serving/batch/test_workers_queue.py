@@ -105,3 +105,15 @@ def test_a_payload_over_the_batch_limit_is_refused_with_the_limit(served):
     assert r.status_code == 413
     message = r.json()["errors"][0]["message"]
     assert "0.0625 MiB" in message and "batch.max_payload_mb" in message
+
+
+def test_a_too_long_prompt_fails_its_item_only(served):
+    long = " ".join(["word"] * 400)  # far beyond the served max_model_len of 96 tokens
+    items = [{"prompt": "short", "max_tokens": 2, "temperature": 0}, {"prompt": long, "raw": True}]
+    r = post(served, {"requests": items}, queue=True)
+    result = wait_done(served, r.json()["result"]["request_id"])
+    ok, bad = result["responses"]
+    assert ok["success"] and not bad["success"]
+    direct = post(served, items[1])
+    assert direct.status_code == 400
+    assert bad["errors"] == [{"code": 400, "message": direct.json()["errors"][0]["message"]}]

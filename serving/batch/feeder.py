@@ -3,7 +3,9 @@
 It keeps at most max_in_flight items running, so the store, not the engine's queue, holds the
 backlog, and the items it runs (at the scheduler's batch priority, which is the runner's to
 set) only use capacity interactive requests leave. Each result is committed to the store as
-its item ends; a runner that raises fails that item alone, with a 500. On start it puts back
+its item ends. A failure the item is not to blame for (a full queue, a lost replica, a runner
+that raises) puts it back in the queue, up to MAX_ATTEMPTS runs; any other failure is that
+item's result alone. On start it puts back
 the items a dead process left running, and every sweep_s it deletes what has outlived
 batch.ttl_hours. Committed results are then handed to on_result (usage metering), after the
 commit, so a crash between the two loses a usage record rather than counting one twice.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -26,6 +29,9 @@ Runner = Callable[[Item], Awaitable[ItemResult]]
 ResultHook = Callable[[Item, ItemResult], Awaitable[None]]
 IDLE_POLL_S = 0.5  # how often an idle feeder looks for work that no wake() announced
 SWEEP_S = 600.0
+MAX_ATTEMPTS = 3  # runs of an item that fails transiently before its failure is its result
+RETRY_AFTER_S = 1.0  # a transiently failed item holds its slot this long before its rerun
+STORE_RETRY_S = (0.5, 1, 2, 5, 10)  # waits between tries to commit a result; then every 10 s
 
 
 class Feeder:
@@ -68,6 +74,8 @@ class Feeder:
         loop = asyncio.get_running_loop()
         next_sweep = loop.time()
         while True:
+            # Cleared before the claim: a wake() during it (a submit) is then not lost.
+            self._wake.clear()
             try:
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self.sweep_s
@@ -82,7 +90,6 @@ class Feeder:
                 self.running.add(task)
                 task.add_done_callback(self._done)
             if not items:
-                self._wake.clear()
                 # Not wait_for: before Python 3.12 it swallows a cancel (stop()) that arrives
                 # as the event is set (a running item ending), and feeding would never stop.
                 waiting = loop.create_task(self._wake.wait())
@@ -90,6 +97,17 @@ class Feeder:
                     await asyncio.wait((waiting,), timeout=IDLE_POLL_S)
                 finally:
                     waiting.cancel()
+
+    async def _store(self, call, *args):
+        """call(*args) on the store, retried until it succeeds (a busy or full disk must
+        not leave the item running until a restart) or the feeder stops."""
+        for attempt in itertools.count():
+            try:
+                return await run_in_threadpool(call, *args)
+            except Exception as exc:
+                wait = STORE_RETRY_S[min(attempt, len(STORE_RETRY_S) - 1)]
+                log.error("batch store: %s failed (%s); retrying in %g s", call.__name__, exc, wait)
+                await asyncio.sleep(wait)
 
     def _done(self, task: asyncio.Task) -> None:
         self.running.discard(task)
@@ -100,15 +118,15 @@ class Feeder:
             result = await self.run(item)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            log.exception("batch item %s#%d failed", item.job_id, item.index)
-            result = ItemResult(500, error=f"the item could not be run: {type(exc).__name__}")
-        try:
-            recorded = await run_in_threadpool(self.store.finish, item, result)
-        except Exception as exc:  # left running: it runs again when the feeder restarts
-            log.error("the result of batch item %s#%d was not stored: %s",
-                      item.job_id, item.index, exc)  # fmt: skip
+        except Exception as exc:  # the runner's own failure (a replica that died): transient
+            log.warning("batch item %s#%d could not be run: %s: %s",
+                        item.job_id, item.index, type(exc).__name__, exc)  # fmt: skip
+            result = ItemResult(500, error=f"the item could not be run ({type(exc).__name__})")
+        if result.transient and item.attempt < MAX_ATTEMPTS:
+            await asyncio.sleep(RETRY_AFTER_S)  # holding the slot: a busy server gets a pause
+            await self._store(self.store.release, item)
             return
+        recorded = await self._store(self.store.finish, item, result)
         if recorded and self.on_result is not None:
             try:
                 await self.on_result(item, result)

@@ -31,6 +31,7 @@ class Item:
     endpoint: str  # one of ENDPOINTS
     body: dict
     ref: str | None = None
+    attempt: int = 1  # this run's number: a transient failure is retried a few times
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class ItemResult:
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+    @property
+    def transient(self) -> bool:
+        """A failure the item is not to blame for (a full queue, a lost replica, a store
+        that could not be reached): worth running again."""
+        return self.status in (429, 500, 502, 503, 504)
 
 
 @dataclass(frozen=True)

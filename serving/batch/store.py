@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS items (
     job INTEGER NOT NULL REFERENCES jobs (seq) ON DELETE CASCADE,
     idx INTEGER NOT NULL, ref TEXT, body TEXT NOT NULL, state TEXT NOT NULL,
-    status INTEGER, result TEXT, error TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, status INTEGER, result TEXT, error TEXT,
     prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
     cached_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job, idx)
@@ -119,7 +119,8 @@ class BatchStore(FileTable):
         """tenant's jobs, newest first; after: a job id, to list those older than it."""
         clause, args = "", [tenant]
         if after is not None:
-            clause, args = " AND seq < (SELECT seq FROM jobs WHERE id = ?)", [tenant, after]
+            clause = " AND seq < (SELECT seq FROM jobs WHERE id = ? AND tenant = ?)"
+            args = [tenant, after, tenant]
         with self._reading() as db:
             rows = db.execute(
                 f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ?{clause} "
@@ -162,19 +163,27 @@ class BatchStore(FileTable):
         with self._write() as db:
             rows = db.execute(
                 "SELECT i.job, i.idx, j.id, j.tenant, j.key_id, j.model, j.endpoint, i.body, "
-                "i.ref FROM items i JOIN jobs j ON j.seq = i.job WHERE i.state = ? "
+                "i.ref, i.attempts FROM items i JOIN jobs j ON j.seq = i.job WHERE i.state = ? "
                 "ORDER BY i.idx, i.job LIMIT ?", (QUEUED, n),
             ).fetchall()  # fmt: skip
             now = time.time()
             for seq, idx, *_ in rows:
-                db.execute("UPDATE items SET state = ? WHERE job = ? AND idx = ?",
-                           (RUNNING, seq, idx))  # fmt: skip
+                db.execute("UPDATE items SET state = ?, attempts = attempts + 1 WHERE job = ? "
+                           "AND idx = ?", (RUNNING, seq, idx))  # fmt: skip
                 db.execute("UPDATE jobs SET started = ? WHERE seq = ? AND started IS NULL",
                            (now, seq))  # fmt: skip
         return [
-            Item(job_id, idx, tenant, key_id, model, endpoint, json.loads(body), ref)
-            for _, idx, job_id, tenant, key_id, model, endpoint, body, ref in rows
+            Item(job_id, idx, tenant, key_id, model, endpoint, json.loads(body), ref, tries + 1)
+            for _, idx, job_id, tenant, key_id, model, endpoint, body, ref, tries in rows
         ]
+
+    def release(self, item: Item) -> bool:
+        """Put a running item back in the queue (a transient failure: it runs again)."""
+        with self._write() as db:
+            return db.execute(
+                "UPDATE items SET state = ? WHERE idx = ? AND state = ? AND job = "
+                "(SELECT seq FROM jobs WHERE id = ?)", (QUEUED, item.index, RUNNING, item.job_id),
+            ).rowcount > 0  # fmt: skip
 
     def finish(self, item: Item, result: ItemResult) -> bool:
         """Commit item's result and its job's counts; False (and nothing written) when the
@@ -204,8 +213,15 @@ class BatchStore(FileTable):
         return True
 
     def requeue_running(self) -> int:
-        """Put back every running item (its runner died before committing); how many."""
+        """Put back every running item (its runner died before committing); how many. A
+        cancelled job's are dropped instead, as its queued ones were."""
         with self._write() as db:
+            cancelled = db.execute(
+                "UPDATE items SET state = ? WHERE state = ? AND job IN (SELECT seq FROM jobs "
+                "WHERE cancelling IS NOT NULL) RETURNING job", (CANCELLED, RUNNING),
+            ).fetchall()  # fmt: skip
+            for seq in {row[0] for row in cancelled}:
+                _close_if_ended(db, seq, time.time())
             return db.execute(
                 "UPDATE items SET state = ? WHERE state = ?", (QUEUED, RUNNING)
             ).rowcount

@@ -2,10 +2,12 @@
 runner that raises, a stop and a restart, and results metered once each."""
 
 import asyncio
+from collections import Counter
 
 import pytest
 
-from serving.batch.feeder import Feeder
+from serving.batch import feeder as feeder_module
+from serving.batch.feeder import MAX_ATTEMPTS, Feeder
 from serving.batch.records import DONE, FAILED, QUEUED, RUNNING, WORKERS_AI, ItemResult, NewItem
 from serving.batch.store import BatchStore
 
@@ -67,11 +69,16 @@ def test_never_more_than_max_in_flight_items_run_at_once(store):
     assert (done.completed, done.failed, done.completion_tokens) == (30, 0, sum(range(1, 31)))
 
 
-def test_a_runner_that_raises_fails_its_item_alone(store):
+def test_a_runner_that_raises_fails_its_item_alone_after_its_retries(store, monkeypatch):
+    """A runner that raises is taken as transient: the item runs again, MAX_ATTEMPTS times in
+    all, then fails alone with the exception's type; the other items are untouched."""
+    monkeypatch.setattr(feeder_module, "RETRY_AFTER_S", 0.0)
     prompts = ["a", "boom", "c", "d", "boom", "f"]
     job = submit(store, prompts)
+    runs = Counter()
 
     async def run(item):
+        runs[item.index] += 1
         await asyncio.sleep(0)
         if item.body["prompt"] == "boom":
             raise ValueError("the runner broke")
@@ -88,11 +95,12 @@ def test_a_runner_that_raises_fails_its_item_alone(store):
     assert [r.state for r in records] == [DONE, FAILED, DONE, DONE, FAILED, DONE]
     for r in records:
         if r.state == FAILED:  # the exception's type only: its text may hold anything
-            assert r.result == ItemResult(500, error="the item could not be run: ValueError")
+            assert r.result == ItemResult(500, error="the item could not be run (ValueError)")
         else:
             assert r.result.body == {"response": prompts[r.index].upper()}
     job = store.job("acme", job.id)
     assert (job.completed, job.failed, job.state) == (4, 2, "done")
+    assert runs == {0: 1, 1: MAX_ATTEMPTS, 2: 1, 3: 1, 4: MAX_ATTEMPTS, 5: 1}
 
 
 def test_items_running_at_stop_stay_running_and_the_next_feeder_finishes_them(store, tmp_path):
@@ -188,3 +196,30 @@ def test_stop_ends_the_feeder_when_a_wake_lands_with_the_cancel(store):
         assert feeder._task.cancelled()
 
     asyncio.run(main())
+
+
+def test_a_busy_server_puts_the_item_back_rather_than_failing_it(store, monkeypatch):
+    """A 429 or 503 (the server's queue full, a store unreachable) is no result: the item
+    goes back to the queue and its next run's answer is the one committed and metered."""
+    monkeypatch.setattr(feeder_module, "RETRY_AFTER_S", 0.0)
+    job = submit(store, ["a", "b"])
+    runs, metered = Counter(), []
+
+    async def run(item):
+        runs[item.index] += 1
+        if item.index == 1 and runs[1] < MAX_ATTEMPTS:
+            return ItemResult(429 if runs[1] == 1 else 503, error="busy")
+        return answer(item)
+
+    async def meter(item, result):
+        metered.append((item.index, result.status))
+
+    async def main():
+        feeder = Feeder(store, run, max_in_flight=2, ttl_s=TTL_S, on_result=meter)
+        feeder.start()
+        await until(finished(store, job))
+        await feeder.stop()
+
+    asyncio.run(main())
+    assert [r.state for r in store.results("acme", job.id)] == [DONE, DONE]
+    assert runs == {0: 1, 1: MAX_ATTEMPTS} and sorted(metered) == [(0, 200), (1, 200)]

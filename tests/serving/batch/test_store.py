@@ -1,6 +1,7 @@
 """The batch store on a real SQLite file: what a submit commits, the order items are taken in,
 results committed once, cancel, expiry, tenants kept apart, and items a dead feeder left."""
 
+import dataclasses
 import sqlite3
 import time
 
@@ -181,6 +182,21 @@ def test_requeue_running_puts_back_only_unfinished_running_items(store):
     assert states(store, job) == [QUEUED, DONE, QUEUED, QUEUED, QUEUED]
     again = store.claim(10)
     assert [t.index for t in again] == [0, 2, 3, 4]
-    assert again[0] == a and again[1] == c
+    # the same items, each on its second run
+    assert again[0] == dataclasses.replace(a, attempt=2)
+    assert again[1] == dataclasses.replace(c, attempt=2)
     assert store.requeue_running() == 4
     assert store.results("acme", job.id)[1].result == ok(5)
+
+
+def test_a_cancelled_jobs_running_items_are_dropped_not_rerun_after_a_crash(store):
+    """Cancel keeps running items to finish; if their feeder dies instead, the restart drops
+    them as the cancel dropped the queued ones, and the job ends cancelled."""
+    job = submit(store, 4)
+    first, _still_running = store.claim(2)
+    store.finish(first, ok(1))
+    store.cancel("acme", job.id)
+    assert store.job("acme", job.id).state == "cancelling"
+    assert store.requeue_running() == 0
+    assert states(store, job) == [DONE, CANCELLED, CANCELLED, CANCELLED]
+    assert store.job("acme", job.id).state == "cancelled" and store.claim(5) == []

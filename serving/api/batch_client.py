@@ -8,14 +8,24 @@ serving.deploy wraps its handle in the same protocol.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from starlette.concurrency import run_in_threadpool
 
+from serving.api.errors import ApiError
 from serving.batch.feeder import Feeder, ResultHook, Runner
 from serving.batch.records import ItemRecord, Job, NewItem, StoredFile
-from serving.batch.store import BatchStore
+from serving.batch.store import BatchStore, BatchStoreError
+
+log = logging.getLogger("loraserve.batch")
+UNREACHABLE = "the batch store cannot be reached now; retry shortly"
+
+
+def store_unreachable() -> ApiError:
+    """The 503 of a batch call whose store failed (a full disk, a restarting replica)."""
+    return ApiError(503, UNREACHABLE, headers={"Retry-After": "1"})
 
 
 class BatchClient(Protocol):
@@ -76,8 +86,7 @@ class LocalBatch:
             self.feeder = None
 
     async def submit(self, **job) -> Job:
-        self.start()
-        submitted = await run_in_threadpool(lambda: self.store.submit(**job))
+        submitted = await self._call(lambda: self.store.submit(**job))
         if self.feeder is not None:
             self.feeder.wake()
         return submitted
@@ -86,8 +95,7 @@ class LocalBatch:
         return await self._call(self.store.job, tenant, job_id)
 
     async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]:
-        self.start()
-        return await run_in_threadpool(lambda: self.store.jobs(tenant, limit=limit, after=after))
+        return await self._call(lambda: self.store.jobs(tenant, limit=limit, after=after))
 
     async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
         return await self._call(self.store.results, tenant, job_id)
@@ -112,7 +120,11 @@ class LocalBatch:
 
     async def _call(self, method: Callable, *args):
         self.start()
-        return await run_in_threadpool(method, *args)
+        try:
+            return await run_in_threadpool(method, *args)
+        except BatchStoreError as exc:
+            log.error("batch store call failed: %s", exc)
+            raise store_unreachable() from None
 
 
 def memory_batch(max_in_flight: int = 8, ttl_s: float = 72 * 3600) -> LocalBatch:

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from serving.api.errors import ApiError, describe_validation
-from serving.api.schemas import ChatCompletionRequest, CompletionRequest
+from serving.api.schemas import MAX_BATCH_ITEMS, ChatCompletionRequest, CompletionRequest, unicode
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
@@ -41,7 +41,10 @@ def parse_input(content: bytes) -> list[InputLine]:
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"the file is not UTF-8 text (byte {exc.start})") from None
     lines, problems, seen = [], [], set()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Not splitlines(): it also splits at U+2028 and other separators that JSON strings may
+    # hold unescaped, so a valid file would be cut inside its lines.
+    for number, raw in enumerate(text.split("\n"), start=1):
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         try:
@@ -58,12 +61,17 @@ def parse_input(content: bytes) -> list[InputLine]:
         raise ApiError(400, "; ".join(problems[:MAX_REPORTED] + tail))
     if not lines:
         raise ApiError(400, "the batch file has no requests")
+    if len(lines) > MAX_BATCH_ITEMS:
+        raise ApiError(400, f"the batch file has {len(lines)} requests, more than the "
+                            f"{MAX_BATCH_ITEMS} one batch may hold; split it")  # fmt: skip
     return lines
 
 
 def _line(raw: str) -> InputLine:
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise ValueError("the JSON nests too deeply") from None
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -74,6 +82,10 @@ def _line(raw: str) -> InputLine:
     custom_id, url, body = data.get("custom_id"), data.get("url"), data.get("body")
     if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID:
         raise ValueError(f"custom_id must be a string of 1-{MAX_CUSTOM_ID} characters")
+    try:
+        unicode(custom_id)  # a lone surrogate could be stored nowhere
+    except ValueError as exc:
+        raise ValueError(f"custom_id: {exc}") from None
     if data.get("method") != "POST":
         raise ValueError('method must be "POST"')
     if url not in BODIES:
@@ -84,6 +96,8 @@ def _line(raw: str) -> InputLine:
         raise ValueError("body.stream is not supported in a batch")
     try:
         BODIES[url].model_validate(body)
+    except RecursionError:
+        raise ValueError("body: the JSON nests too deeply") from None
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
         raise ValueError(f"body: {describe_validation(RequestValidationError(errors))}") from None

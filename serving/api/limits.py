@@ -11,9 +11,13 @@ anyway), so the count is never bypassed by a route that reads in its own way.
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.errors import send_error
+
+TRUE = frozenset({"1", "true", "on", "yes", "y", "t"})
 
 
 class BodyLimit:
@@ -61,8 +65,11 @@ def _is_batch_payload(scope: Scope) -> bool:
     path = scope.get("path", "")
     if path == "/v1/files":
         return True
-    query = scope.get("query_string", b"").decode("latin-1").lower()
-    return path.startswith("/ai/run/") and "queuerequest=true" in query
+    if not path.startswith("/ai/run/"):
+        return False
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    # the values FastAPI reads as true for the route's bool parameter
+    return any(v.lower() in TRUE for v in query.get("queueRequest", ()))
 
 
 def _content_length(scope: Scope) -> int | None:

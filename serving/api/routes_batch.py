@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
@@ -16,6 +17,7 @@ from serving.api.batch_format import file_lines, job_of_file, openai_batch, outp
 from serving.api.batch_input import parse_input
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
+from serving.api.schemas import Text
 from serving.batch.records import OPENAI, NewItem, StoredFile
 
 router = APIRouter(tags=["OpenAI Batch"])
@@ -29,10 +31,12 @@ class BatchCreate(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input_file_id: str = Field(..., description="A file uploaded with purpose batch.")
+    input_file_id: Text = Field(..., description="A file uploaded with purpose batch.")
     endpoint: Endpoint = Field(..., description="The route every line's body is for.")
     completion_window: Literal["24h"] = Field("24h", description="Only 24h is offered.")
-    metadata: dict[str, str] | None = Field(None, description="Up to 16 key-value pairs.")
+    metadata: (
+        dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=512)]] | None
+    ) = Field(None, description="Up to 16 key-value pairs.")
 
 
 @router.post("/v1/files", summary="Upload a batch input file (JSONL)")
@@ -43,7 +47,8 @@ async def upload_file(
     if purpose != "batch":
         raise ApiError(400, f"purpose {quoted(purpose)} is not supported; only 'batch' is")
     content = await file.read()
-    parse_input(content)  # refused now, line by line, rather than at batch time
+    # Refused now, line by line, rather than at batch time; off the event loop (10 MiB).
+    await run_in_threadpool(parse_input, content)
     stored = await ctx.batch.add_file(caller.tenant, purpose, file.filename or "batch.jsonl",
                                       content)  # fmt: skip
     return _file_object(stored)
@@ -86,7 +91,7 @@ async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller):
     content = await ctx.batch.file_content(caller.tenant, body.input_file_id)
     if content is None:
         raise ApiError(404, f"unknown file {quoted(body.input_file_id)}")
-    lines = parse_input(content)
+    lines = await run_in_threadpool(parse_input, content)
     wrong = [line for line in lines if line.url != body.endpoint]
     if wrong:
         raise ApiError(400, f"line {wrong[0].line} of the file is for {wrong[0].url}, "

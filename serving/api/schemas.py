@@ -14,9 +14,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_BATCH_ITEMS = 50_000  # requests in one batch; a larger job is split by its sender
 
 
-def _unicode(text: str) -> str:
+def unicode(text: str) -> str:
     # JSON may escape a lone surrogate ("\ud800"), which no tokenizer, file or log can encode.
     try:
         text.encode("utf-8")
@@ -28,7 +29,7 @@ def _unicode(text: str) -> str:
     return text
 
 
-Text = Annotated[str, AfterValidator(_unicode)]  # every string a body may carry
+Text = Annotated[str, AfterValidator(unicode)]  # every string a body may carry
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=0)]
@@ -128,8 +129,9 @@ class WorkersAIRequest(_WorkersBody):
     (`requests`); or the poll of a queued batch (`request_id` alone)."""
 
     requests: list[QueuedItem] | None = Field(
-        None, description="With ?queueRequest=true: the requests of a batch to queue."
-    )
+        None, max_length=MAX_BATCH_ITEMS,
+        description="With ?queueRequest=true: the requests of a batch to queue.",
+    )  # fmt: skip
     request_id: Text | None = Field(None, description="Poll the queued batch of this id.")
 
     def _other_form(self) -> bool:

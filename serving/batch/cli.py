@@ -123,11 +123,12 @@ def _read_requests(path: Path) -> tuple[list[dict], list[int]]:
     """The JSON objects of path's non-blank lines and their line numbers; fails naming
     every malformed line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         _fail(f"cannot read {path}: {exc}")
     requests, numbers, problems = [], [], []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Not splitlines(): JSON strings may hold U+2028 and other separators it would cut at.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         parsed = _parse_line(line)

@@ -12,9 +12,12 @@ its result is committed. On (re)start it requeues the items a dead replica left 
 from __future__ import annotations
 
 from ray import serve
+from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from serving.api.batch_client import LocalBatch
+from serving.api.batch_client import LocalBatch, store_unreachable
+from serving.api.errors import ApiError
 from serving.batch.records import Item, ItemRecord, ItemResult, Job, StoredFile
 from serving.batch.store import BatchStore
 from serving.deploy.tenancy import HEAD_NODE
@@ -88,7 +91,7 @@ class HandleBatch:
         self.handle = handle
 
     async def submit(self, **job) -> Job:
-        return await self.handle.submit.remote(job)
+        return await self._reach(self.handle.submit.remote(job))
 
     async def job(self, tenant: str, job_id: str) -> Job | None:
         return await self._call("job", tenant, job_id)
@@ -118,4 +121,17 @@ class HandleBatch:
         return await self._call("delete_file", tenant, file_id)
 
     async def _call(self, method: str, *args, **kwargs):
-        return await self.handle.call.remote(method, args, kwargs)
+        return await self._reach(self.handle.call.remote(method, args, kwargs))
+
+    @staticmethod
+    async def _reach(response):
+        """The Batch replica's answer; 503 while it is unreachable (restarting, its store
+        failing), the replica's own ApiError (a 503 too) as it was raised."""
+        try:
+            return await response
+        except RayTaskError as exc:
+            if isinstance(exc.cause, ApiError):
+                raise exc.cause from None
+            raise store_unreachable() from None
+        except (RayError, RayServeException):
+            raise store_unreachable() from None

@@ -82,3 +82,26 @@ def test_bytes_that_are_not_utf8_are_refused_with_their_offset():
     assert refused(raw=line().encode() + b"\n\xff") == (
         f"the file is not UTF-8 text (byte {len(line()) + 1})"
     )
+
+
+def test_line_separators_inside_json_strings_do_not_cut_a_line():
+    """U+2028, U+2029 and U+0085 may stand unescaped in JSON strings; they are no line ends."""
+    body = {"model": "demo", "messages": [{"role": "user", "content": "a\u2028b\u2029c\x85d"}]}
+    text = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": body},
+                      ensure_ascii=False)  # fmt: skip
+    (parsed,) = parse_input(text.encode())
+    assert parsed.body == body and parsed.line == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"custom_id": "\\ud800", "method": "POST", "url": "/v1/completions", "body": {}}',
+         "line 1: custom_id: the text holds a lone surrogate"),
+        ("[" * 100_000, "line 1: the JSON nests too deeply"),
+    ],
+)  # fmt: skip
+def test_text_no_store_can_hold_is_refused_as_a_bad_line(raw, message):
+    with pytest.raises(ApiError) as caught:
+        parse_input(raw.encode())
+    assert caught.value.status == 400 and caught.value.message.startswith(message)

@@ -117,3 +117,25 @@ def test_a_too_long_prompt_fails_its_item_only(served):
     direct = post(served, items[1])
     assert direct.status_code == 400
     assert bad["errors"] == [{"code": 400, "message": direct.json()["errors"][0]["message"]}]
+
+
+@pytest.mark.parametrize(
+    ("query", "limit"), [("queueRequest=1", "batch"), ("x=queuerequest=true", "body")]
+)
+def test_the_batch_limit_applies_to_exactly_the_queued_form(served, query, limit):
+    """?queueRequest=1 is queued (FastAPI reads it as true), so it has the batch limit; a
+    query that merely contains the words is an ordinary request with the ordinary limit."""
+    big = "x" * (70 * 1024)  # over the 64 KiB batch limit, under the 1 MiB body limit
+    r = httpx.post(f"{served.url}/ai/run/{MODEL_ID}?{query}", json={"requests": [{"prompt": big}]},
+                   headers=AUTH, timeout=60)  # fmt: skip
+    if limit == "batch":
+        assert r.status_code == 413 and "batch.max_payload_mb" in r.text
+    else:
+        assert r.status_code == 400 and "?queueRequest=true" in r.text
+
+
+def test_metadata_that_is_not_unicode_text_is_refused(served):
+    raw = b'{"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "metadata": {"k": "\\ud800"}}'
+    r = httpx.post(f"{served.url}/v1/batches", content=raw, timeout=30,
+                   headers={**AUTH, "content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]

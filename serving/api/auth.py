@@ -14,6 +14,7 @@ Each key has a public id (`key-` and 12 hex digits of its SHA-256) that usage is
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import os
@@ -134,7 +135,11 @@ class KeyRing:
     def __init__(self, keys: Mapping[str, Principal]) -> None:
         # Compare fixed-length digests, every one of them, so neither the position of the
         # first differing byte nor which key matched shows in the time taken.
-        self._entries = [(_digest(k), p) for k, p in keys.items()]
+        # Each principal carries its key's public id, however it was built.
+        self._entries = [
+            (_digest(k), p if p.key_id else dataclasses.replace(p, key_id=key_id(k)))
+            for k, p in keys.items()
+        ]
 
     @property
     def open(self) -> bool:
@@ -144,6 +149,10 @@ class KeyRing:
     def secret(self) -> bytes:
         """Bytes only the holders of the keys can compute, alike in every process."""
         return hashlib.sha256(b"".join(sorted(d for d, _ in self._entries))).digest()
+
+    def holder(self, key_id: str) -> Principal | None:
+        """The caller whose key has this public id (see key_id), None if no key has."""
+        return next((p for _, p in self._entries if p.key_id == key_id), None)
 
     def lookup(self, key: str) -> Principal | None:
         presented, found = _digest(key), None

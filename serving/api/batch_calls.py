@@ -15,10 +15,11 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message
+from starlette.types import Message
 
-from serving.api.auth import PRINCIPAL, Principal
+from serving.api.auth import PRINCIPAL, KeyRing, Principal
 from serving.batch.records import Item, ItemResult
 from serving.usage.store import UsageRecord
 
@@ -42,8 +43,25 @@ def item_path(item: Item) -> str:
     return f"/ai/run/{item.model}" if item.endpoint == "/ai/run" else item.endpoint
 
 
-async def run_item(app: ASGIApp, item: Item) -> ItemResult:
-    """item's answer from app's route for it: the JSON body and its status, and the usage."""
+REVOKED = "the API key that submitted this batch is no longer valid"
+
+
+def item_caller(ring: KeyRing, item: Item) -> Principal | None:
+    """Who an item runs as: the submitting key's holder as the keys stand now (its scope
+    included), None once that key is gone; on a keyless server, its one admin."""
+    if ring.open:
+        return Principal(item.tenant, "admin", item.key_id)
+    holder = ring.holder(item.key_id)
+    return holder if holder is not None and holder.tenant == item.tenant else None
+
+
+async def run_item(app: FastAPI, item: Item) -> ItemResult:
+    """item's answer from app's route for it: the JSON body and its status, and the usage.
+
+    app is the FastAPI app: its state holds the key ring."""
+    caller = item_caller(app.state.keys, item)
+    if caller is None:  # a revoked key's queued items do not run on
+        return ItemResult(401, error=REVOKED)
     body = json.dumps({**item.body, "stream": False}).encode()
     call = BatchCall()
     path = item_path(item)
@@ -53,7 +71,7 @@ async def run_item(app: ASGIApp, item: Item) -> ItemResult:
         "root_path": "", "client": None, "server": None,
         "headers": [(b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode())],
-        "state": {PRINCIPAL: Principal(item.tenant, "user", item.key_id), BATCH_CALL: call},
+        "state": {PRINCIPAL: caller, BATCH_CALL: call},
     }  # fmt: skip
     sent = [False]
     status, chunks = [500], []

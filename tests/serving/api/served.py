@@ -19,7 +19,7 @@ from adapters.names import OPERATOR
 from adapters.registry import Registry
 from adapters.slab import AdapterSlab
 from serving.api import AppSettings, LocalGenerator, create_app
-from serving.api.auth import Principal
+from serving.api.auth import Principal, key_id
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.model.checkpoint import load_state_dict
@@ -36,9 +36,9 @@ CHAT_TEMPLATE = (
 )
 ADMIN, ACME, GLOBEX = "admin-key-0123", "acme-key-4567", "globex-key-89ab"
 KEYS = {
-    ADMIN: Principal("ops", "admin"),
-    ACME: Principal("acme", "user"),
-    GLOBEX: Principal("globex", "user"),
+    ADMIN: Principal("ops", "admin", key_id(ADMIN)),
+    ACME: Principal("acme", "user", key_id(ACME)),
+    GLOBEX: Principal("globex", "user", key_id(GLOBEX)),
 }
 
 

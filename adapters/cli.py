@@ -24,9 +24,10 @@ from rich.table import Table
 from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError
 from adapters.format import load_adapter
+from adapters.http_json import DEFAULT_SERVER, RemoteError
 from adapters.names import validate_name, validate_tenant
 from adapters.registry import Registry
-from adapters.remote import DEFAULT_SERVER, RemoteCatalogue, RemoteError
+from adapters.remote import RemoteCatalogue
 
 DEFAULT_TENANT = "default"
 

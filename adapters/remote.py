@@ -16,16 +16,9 @@ from urllib.parse import quote
 import httpx
 
 from adapters.format import Adapter
+from adapters.http_json import KEY_VAR, TIMEOUT, RemoteError, call_json
 from adapters.registry import Entry
 from adapters.sources import CONFIG, WEIGHTS
-
-KEY_VAR = "LORASERVE_API_KEY"
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-TIMEOUT = httpx.Timeout(60.0, write=600.0)  # uploads of large adapters take a while to send
-
-
-class RemoteError(Exception):
-    """A request the server refused or that could not reach it; the message is one line."""
 
 
 class RemoteCatalogue:
@@ -79,20 +72,7 @@ class RemoteCatalogue:
         return _entry(body)
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
-        try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"cannot reach the server at {self.url}: {exc}") from None
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if response.is_success and isinstance(body, dict):
-            return body
-        message = _error_message(body) or f"the server answered HTTP {response.status_code}"
-        if response.status_code == 401 and not self.key:
-            message += f" (set {KEY_VAR})"
-        raise RemoteError(message)
+        return call_json(self._client, method, path, key=self.key, **kwargs)
 
 
 class _Counted(io.BytesIO):
@@ -115,19 +95,6 @@ def _path(name: str) -> str:
 
 def _query(tenant: str | None) -> dict[str, str]:
     return {} if tenant is None else {"tenant": tenant}
-
-
-def _error_message(body: object) -> str | None:
-    """The message of an OpenAI-style or Workers-AI-style error body."""
-    if not isinstance(body, dict):
-        return None
-    error = body.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
-    errors = body.get("errors")
-    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
-        return str(errors[0].get("message"))
-    return None
 
 
 def _entry(data: dict) -> Entry:

@@ -23,10 +23,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-# As adapters.remote has them, which is not imported: it loads torch, which this CLI never needs.
-KEY_VAR = "LORASERVE_API_KEY"
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-TIMEOUT = httpx.Timeout(60.0, write=600.0)  # a batch body may be megabytes
+from adapters.http_json import DEFAULT_SERVER, KEY_VAR, TIMEOUT, RemoteError, call_json
+
 POLL_S = 0.5
 # OpenAI batch statuses after which nothing changes any more.
 FINISHED = ("completed", "cancelled", "failed", "expired")
@@ -75,19 +73,9 @@ class _Server:
         """The JSON answer; a refusal fails with the server's message, passed through
         explain when given."""
         try:
-            response = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            _fail(f"cannot reach the server at {self.url}: {exc}")
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if response.is_success and isinstance(body, dict):
-            return body
-        message = _error_message(body) or f"the server answered HTTP {response.status_code}"
-        if response.status_code == 401 and not self.key:
-            message += f" (set {KEY_VAR})"
-        _fail(explain(message) if explain else message)
+            return call_json(self.client, method, path, key=self.key, **kwargs)
+        except RemoteError as exc:
+            _fail(explain(str(exc)) if explain else str(exc))
 
     def batch(self, batch_id: str) -> dict:
         """The OpenAI batch object of batch_id."""
@@ -97,22 +85,6 @@ class _Server:
 def _client(url: str, headers: dict[str, str]) -> httpx.Client:
     """The HTTP client every command uses (a seam for tests to give it a transport)."""
     return httpx.Client(base_url=url, headers=headers, timeout=TIMEOUT)
-
-
-def _error_message(body: object) -> str | None:
-    """The message of an OpenAI-style or Workers-AI-style error body."""
-    if not isinstance(body, dict):
-        return None
-    error = body.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
-    errors = body.get("errors")
-    if isinstance(errors, list):
-        messages = [str(e.get("message")) for e in errors if isinstance(e, dict)]
-        return "; ".join(messages) or None
-    if isinstance(body.get("detail"), str):  # a framework error that bypassed the API's shapes
-        return body["detail"]
-    return None
 
 
 def _model_path(model: str) -> str:

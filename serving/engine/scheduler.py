@@ -10,7 +10,10 @@ waiting one gets admitted when the budgets allow:
            to be recomputed (its tokens are kept, so its output does not change)
   adapters at most max_loras distinct adapters among the running sequences
 Order: interactive before batch, first come first served within a class; a waiting
-request ages one class per `aging_steps` steps, so batch work is never starved. A
+request ages one class per `aging_steps` steps, so batch work is never starved. The step
+that admits a request of a higher class than some running ones leaves those out (they keep
+their KV and go on next step): an interactive request's first token then waits for its own
+prefill only, not for a step that also decodes every running batch item. A
 request whose adapter is not resident yet is skipped (its load runs in the
 background) without holding back the requests behind it.
 """
@@ -86,9 +89,12 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[Scheduled] = []
         preempted: list[Sequence] = []
+        urgent = self._urgent_class(budget)
         for seq in sorted(self.running, key=self._rank):
             if seq not in self.running:  # preempted below to make room for an earlier one
                 continue
+            if urgent is not None and self._rank(seq)[0] > urgent:
+                continue  # yields this step to the admission of a higher class
             n = min(seq.num_uncomputed, budget)
             if n == 0:
                 continue
@@ -132,6 +138,29 @@ class Scheduler:
             admitted.append(seq)
             budget -= n
         return admitted
+
+    def _urgent_class(self, budget: int) -> int | None:
+        """The class of the first waiting request that could be admitted this step, when it
+        ranks above some running sequence (which then yields the step to it); else None.
+
+        Only an admission that can happen now counts (a free sequence slot, its adapter
+        resident, its KV free), so lower classes never pause for a request that waits on.
+        """
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return None
+        lowest = max((self._rank(s)[0] for s in self.running), default=None)
+        for seq in sorted(self.waiting, key=self._rank):
+            level = self._rank(seq)[0]
+            if lowest is None or level >= lowest:
+                return None  # nothing running ranks below the best candidate
+            version = seq.request.adapter
+            if version is not None and not self.adapter_ready(version):
+                continue
+            hits = self.blocks.num_prefix_hit_tokens(seq)
+            if self.blocks.can_allocate(seq, hits + min(seq.num_tokens - hits, budget)):
+                return level
+            return None  # FCFS within the queue: no later request is admitted first
+        return None
 
     def _adapter_fits(self, version: str, adapters: set[str]) -> bool:
         """A new adapter may join if a slot is left for it and it is resident already."""

@@ -78,3 +78,39 @@ def test_a_sequence_scheduled_this_step_is_never_the_one_preempted():
     step = s.schedule()
     assert [x.seq for x in step.scheduled] == [a] and step.preempted == [b]
     assert a.block_table and len(a.block_table) == 3
+
+
+def test_running_batch_items_yield_the_step_that_admits_an_interactive_request():
+    s = scheduler()
+    for name in ("b1", "b2"):
+        s.add(seq(name, priority=Priority.BATCH))
+    assert admitted(s) == ["b1", "b2"]
+    for x in list(s.running):
+        s.blocks.mark_computed(x, x.num_uncomputed)  # prefilled: each now decodes a token
+        x.token_ids.append(1)
+    s.add(seq("i1"))
+    assert admitted(s) == ["i1"]  # its prefill alone: its first token waits for nothing else
+    s.blocks.mark_computed(s.running[-1], s.running[-1].num_uncomputed)
+    s.running[-1].token_ids.append(1)
+    assert sorted(admitted(s)) == ["b1", "b2", "i1"]  # and then everything decodes again
+
+
+def test_batch_items_do_not_yield_to_a_request_that_cannot_be_admitted_now():
+    s = scheduler(ready=lambda version: version != "cold@1")
+    s.add(seq("b1", priority=Priority.BATCH))
+    assert admitted(s) == ["b1"]
+    s.blocks.mark_computed(s.running[0], s.running[0].num_uncomputed)
+    s.running[0].token_ids.append(1)
+    s.add(seq("i1", adapter="cold@1"))  # its adapter is still loading
+    assert admitted(s) == ["b1"]
+
+
+def test_aged_batch_items_no_longer_yield():
+    s = scheduler(aging_steps=1)
+    s.add(seq("b1", priority=Priority.BATCH))
+    assert admitted(s) == ["b1"]
+    s.blocks.mark_computed(s.running[0], s.running[0].num_uncomputed)
+    s.running[0].token_ids.append(1)
+    s.schedule()  # a step later b1 has aged into the interactive class
+    s.add(seq("i1"))
+    assert sorted(admitted(s)) == ["b1", "i1"]

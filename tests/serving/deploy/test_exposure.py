@@ -49,7 +49,7 @@ def _config(tmp_path: Path, **server) -> str:
 
 
 def _ingress_keys(app) -> dict:
-    _, keys, _tenancy = app._bound_deployment.init_args
+    _, keys, _tenancy, _batch = app._bound_deployment.init_args
     return keys
 
 

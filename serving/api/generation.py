@@ -5,7 +5,7 @@ awaited) before any response is sent, so a limit, a full queue, an invalid reque
 failed adapter load still gets a proper status code even when the client asked for a
 stream. Leaving early (a client disconnect) closes the generator's stream, which aborts the
 request in the engine. When it ends, its usage is recorded (committed before the answer's
-last byte) and its admission released.
+last byte) and its admission released (serving.api.metering).
 """
 
 from __future__ import annotations
@@ -23,21 +23,14 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from adapters.names import version_label
 from serving.api.auth import Principal
 from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError, error_body
 from serving.api.generator import QueueFull
-from serving.api.tenancy import rate_limited
+from serving.api.metering import RETRY_AFTER_SECONDS, Meter, admit, finish
 from serving.engine.request import GenerateRequest, Priority, RequestOutput, TokenLogprob
-from serving.usage.limits import Admission, RateLimited
-from serving.usage.store import UsageRecord
 
-RETRY_AFTER_SECONDS = 1
-# Admission and usage records wait at most this for the tenancy (a Ray deployment may be
-# restarting): past it a request is refused with 503, and a record is logged as lost.
-TENANCY_TIMEOUT_S = 10.0
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
 log = logging.getLogger("loraserve.api")
 
@@ -53,39 +46,6 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class Meter:
-    """Whose request it is, for its usage record and its admission's release."""
-
-    caller: Principal
-    adapter: str | None  # the qualified version, None for the base model
-    kind: str = "interactive"  # | "batch"
-    admission: Admission | None = None
-    # A batch item's: its record is left here, metered by the feeder after the commit.
-    sink: BatchCall | None = None
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """The x-ratelimit-* headers of the answer."""
-        return dict(self.admission.headers) if self.admission else {}
-
-    def record(self, out: RequestOutput | None) -> UsageRecord | None:
-        """The usage record of a request whose answer carried its usage: one that finished
-        (stop or length); a failed, refused or aborted one is not metered."""
-        if out is None or not out.finished or out.finish_reason == "error":
-            return None
-        return UsageRecord(
-            tenant=self.caller.tenant,
-            key_id=self.caller.key_id,
-            adapter=version_label(self.adapter) if self.adapter else "base",
-            kind=self.kind,
-            prompt_tokens=out.prompt_tokens,
-            cached_tokens=out.cached_tokens,
-            completion_tokens=out.completion_tokens,
-            time=time.time(),
-        )
 
 
 class Generation:
@@ -213,51 +173,6 @@ async def start(
         await gen.aclose()
         raise failed(first)
     return gen
-
-
-async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) -> Admission | None:
-    """caller's tenant's admission for request, reserving its prompt and max_tokens; None
-    when no rate limit applies to the tenant; 429 with OpenAI's headers when one is hit."""
-    if not rate_limited(ctx.settings.limits_of(caller.tenant)):
-        return None
-    # The engine stops a sequence at max_model_len, prompt included: no request uses more.
-    prompt = len(request.prompt_token_ids)
-    tokens = min(prompt + request.sampling.max_tokens, max(ctx.settings.max_model_len, prompt))
-    try:
-        return await asyncio.wait_for(ctx.tenancy.admit(caller.tenant, tokens), TENANCY_TIMEOUT_S)
-    except RateLimited as exc:
-        raise ApiError(
-            429, str(exc), code="rate_limit_exceeded", headers=dict(exc.headers)
-        ) from None
-    except Exception as exc:  # the shared limiter is unreachable (a timeout, a dead replica)
-        log.error("admission of a %s request failed: %s", caller.tenant, exc)
-        raise ApiError(
-            503, "the rate limiter cannot be reached; try again",
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        ) from None  # fmt: skip
-
-
-async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> None:
-    """Record the request's usage (out: its last output; None if it never ran) and release
-    its admission, charging the tokens it used even when it is not metered (a failure, an
-    abort). A store that fails is logged, never the client's error."""
-    used = out.prompt_tokens + out.completion_tokens if out is not None else 0
-    try:
-        # Built inside the try: a record that cannot be built must not keep the admission.
-        record = meter.record(out)
-    except Exception as exc:
-        log.error("usage of a %s request could not be recorded: %s", meter.caller.tenant, exc)
-        record = None
-    if record is not None:  # the metrics count what the store records
-        ctx.metrics.meter(record.tenant, record.kind, record.prompt_tokens,
-                          record.cached_tokens, record.completion_tokens)  # fmt: skip
-    if meter.sink is not None:  # a batch item: no admission, metered after its commit
-        meter.sink.record = record
-        return
-    try:
-        await asyncio.wait_for(ctx.tenancy.finish(meter.admission, record, used), TENANCY_TIMEOUT_S)
-    except Exception as exc:
-        log.error("usage of a %s request was not recorded: %s", meter.caller.tenant, exc)
 
 
 def answer(gen: Generation, content: dict) -> JSONResponse:

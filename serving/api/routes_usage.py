@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Query
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
-from serving.api.generation import TENANCY_TIMEOUT_S
+from serving.api.metering import TENANCY_TIMEOUT_S
 
 log = logging.getLogger("loraserve.api")
 

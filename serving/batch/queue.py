@@ -1,0 +1,96 @@
+"""The feeder's side of the batch store: items taken, put back and finished.
+
+Items move queued -> running -> done | failed; the move to done or failed writes the result
+and the job's counts in one transaction, and only from running, so each item's result is
+committed exactly once however often it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+from serving.batch.records import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Item, ItemResult
+
+
+class ItemQueue:
+    """The feeder's calls of BatchStore, over its connection (_write)."""
+
+    def claim(self, n: int) -> list[Item]:
+        """Up to n queued items, now running, in the feeder's order (see items_queued)."""
+        if n < 1:
+            return []
+        with self._write() as db:
+            rows = db.execute(
+                "SELECT i.job, i.idx, j.id, j.tenant, j.key_id, j.model, j.endpoint, i.body, "
+                "i.ref, i.attempts FROM items i JOIN jobs j ON j.seq = i.job WHERE i.state = ? "
+                "ORDER BY i.idx, i.job LIMIT ?", (QUEUED, n),
+            ).fetchall()  # fmt: skip
+            now = time.time()
+            for seq, idx, *_ in rows:
+                db.execute("UPDATE items SET state = ?, attempts = attempts + 1 WHERE job = ? "
+                           "AND idx = ?", (RUNNING, seq, idx))  # fmt: skip
+                db.execute("UPDATE jobs SET started = ? WHERE seq = ? AND started IS NULL",
+                           (now, seq))  # fmt: skip
+        return [
+            Item(job_id, idx, tenant, key_id, model, endpoint, json.loads(body), ref, tries + 1)
+            for _, idx, job_id, tenant, key_id, model, endpoint, body, ref, tries in rows
+        ]
+
+    def release(self, item: Item) -> bool:
+        """Put a running item back in the queue (a transient failure: it runs again)."""
+        with self._write() as db:
+            return db.execute(
+                "UPDATE items SET state = ? WHERE idx = ? AND state = ? AND job = "
+                "(SELECT seq FROM jobs WHERE id = ?)", (QUEUED, item.index, RUNNING, item.job_id),
+            ).rowcount > 0  # fmt: skip
+
+    def finish(self, item: Item, result: ItemResult) -> bool:
+        """Commit item's result and its job's counts; False (and nothing written) when the
+        item is no longer running: its result is already in, or its job was deleted."""
+        with self._write() as db:
+            row = db.execute("SELECT seq FROM jobs WHERE id = ?", (item.job_id,)).fetchone()
+            if row is None:
+                return False
+            seq = row[0]
+            state = DONE if result.ok else FAILED
+            tokens = (result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+            body = json.dumps(result.body) if result.body is not None else None
+            changed = db.execute(
+                "UPDATE items SET state = ?, status = ?, result = ?, error = ?, prompt_tokens = ?,"
+                " completion_tokens = ?, cached_tokens = ? WHERE job = ? AND idx = ? AND state = ?",
+                (state, result.status, body, result.error, *tokens, seq, item.index, RUNNING),
+            ).rowcount  # fmt: skip
+            if not changed:
+                return False
+            column = "completed" if result.ok else "failed"
+            db.execute(
+                f"UPDATE jobs SET {column} = {column} + 1, prompt_tokens = prompt_tokens + ?, "
+                "completion_tokens = completion_tokens + ?, cached_tokens = cached_tokens + ? "
+                "WHERE seq = ?", (*tokens, seq),
+            )  # fmt: skip
+            close_if_ended(db, seq, time.time())
+        return True
+
+    def requeue_running(self) -> int:
+        """Put back every running item (its runner died before committing); how many. A
+        cancelled job's are dropped instead, as its queued ones were."""
+        with self._write() as db:
+            cancelled = db.execute(
+                "UPDATE items SET state = ? WHERE state = ? AND job IN (SELECT seq FROM jobs "
+                "WHERE cancelling IS NOT NULL) RETURNING job", (CANCELLED, RUNNING),
+            ).fetchall()  # fmt: skip
+            for seq in {row[0] for row in cancelled}:
+                close_if_ended(db, seq, time.time())
+            return db.execute(
+                "UPDATE items SET state = ? WHERE state = ?", (QUEUED, RUNNING)
+            ).rowcount
+
+
+def close_if_ended(db: sqlite3.Connection, seq: int, now: float) -> None:
+    """Mark the job finished once none of its items is queued or running."""
+    db.execute(
+        "UPDATE jobs SET finished = ? WHERE seq = ? AND finished IS NULL AND NOT EXISTS "
+        "(SELECT 1 FROM items WHERE job = ? AND state IN (?, ?))", (now, seq, seq, QUEUED, RUNNING),
+    )  # fmt: skip

@@ -42,6 +42,18 @@ def finished(store, job):
     return lambda: store.job("acme", job.id).finished is not None
 
 
+def feed_to_the_end(store, job, run, **options):
+    """Run a Feeder over store until job has finished, then stop it."""
+
+    async def main():
+        feeder = Feeder(store, run, ttl_s=TTL_S, **options)
+        feeder.start()
+        await until(finished(store, job))
+        await feeder.stop()
+
+    asyncio.run(main())
+
+
 def test_never_more_than_max_in_flight_items_run_at_once(store):
     """The runner never sees more than max_in_flight calls at once, nor the store more items
     running; and the feeder does fill its room (the peak is reached)."""
@@ -57,13 +69,7 @@ def test_never_more_than_max_in_flight_items_run_at_once(store):
         now[0] -= 1
         return answer(item)
 
-    async def main():
-        feeder = Feeder(store, run, max_in_flight=3, ttl_s=TTL_S)
-        feeder.start()
-        await until(finished(store, job))
-        await feeder.stop()
-
-    asyncio.run(main())
+    feed_to_the_end(store, job, run, max_in_flight=3)
     assert peak[0] == 3 and stored_peak[0] == 3
     done = store.job("acme", job.id)
     assert (done.completed, done.failed, done.completion_tokens) == (30, 0, sum(range(1, 31)))
@@ -84,13 +90,7 @@ def test_a_runner_that_raises_fails_its_item_alone_after_its_retries(store, monk
             raise ValueError("the runner broke")
         return answer(item)
 
-    async def main():
-        feeder = Feeder(store, run, max_in_flight=2, ttl_s=TTL_S)
-        feeder.start()
-        await until(finished(store, job))
-        await feeder.stop()
-
-    asyncio.run(main())
+    feed_to_the_end(store, job, run, max_in_flight=2)
     records = store.results("acme", job.id)
     assert [r.state for r in records] == [DONE, FAILED, DONE, DONE, FAILED, DONE]
     for r in records:
@@ -214,12 +214,6 @@ def test_a_busy_server_puts_the_item_back_rather_than_failing_it(store, monkeypa
     async def meter(item, result):
         metered.append((item.index, result.status))
 
-    async def main():
-        feeder = Feeder(store, run, max_in_flight=2, ttl_s=TTL_S, on_result=meter)
-        feeder.start()
-        await until(finished(store, job))
-        await feeder.stop()
-
-    asyncio.run(main())
+    feed_to_the_end(store, job, run, max_in_flight=2, on_result=meter)
     assert [r.state for r in store.results("acme", job.id)] == [DONE, DONE]
     assert runs == {0: 1, 1: MAX_ATTEMPTS} and sorted(metered) == [(0, 200), (1, 200)]

@@ -2,65 +2,35 @@
 each body sent alone, an unknown adapter fails its line only, listing pages, cancelling keeps
 what finished and runs nothing more, and the batch's tokens are metered as batch usage."""
 
-import json
 import time
-from functools import partial
 
 import httpx
 import openai
 import pytest
 
-from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, serve
-
-GREEDY = {"temperature": 0, "max_tokens": 3}
-MODELS = [MODEL_ID, "upper", "rot13", "mlp", f"{MODEL_ID}:rot13"]
-UNKNOWN = "nobody-has-this"
-CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
-TOKENS = ("prompt_tokens", "completion_tokens", "cached_tokens")
+from tests.serving.api.served import ACME, GLOBEX, MODEL_ID
+from tests.serving.batch.openai_batch import (
+    CHAT,
+    GREEDY,
+    MODELS,
+    TEXT,
+    TOKENS,
+    UNKNOWN,
+    chat,
+    client,
+    jsonl,
+    line,
+    read,
+    served_batches,
+    start,
+    wait,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def served(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("openai-batch"), max_batch_bytes=64 * 1024) as s:
+    with served_batches(world, tmp_path_factory.mktemp("openai-batch")) as s:
         yield s
-
-
-def client(served, key=ACME) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.url + "/v1", api_key=key, max_retries=0, timeout=60)
-
-
-def line(custom_id, body, url=CHAT) -> dict:
-    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
-
-
-def jsonl(lines) -> bytes:
-    return "".join(json.dumps(x) + "\n" for x in lines).encode()
-
-
-def chat(model, i, **extra) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": f"say {i}"}], **GREEDY,
-            **extra}  # fmt: skip
-
-
-def start(c, lines, endpoint=CHAT, **kwargs):
-    f = c.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
-    return c.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h",
-                            **kwargs)  # fmt: skip
-
-
-def wait(c, batch_id, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        batch = c.batches.retrieve(batch_id)
-        if batch.status in ("completed", "cancelled"):
-            return batch
-        assert batch.status in ("in_progress", "cancelling"), batch.status
-        time.sleep(0.05)
-    raise AssertionError(f"batch {batch_id} did not finish")
-
-
-def read(c, file_id) -> list[dict]:
-    return [json.loads(x) for x in c.files.content(file_id).text.splitlines()] if file_id else []
 
 
 def test_chat_batch_equals_each_body_alone_and_an_unknown_adapter_fails_its_line(served):
@@ -207,98 +177,3 @@ def test_batch_tokens_are_metered_as_batch_usage(served):
     cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in usages)
     assert after["cached_tokens"] - before["cached_tokens"] == cached
     assert done.usage.output_tokens == sum(u["completion_tokens"] for u in usages)
-
-
-def refusal(call, error=openai.BadRequestError) -> str:
-    with pytest.raises(error) as caught:
-        call()
-    return caught.value.body["message"]
-
-
-def test_an_upload_with_bad_lines_is_refused_naming_each_line(served):
-    """Every malformed line of an upload is named by its number, the good ones are not."""
-    good = line("a", chat(MODEL_ID, 0))
-    bad = [
-        "not json",
-        "[1, 2]",
-        json.dumps({k: v for k, v in good.items() if k != "custom_id"}),
-        json.dumps(good),  # a custom_id already used
-        json.dumps({**good, "custom_id": "b", "url": "/v1/embeddings"}),
-        json.dumps(line("c", {"model": MODEL_ID, "max_tokens": 2})),  # no messages
-        json.dumps(line("d", chat(MODEL_ID, 1, stream=True))),
-        json.dumps({**good, "custom_id": "e", "method": "GET"}),
-    ]
-    content = "\n".join([json.dumps(good), *bad, json.dumps(line("z", chat(MODEL_ID, 2)))])
-    c = client(served)
-    message = refusal(lambda: c.files.create(file=("bad.jsonl", content.encode()),
-                                             purpose="batch"))  # fmt: skip
-    wanted = ["line 2: not JSON", "line 3: not a JSON object", "line 4: custom_id",
-              "line 5: custom_id 'a' is used by an earlier line", "line 6: url",
-              "line 7: body: messages", "line 8: body.stream", "line 9: method"]  # fmt: skip
-    for part in wanted:
-        assert part in message, (part, message)
-    assert "line 1:" not in message and "line 10:" not in message
-
-
-def test_empty_files_other_purposes_and_oversized_files_are_refused(served):
-    """An empty file and a purpose other than batch get a 400; a file over
-    batch.max_payload_mb gets a 413 naming the limit and its setting."""
-    c = client(served)
-    ok = jsonl([line("a", chat(MODEL_ID, 0))])
-    message = refusal(lambda: c.files.create(file=("e.jsonl", b"\n \n"), purpose="batch"))
-    assert "no requests" in message
-    message = refusal(lambda: c.files.create(file=("f.jsonl", ok), purpose="fine-tune"))
-    assert "fine-tune" in message
-    big = jsonl(line(f"r{i}", chat(MODEL_ID, "x" * 1000)) for i in range(100))
-    with pytest.raises(openai.APIStatusError) as caught:
-        c.files.create(file=("big.jsonl", big), purpose="batch")
-    assert caught.value.status_code == 413
-    assert "0.0625 MiB" in caught.value.message and "batch.max_payload_mb" in caught.value.message
-
-
-def test_batches_of_unknown_files_or_another_endpoints_lines_are_refused(served):
-    """batches.create with an unknown file is a 404; with a file whose lines are for
-    another endpoint than the batch's, a 400 naming both."""
-    c = client(served)
-    message = refusal(lambda: c.batches.create(input_file_id="file-000000000000000000000000",
-                                                endpoint=CHAT, completion_window="24h"),
-                      openai.NotFoundError)  # fmt: skip
-    assert "file-000000000000000000000000" in message
-    f = c.files.create(file=("t.jsonl", jsonl([line("a", {"model": MODEL_ID, "prompt": "x"},
-                                                         TEXT)])), purpose="batch")  # fmt: skip
-    message = refusal(lambda: c.batches.create(input_file_id=f.id, endpoint=CHAT,
-                                               completion_window="24h"))  # fmt: skip
-    assert TEXT in message and CHAT in message
-
-
-def test_another_tenants_batches_and_files_read_as_unknown(served):
-    """Through another tenant's key, a batch or file id answers exactly as an id that never
-    existed: retrieve, cancel, content, delete and batches.create all 404 alike; the
-    owner's batch is untouched."""
-    c, them = client(served), client(served, GLOBEX)
-    batch = start(c, [line("a", chat("upper", 0))])
-    file_id, never_batch, never_file = batch.input_file_id, "batch_" + "0" * 24, "file-" + "0" * 24
-
-    def unknown(call, some_id) -> str:
-        return refusal(lambda: call(some_id), openai.NotFoundError).replace(some_id, "ID")
-
-    for call in (them.batches.retrieve, them.batches.cancel):
-        assert unknown(call, batch.id) == unknown(call, never_batch)
-    create = partial(them.batches.create, endpoint=CHAT, completion_window="24h")
-    for call in (them.files.retrieve, them.files.content, them.files.delete,
-                 lambda file_id: create(input_file_id=file_id)):  # fmt: skip
-        assert unknown(call, file_id) == unknown(call, never_file)
-    done = wait(c, batch.id)
-    assert done.status == "completed" and done.request_counts.completed == 1
-    theirs, never = done.output_file_id, never_file + "-output"
-    assert unknown(them.files.content, theirs) == unknown(them.files.content, never)
-    assert c.files.retrieve(file_id).id == file_id
-
-
-def test_files_list_shows_the_tenants_own_uploads(served):
-    """files.list: the key's tenant's uploads, newest first; another tenant's are not there."""
-    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    line = json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": body})
-    uploaded = client(served).files.create(file=("mine.jsonl", line.encode()), purpose="batch")
-    assert client(served).files.list().data[0].id == uploaded.id
-    assert uploaded.id not in {f.id for f in client(served, GLOBEX).files.list().data}

@@ -111,3 +111,20 @@ def test_arrivals_count_by_adapter_name_with_bounded_labels():
         "a": {"resident": 1, "missing": 1},
         "other": {"resident": 1, "missing": 0},
     }
+
+
+def test_the_batch_deployment_takes_no_cpu_on_the_head_and_feeds_every_replica():
+    """One Batch replica with num_cpus 0 on the head node (where batch.store is one file),
+    keeping batch.max_in_flight items running per ModelServer replica."""
+    from serving.deploy.app import bind
+    from serving.deploy.tenancy import HEAD_NODE
+
+    cfg = parse_config({"batch": {"max_in_flight": 3, "ttl_hours": 2},
+                        "deploy": {"num_replicas": 2}})  # fmt: skip
+    *_, batch = bind(cfg, {})._bound_deployment.init_args
+    deployment = batch._bound_deployment
+    assert deployment._deployment_config.num_replicas == 1
+    assert deployment.ray_actor_options["num_cpus"] == 0
+    assert HEAD_NODE in deployment.ray_actor_options["resources"]
+    assert deployment.init_kwargs["max_in_flight"] == 3 * 2
+    assert deployment.init_kwargs["ttl_s"] == 2 * 3600

@@ -56,6 +56,10 @@ class HostCache:
             self._put(version, adapter)
         return adapter, "registry"
 
+    def versions(self) -> list[str]:
+        """The cached versions, least recently used first; call it holding the lock."""
+        return list(self._entries)
+
     def _put(self, version: str, adapter: Adapter) -> None:
         """Cache `adapter` as the most recent and drop the LRU ones beyond capacity."""
         if self.capacity == 0:

@@ -123,6 +123,11 @@ class AdapterSlab:
         with self._lock:
             return dict(self._resident)
 
+    def held_on_host(self) -> list[str]:
+        """The versions in the host (CPU) tier, least recently used first."""
+        with self._lock:
+            return self._host.versions()
+
     def stats(self) -> SlabStats:
         """A snapshot of the counters."""
         with self._lock:

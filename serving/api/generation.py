@@ -23,12 +23,14 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from adapters.names import version_label
 from serving.api.auth import Principal
 from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError, error_body
 from serving.api.generator import QueueFull
 from serving.api.metering import RETRY_AFTER_SECONDS, Meter, admit, finish
+from serving.api.metrics import BASE
 from serving.engine.request import GenerateRequest, Priority, RequestOutput, TokenLogprob
 
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
@@ -131,6 +133,10 @@ class Generation:
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
         )
+        # A batch item's wait is by design; it would only blur the interactive TTFT.
+        ttft = self._ttft if self.meter.kind == "interactive" else None
+        name = version_label(self.meter.adapter) if self.meter.adapter else BASE
+        self._ctx.metrics.recent.add(name, ttft, out.completion_tokens)
 
 
 async def start(

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from adapters.names import version_label
 from serving.api.metrics_views import Relabelled, Summed
+from serving.api.recent import Recent
 from serving.engine.figures import EngineFigures
 
 MAX_ADAPTER_LABELS = 20
@@ -111,6 +112,7 @@ class Metrics:
         )
         self._own = (self.ttft, self.tpot, self.e2e, self.prompt_tokens, self.generation_tokens,
                      self.requests, self.tenant_requests, self.tenant_tokens)  # fmt: skip
+        self.recent = Recent()  # the same requests by their full adapter label, for /v1/stats
         self._engines = _EngineCollector()
         reg.register(self._engines)
 

@@ -170,7 +170,10 @@ class EngineReplica:
         (figures,) = await self.generator.figures()
         metrics = getattr(self, "metrics", None)  # None until the app is built
         api = metrics.samples() if metrics is not None else ()
-        return dataclasses.replace(figures, arrivals=self.arrivals.snapshot(), api=api)
+        recent = metrics.recent.events() if metrics is not None else ()
+        return dataclasses.replace(
+            figures, arrivals=self.arrivals.snapshot(), api=api, recent=recent
+        )
 
     async def ready(self) -> bool:
         """True once the engine is loaded and taking requests, while its step thread runs."""

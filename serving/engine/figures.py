@@ -27,12 +27,16 @@ class EngineFigures:
     spec: dict[str, dict[str, int]] = field(default_factory=dict)
     # the slab's SlabStats as a dict plus num_slots; empty when the engine serves no adapters
     slab: dict[str, float] = field(default_factory=dict)
+    # adapter version -> "slab" (in a device slot) or "host" (in the CPU tier only)
+    residency: dict[str, str] = field(default_factory=dict)
     # adapter label -> {resident, missing}: requests whose adapter was (not) in a slot on
     # arrival, counted by a Ray replica (serving.deploy.arrivals); empty elsewhere
     arrivals: dict[str, dict[str, int]] = field(default_factory=dict)
     # the replica's HTTP app's request metrics (serving.api.metrics.Metrics.samples), where
     # every replica serves HTTP; empty elsewhere
     api: tuple = ()
+    # the requests the replica's HTTP app saw end lately (serving.api.recent.Recent.events)
+    recent: tuple = ()
 
 
 def engine_figures(engine, replica: str) -> EngineFigures:
@@ -48,10 +52,13 @@ def engine_figures(engine, replica: str) -> EngineFigures:
                 "emitted": counts.emitted,
                 "steps": counts.steps,
             }
-    slab = {}
+    slab, residency = {}, {}
     if engine.slab is not None:
         slab = dataclasses.asdict(engine.slab.stats())
         slab["num_slots"] = engine.slab.num_slots
+        # host first, so that a version in both tiers reads as the nearer one, its slot
+        residency = dict.fromkeys(engine.slab.held_on_host(), "host")
+        residency.update(dict.fromkeys(engine.slab.residents(), "slab"))
     return EngineFigures(
         replica=replica,
         num_running=len(scheduler.running),
@@ -63,4 +70,5 @@ def engine_figures(engine, replica: str) -> EngineFigures:
         num_preemptions=scheduler.num_preemptions,
         spec=spec,
         slab=slab,
+        residency=residency,
     )

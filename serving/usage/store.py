@@ -136,27 +136,29 @@ class UsageStore:
 
         group_by: "adapter" (rows keyed "adapter"), "key" ("key_id"), "day" ("day",
         YYYY-MM-DD in UTC) or "tenant" (the tenant alone). start and end are epoch seconds,
-        resolved to the minute; None = unbounded.
+        resolved to the minute; None = unbounded. Each row's `last_used` is the start (epoch
+        seconds) of the latest minute in the range that the group used.
         """
         if group_by not in GROUPS:
             raise ValueError(f"group_by must be one of {', '.join(GROUPS)}, got {group_by!r}")
         label, column = GROUPS[group_by]
         where, args = _where(start, end, tenant)
         sql = (
-            f"SELECT tenant, {column} AS grp, kind, "
+            f"SELECT tenant, {column} AS grp, kind, MAX(minute), "
             f"{', '.join(f'SUM({c})' for c in COUNTS)} FROM usage{where} "
             "GROUP BY tenant, grp, kind ORDER BY tenant, grp"
         )
         with self._lock, self._failing("read"):
             found = self._db.execute(sql, args).fetchall()
         rows: dict[tuple[str, str], dict] = {}
-        for tenant_name, group, kind, *sums in found:
+        for tenant_name, group, kind, last, *sums in found:
             row = rows.get((tenant_name, group))
             if row is None:
                 row = {"tenant": tenant_name, **({label: group} if label else {})}
-                row.update({k: empty_counts() for k in KINDS})
+                row.update({k: empty_counts() for k in KINDS}, last_used=last)
                 rows[(tenant_name, group)] = row
             row[kind] = dict(zip(COUNTS, sums, strict=True))
+            row["last_used"] = max(row["last_used"], last)
         return list(rows.values())
 
     def totals(

@@ -9,6 +9,7 @@ import pytest
 from serving.usage.store import COUNTS, KINDS, UsageRecord, UsageStore, UsageStoreError
 
 T0 = datetime(2024, 3, 1, 23, 58, tzinfo=timezone.utc).timestamp()  # two minutes to midnight
+MINUTE = int(T0 // 60 * 60)
 GROUP_KEYS = {"adapter": "adapter", "key": "key_id", "day": "day", "tenant": None}
 
 
@@ -36,8 +37,10 @@ def _expected(records, group_by, start=None, end=None, tenant=None) -> list[dict
         row = rows.setdefault(
             key,
             {"tenant": r.tenant, **({label: key[1]} if label else {})}
-            | {k: dict.fromkeys(COUNTS, 0) for k in KINDS},
+            | {k: dict.fromkeys(COUNTS, 0) for k in KINDS}
+            | {"last_used": minute},
         )
+        row["last_used"] = max(row["last_used"], minute)
         for name in COUNTS:
             row[r.kind][name] += getattr(r, name)
     return [rows[k] for k in sorted(rows)]
@@ -118,6 +121,7 @@ def test_interactive_and_batch_are_counted_apart(store):
                 "cached_tokens": 2,
                 "completion_tokens": 1,
             },
+            "last_used": MINUTE,
         },
         {
             "tenant": "acme",
@@ -134,6 +138,7 @@ def test_interactive_and_batch_are_counted_apart(store):
                 "cached_tokens": 2,
                 "completion_tokens": 5,
             },
+            "last_used": MINUTE,
         },
     ]
 
@@ -215,3 +220,14 @@ def test_a_store_under_a_file_is_named(tmp_path):
     path = tmp_path / "plain" / "usage.db"
     with pytest.raises(UsageStoreError, match=f"usage store {path}: cannot open it"):
         UsageStore(f"sqlite:///{path}")
+
+
+def test_last_used_is_the_latest_minute_in_range(store):
+    store.record([_rec(time=T0), _rec(time=T0 + 150), _rec(adapter="acme/sql", time=T0 + 61)])
+    rows = {r["adapter"]: r["last_used"] for r in store.query(group_by="adapter")}
+    assert rows == {"base": MINUTE + 120, "acme/sql": MINUTE + 60}
+    before = store.query(group_by="adapter", end=T0 + 100)
+    assert {r["adapter"]: r["last_used"] for r in before} == {
+        "base": MINUTE,
+        "acme/sql": MINUTE + 60,
+    }

@@ -1,0 +1,127 @@
+"""GET /v1/stats: what the dashboard polls, per replica and summed, scoped by the key.
+
+Load figures are the whole server's; per-adapter figures cover only the adapters the key
+may see (its tenant's and the public ones; all for an admin key), and usage is its tenant's.
+The shape is documented in README.md ("Dashboard").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from starlette.concurrency import run_in_threadpool
+
+from adapters.errors import AdapterError
+from adapters.names import validate_tenant
+from serving.api.auth import Principal, authenticate
+from serving.api.context import ApiContext, api_context
+from serving.api.errors import ApiError
+from serving.api.metering import TENANCY_TIMEOUT_S
+from serving.api.metrics import BASE
+from serving.api.quotas import MB, holdings
+from serving.api.recent import WINDOW_S
+from serving.api.stats import (
+    adapter_figures,
+    events_by_replica,
+    replica_figures,
+    summary,
+    usage_totals,
+)
+from serving.usage.limits import RATE_LIMITS
+
+log = logging.getLogger("loraserve.api")
+
+router = APIRouter(tags=["Operations"])
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Caller = Annotated[Principal, Depends(authenticate)]
+HOUR_S, MINUTE_S = 3600.0, 60.0
+LIMITS = (*RATE_LIMITS, "max_adapters", "max_adapter_mb")  # every limit a tenant may have
+
+
+@router.get("/v1/stats", summary="Live figures per replica and summed, for the dashboard")
+async def stats(
+    ctx: Ctx,
+    caller: Caller,
+    tenant: Annotated[str | None, Query(description="Admin keys: whose usage.")] = None,
+):
+    if not caller.is_admin:
+        if tenant not in (None, caller.tenant):
+            raise ApiError(
+                403, f"this key sees the figures of tenant {caller.tenant!r} only",
+                code="permission_denied",
+            )  # fmt: skip
+        tenant = caller.tenant
+    elif tenant is not None:
+        try:
+            validate_tenant(tenant)
+        except AdapterError as exc:
+            raise ApiError(400, f"tenant: {exc}") from None
+    now = time.time()
+    figures = await ctx.generator.figures()
+    visible = await _visibility(ctx, caller)
+    events_of = events_by_replica(figures, ctx.metrics.recent.events(), now, WINDOW_S)
+    # An admin's per-adapter usage is every tenant's; a user key's, its own tenant's.
+    scope = tenant if not caller.is_admin else None
+    hour, ever = await asyncio.gather(
+        _usage(ctx, start=now - HOUR_S, tenant=scope), _usage(ctx, start=None, tenant=scope)
+    )
+    everything = [e for events in events_of.values() for e in events]
+    return {
+        "object": "stats",
+        "time": now,
+        "window_s": WINDOW_S,
+        "tenant": tenant,
+        "summary": summary(figures, everything, WINDOW_S, visible),
+        "replicas": [
+            replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible) for f in figures
+        ],
+        "adapters": adapter_figures(figures, events_of, WINDOW_S, hour, ever, visible),
+        "usage": await _tenant_usage(ctx, tenant, now) if tenant is not None else None,
+    }
+
+
+async def _visibility(ctx: ApiContext, caller: Principal):
+    """label -> whether caller may see the adapter: every one for an admin key."""
+    if caller.is_admin:
+        return lambda label: True
+    try:
+        entries = await run_in_threadpool(ctx.settings.registry.list_visible, caller.tenant)
+    except AdapterError as exc:
+        log.error("stats: the registry cannot be listed: %s", exc)
+        raise ApiError(503, "the adapter registry cannot be read now; try again") from None
+    labels = {f"{e.owner}/{e.name}" for e in entries} | {BASE}
+    return labels.__contains__
+
+
+async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) -> list[dict]:
+    """Usage rows by adapter since start; 503 when the store cannot be read."""
+    query = ctx.tenancy.usage(start=start, end=None, group_by="adapter", tenant=tenant)
+    try:
+        return await asyncio.wait_for(query, TENANCY_TIMEOUT_S)
+    except Exception as exc:  # the store or the shared tenancy failed; the log says which
+        log.error("stats: usage query failed: %s", exc)
+        raise ApiError(503, "the usage store cannot be read now; try again") from None
+
+
+async def _tenant_usage(ctx: ApiContext, tenant: str, now: float) -> dict:
+    """tenant's recent usage beside its limits, and the adapters it holds."""
+    limits = ctx.settings.limits_of(tenant)
+    minute = await _usage(ctx, start=now - MINUTE_S, tenant=tenant)
+    hour = await _usage(ctx, start=now - HOUR_S, tenant=tenant)
+    try:
+        held = await run_in_threadpool(holdings, ctx.settings.registry, tenant)
+    except AdapterError as exc:
+        log.error("stats: the registry cannot be listed: %s", exc)
+        raise ApiError(503, "the adapter registry cannot be read now; try again") from None
+    return {
+        "tenant": tenant,
+        "last_minute": usage_totals(minute, ("interactive",)),
+        "last_hour": usage_totals(hour, ("interactive", "batch")),
+        "limits": {key: limits.get(key) for key in LIMITS},
+        "adapters": len(held.names),
+        "adapter_mb": round(sum(held.sizes.values()) / MB, 3),
+    }

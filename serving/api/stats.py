@@ -1,0 +1,145 @@
+"""The figures of GET /v1/stats, from the replicas' EngineFigures and the usage store's rows.
+
+Pure functions over plain data, so the aggregation is tested without a server. Load figures
+(running, waiting, KV use, rates) are the server's whoever asks; anything named after an
+adapter is shown only for the adapter labels `visible` admits ("tenant/name", or "base").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from adapters.names import version_label
+from serving.api.recent import Event, rates, within
+from serving.engine.figures import EngineFigures
+
+NEARER = {"slab": 2, "host": 1}  # a name with versions in both tiers reads as the nearer
+
+
+def replica_figures(
+    f: EngineFigures, events: list[Event], window_s: float, visible: Callable[[str], bool]
+) -> dict:
+    """One replica's load, rates over its recent requests and adapter-slab use."""
+    return {
+        "replica": f.replica,
+        "running": f.num_running,
+        "waiting": f.num_waiting,
+        "kv_cache_usage": f.kv_usage,
+        "prefix_cache_hit_rate": _ratio(f.prefix_hit_tokens, f.prefix_queried_tokens),
+        **rates(events, window_s),
+        "spec_acceptance_rate": _acceptance([f], visible),
+        "slab_slots": int(f.slab.get("num_slots", 0)),
+        "slab_used": int(f.slab.get("resident", 0)),
+    }
+
+
+def summary(figures: list[EngineFigures], events: list[Event], window_s: float, visible) -> dict:
+    """Every replica's figures added up (KV use: their mean; hit rates: of summed counts)."""
+    n = len(figures)
+    return {
+        "replicas": n,
+        "running": sum(f.num_running for f in figures),
+        "waiting": sum(f.num_waiting for f in figures),
+        "kv_cache_usage": sum(f.kv_usage for f in figures) / n if n else 0.0,
+        "prefix_cache_hit_rate": _ratio(
+            sum(f.prefix_hit_tokens for f in figures), sum(f.prefix_queried_tokens for f in figures)
+        ),
+        **rates(events, window_s),
+        "spec_acceptance_rate": _acceptance(figures, visible),
+    }
+
+
+def adapter_figures(
+    figures: list[EngineFigures],
+    events_of: dict[str, list[Event]],
+    window_s: float,
+    usage_hour: list[dict],
+    usage_ever: list[dict],
+    visible: Callable[[str], bool],
+) -> list[dict]:
+    """Per adapter label that `visible` admits and that has anything to show, busiest first.
+
+    events_of: replica -> its recent requests; usage_hour / usage_ever: the usage store's
+    rows grouped by adapter over the last hour / all time (one row per tenant and adapter).
+    """
+    rows: dict[str, dict] = {}
+
+    def row(label: str) -> dict:
+        if label not in rows:
+            owner, _, name = label.rpartition("/")
+            rows[label] = {
+                "adapter": label, "owner": owner or None, "name": name, "residency": {},
+                "tokens_per_s": 0.0, "requests_per_s": 0.0, "spec": None,
+                "requests_1h": 0, "tokens_1h": 0, "last_used": None,
+            }  # fmt: skip
+        return rows[label]
+
+    for f in figures:
+        for version, tier in f.residency.items():
+            label = version_label(version)
+            if visible(label):
+                held = row(label)["residency"]
+                if NEARER[tier] > NEARER.get(held.get(f.replica), 0):
+                    held[f.replica] = tier
+        for label, counts in f.spec.items():
+            if visible(label):
+                spec = row(label)["spec"] or {"proposed": 0, "accepted": 0}
+                spec["proposed"] += counts["proposed"]
+                spec["accepted"] += counts["accepted"]
+                spec["acceptance_rate"] = _ratio(spec["accepted"], spec["proposed"])
+                row(label)["spec"] = spec
+    for events in events_of.values():
+        for _, label, _, tokens in events:
+            if visible(label):
+                r = row(label)
+                r["tokens_per_s"] += tokens / window_s
+                r["requests_per_s"] += 1 / window_s
+    for u in usage_hour:
+        if visible(u["adapter"]):
+            r = row(u["adapter"])
+            r["requests_1h"] += _requests(u)
+            r["tokens_1h"] += _tokens(u)
+    for u in usage_ever:
+        if visible(u["adapter"]):
+            r = row(u["adapter"])
+            r["last_used"] = max(r["last_used"] or 0, u["last_used"])
+    return sorted(rows.values(), key=lambda r: (-r["tokens_per_s"], -r["tokens_1h"], r["adapter"]))
+
+
+def usage_totals(rows: Iterable[dict], kinds: tuple[str, ...]) -> dict[str, int]:
+    """{"requests", "tokens"} (prompt plus completion) of usage rows, over `kinds`."""
+    rows = list(rows)
+    return {
+        "requests": sum(_requests(r, kinds) for r in rows),
+        "tokens": sum(_tokens(r, kinds) for r in rows),
+    }
+
+
+def events_by_replica(figures: list[EngineFigures], local: tuple, now: float, window_s: float):
+    """replica -> its requests ended in the window; `local` (this app's own) where no
+    replica carries its app's (one process: the app is the only HTTP server)."""
+    if not any(f.recent for f in figures) and len(figures) == 1:
+        return {figures[0].replica: within(local, now, window_s)}
+    return {f.replica: within(f.recent, now, window_s) for f in figures}
+
+
+def _acceptance(figures: list[EngineFigures], visible) -> float | None:
+    proposed = accepted = 0
+    for f in figures:
+        for label, counts in f.spec.items():
+            if visible(label):
+                proposed += counts["proposed"]
+                accepted += counts["accepted"]
+    return _ratio(accepted, proposed)
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole else None
+
+
+def _requests(row: dict, kinds=("interactive", "batch")) -> int:
+    return sum(row[k]["requests"] for k in kinds)
+
+
+def _tokens(row: dict, kinds=("interactive", "batch")) -> int:
+    return sum(row[k]["prompt_tokens"] + row[k]["completion_tokens"] for k in kinds)

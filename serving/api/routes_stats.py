@@ -48,14 +48,14 @@ async def stats(
     caller: Caller,
     tenant: Annotated[str | None, Query(description="Admin keys: whose usage.")] = None,
 ):
-    if not caller.is_admin:
-        if tenant not in (None, caller.tenant):
-            raise ApiError(
-                403, f"this key sees the figures of tenant {caller.tenant!r} only",
-                code="permission_denied",
-            )  # fmt: skip
+    if tenant is None or tenant == caller.tenant:
         tenant = caller.tenant
-    elif tenant is not None:
+    elif not caller.is_admin:
+        raise ApiError(
+            403, f"this key sees the figures of tenant {caller.tenant!r} only",
+            code="permission_denied",
+        )  # fmt: skip
+    else:
         try:
             validate_tenant(tenant)
         except AdapterError as exc:
@@ -80,7 +80,7 @@ async def stats(
             replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible) for f in figures
         ],
         "adapters": adapter_figures(figures, events_of, WINDOW_S, hour, ever, visible),
-        "usage": await _tenant_usage(ctx, tenant, now) if tenant is not None else None,
+        "usage": await _tenant_usage(ctx, tenant, now),
     }
 
 

@@ -96,7 +96,7 @@ def test_figures_equal_the_requests_and_are_scoped(served):
     assert "globex/mlp" in labels and not any(label.startswith("acme/") for label in labels)
     assert g["summary"]["requests_per_s"] == s["summary"]["requests_per_s"]  # load is shared
     admin = stats(served, ADMIN)
-    assert admin["usage"] is None and {"acme/upper", "globex/mlp"} <= {
+    assert admin["usage"]["tenant"] == "ops" and {"acme/upper", "globex/mlp"} <= {
         a["adapter"] for a in admin["adapters"]
     }
     assert stats(served, ADMIN, tenant="globex")["usage"]["adapters"] == 1

@@ -121,3 +121,21 @@ def test_a_batch_runs_on_the_replicas_and_is_metered_as_batch(url):
     batch = rows[0]["batch"]
     assert batch["requests"] == 6
     assert batch["completion_tokens"] == poll["usage"]["completion_tokens"]
+
+
+def test_stats_add_up_every_replica(url):
+    # Each replica's app keeps the requests it served; /v1/stats on either gathers them all.
+    sent = [complete(url, GLOBEX, 100 + i) for i in range(12)]
+    assert all(r.status_code == 200 for r in sent)
+    ops = {"Authorization": f"Bearer {OPS}"}
+    s = httpx.get(f"{url}/v1/stats", headers=ops, timeout=30).json()
+    replicas = s["replicas"]
+    assert s["summary"]["replicas"] == len(replicas) == 2
+    assert len({r["replica"] for r in replicas}) == 2
+    assert s["summary"]["requests_per_s"] * s["window_s"] >= len(sent) - 1e-6
+    assert s["summary"]["tokens_per_s"] == pytest.approx(sum(r["tokens_per_s"] for r in replicas))
+    assert s["summary"]["ttft_p50_s"] is not None
+    for a in s["adapters"]:
+        assert set(a["residency"]) <= {r["replica"] for r in replicas}
+    acme = httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {ACME}"}, timeout=30)
+    assert acme.json()["usage"]["limits"]["requests_per_minute"] == RPM

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from serving.api import (
     routes_adapters,
     routes_batch,
+    routes_dashboard,
     routes_openai,
     routes_ops,
     routes_stats,
@@ -78,7 +79,7 @@ def create_app(
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
     install_error_handlers(app)
     routes = (routes_workers_ai, routes_openai, routes_batch, routes_adapters, routes_usage,
-              routes_stats, routes_ops)  # fmt: skip
+              routes_stats, routes_ops, routes_dashboard)  # fmt: skip
     for module in routes:
         app.include_router(module.router)
     return app

@@ -1,0 +1,206 @@
+"""GET /dashboard in a real chromium against a real server: the page loads cleanly and asks
+nothing of any other host, shows each key its own adapters, uploads and deletes through the
+API, draws live figures, and fits a desk and a phone."""
+
+import re
+
+import httpx
+import pytest
+
+from serving.api.routes_dashboard import ASSETS
+from tests.serving.api.browser import (
+    DESK,
+    PHONE,
+    TIMEOUT_MS,
+    artifacts_dir,
+    chromium,
+    dashboard,
+    latest,
+    row_names,
+)
+from tests.serving.api.served import ACME, GLOBEX, serve
+
+# The one error chromium logs for an answer the test provoked on purpose (a refused upload).
+REFUSED = re.compile(r"^Failed to load resource: the server responded with a status of 400\b")
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def complete(served, model, key=ACME):
+    body = {"model": model, "prompt": "hello", "max_tokens": 4, "temperature": 0}
+    return httpx.post(f"{served.url}/v1/completions", json=body, headers=auth(key), timeout=60)
+
+
+def adapter_folder(served, folder, source, config=None):
+    """A PEFT adapter folder holding the world's adapter `source` (config: other bytes)."""
+    adapter = served.world.adapters[served.world.versions[source]]
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_bytes(config or adapter.config_bytes)
+    (folder / "adapter_model.safetensors").write_bytes(adapter.weights_bytes)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(world, tmp_path_factory):
+    with serve(world, tmp_path_factory.mktemp("dashboard")) as s:
+        s.registry.publish("qk", world.adapters[world.versions["qk"]], "globex")
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+def test_page_and_assets_need_no_key_and_name_no_other_host(served):
+    page = httpx.get(f"{served.url}/dashboard", timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page.text)
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    for asset, kind in ASSETS.items():
+        r = httpx.get(f"{served.url}/dashboard/{asset}", timeout=10)
+        assert r.status_code == 200 and r.headers["content-type"] == kind, asset
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", r.text), asset
+    for missing in ("nope.js", "index.htm", "..%2Froutes_dashboard.py", "%2E%2E"):
+        r = httpx.get(f"{served.url}/dashboard/{missing}", timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["message"], missing
+    schema = httpx.get(f"{served.url}/openapi.json", timeout=10).json()
+    assert "/dashboard/{asset}" not in schema["paths"]
+
+
+def test_the_live_chart_follows_requests(world, tmp_path, browser):
+    # A server of its own: no earlier test's requests are inside its rate window.
+    with serve(world, tmp_path) as served, dashboard(browser, served.url, ACME) as (page, watch):
+        page.wait_for_selector("#chart-tokens svg")
+        assert latest(page, "chart-tokens")["tokens_per_s"] in (None, 0)
+        for _ in range(3):
+            assert complete(served, "upper").status_code == 200
+        page.wait_for_function(
+            "() => JSON.parse(document.getElementById('chart-tokens').dataset.latest)"
+            ".tokens_per_s > 0", timeout=TIMEOUT_MS,
+        )  # fmt: skip
+        assert latest(page, "chart-tokens")["tokens_per_s"] > 0
+        assert "acme/upper" in latest(page, "chart-top")["values"]
+        # the adapters table takes its last-hour figures from the same answers
+        page.wait_for_function(
+            "() => Number(document.querySelector('#adapters tr[data-adapter=\"upper\"]')"
+            ".cells[9].textContent) >= 3"
+        )  # fmt: skip
+        assert "NaN" not in page.inner_text("main")
+        assert watch.errors == []
+
+
+def test_the_page_loads_cleanly_and_asks_only_its_server(served, browser):
+    with dashboard(browser, served.url, ACME) as (page, watch):
+        page.wait_for_selector('#adapters tr[data-adapter="upper"]')
+        page.wait_for_selector("#chart-tokens svg")
+        page.wait_for_selector("#usage dl")
+        page.wait_for_timeout(2500)  # one more poll of each kind, errors included
+        assert watch.errors == []
+        assert watch.requests and watch.foreign(served.url) == []
+        assert {"/v1/adapters", "/v1/stats", "/v1/batches"} <= {
+            httpx.URL(u).path for u in watch.requests
+        }
+        assert page.evaluate("sessionStorage.getItem('loraserve.key')") == ACME
+        assert "NaN" not in page.inner_text("main")
+
+
+def test_each_key_sees_its_own_adapters(served, browser):
+    with dashboard(browser, served.url, ACME) as (page, _):
+        page.wait_for_selector('#adapters tr[data-adapter="upper"]')
+        assert {"upper", "rot13", "mlp"} <= row_names(page) and "qk" not in row_names(page)
+        row = page.locator('#adapters tr[data-adapter="upper"]')
+        digest = served.world.versions["upper"].split("@")[1]
+        assert digest[:12] in row.inner_text() and "acme" in row.inner_text()
+    with dashboard(browser, served.url, GLOBEX) as (page, watch):
+        page.wait_for_selector('#adapters tr[data-adapter="qk"]')
+        assert row_names(page) == {"qk"}
+        assert watch.errors == []
+
+
+def test_a_wrong_key_shows_the_apis_message(served, browser):
+    with dashboard(browser, served.url, "not-a-key") as (page, _):
+        page.wait_for_function(
+            "() => document.getElementById('status').textContent.length > 0"
+            " && document.getElementById('status').classList.contains('error')"
+        )
+        answer = httpx.get(f"{served.url}/v1/adapters", headers=auth("not-a-key"), timeout=10)
+        assert answer.status_code == 401
+        assert page.text_content("#status") == answer.json()["error"]["message"]
+
+
+def test_upload_then_delete_through_the_page(served, browser, tmp_path):
+    folder = adapter_folder(served, tmp_path / "fresh", "ov")
+    with dashboard(browser, served.url, ACME) as (page, watch):
+        page.wait_for_selector('#adapters tr[data-adapter="upper"]')
+        page.set_input_files("#upload-folder", folder)
+        page.fill("#upload-name", "fresh")
+        page.click("#upload-submit")
+        page.wait_for_selector("#upload-status.ok >> text=Uploaded fresh")
+        assert page.eval_on_selector("#upload-progress", "p => p.value") == 1
+        page.wait_for_selector('#adapters tr[data-adapter="fresh"]')
+        answer = complete(served, "fresh")
+        assert answer.status_code == 200
+        assert isinstance(answer.json()["choices"][0]["text"], str)
+
+        # Escape closes the dialog and deletes nothing; Delete in the dialog deletes.
+        page.click('#adapters tr[data-adapter="fresh"] button')
+        page.wait_for_selector("#confirm-dialog[open]")
+        assert page.evaluate("document.activeElement.id") == "confirm-no"
+        page.keyboard.press("Escape")
+        page.wait_for_selector("#confirm-dialog:not([open])", state="attached")
+        assert served.registry.exists("fresh", "acme")
+        page.click('#adapters tr[data-adapter="fresh"] button')
+        page.click("#confirm-yes")
+        page.wait_for_selector('#adapters tr[data-adapter="fresh"]', state="detached")
+        assert watch.errors == []
+    listed = httpx.get(f"{served.url}/v1/adapters", headers=auth(ACME), timeout=10).json()
+    assert "fresh" not in {a["name"] for a in listed["data"]}
+    assert complete(served, "fresh").status_code == 404
+
+
+def test_a_refused_upload_shows_the_apis_message_verbatim(served, browser, tmp_path):
+    folder = adapter_folder(served, tmp_path / "broken", "ov", config=b'{"r": 4,')
+    files = {name: (name, (folder / name).read_bytes())
+             for name in ("adapter_config.json", "adapter_model.safetensors")}  # fmt: skip
+    expected = httpx.post(f"{served.url}/v1/adapters", data={"name": "broken"}, files=files,
+                          headers=auth(ACME), timeout=30)  # fmt: skip
+    assert expected.status_code == 400
+    with dashboard(browser, served.url, ACME) as (page, watch):
+        page.fill("#upload-name", "broken")
+        page.set_input_files("#upload-config", folder / "adapter_config.json")
+        page.set_input_files("#upload-weights", folder / "adapter_model.safetensors")
+        page.click("#upload-submit")
+        page.wait_for_selector("#upload-status.error")
+        assert page.text_content("#upload-status") == expected.json()["error"]["message"]
+        assert all(REFUSED.match(e) for e in watch.errors), watch.errors
+    assert not served.registry.exists("broken", "acme")
+
+
+@pytest.mark.parametrize("name, viewport", [("desk", DESK), ("phone", PHONE)])
+def test_screenshots_at_desk_and_phone_sizes(served, browser, name, viewport):
+    complete(served, "upper")  # something to draw
+    with dashboard(browser, served.url, ACME, viewport=viewport) as (page, watch):
+        page.wait_for_selector('#adapters tr[data-adapter="upper"]')
+        page.wait_for_selector("#chart-top svg")
+        page.wait_for_selector("#usage dl")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= viewport["width"] + 1
+        path = artifacts_dir() / f"dashboard-{name}-{viewport['width']}x{viewport['height']}.png"
+        page.screenshot(path=str(path), full_page=True, timeout=TIMEOUT_MS)
+        assert path.stat().st_size > 1000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert watch.errors == []
+
+
+def test_a_keyless_server_works_without_a_key(world, tmp_path, browser):
+    with serve(world, tmp_path, keys={}) as served, dashboard(browser, served.url, "") as (
+        page, watch,
+    ):  # fmt: skip
+        page.wait_for_selector('#adapters tr[data-adapter="upper"]')
+        page.wait_for_selector("#chart-load svg")
+        page.wait_for_selector("#usage dl, #usage p.note")
+        assert watch.errors == []

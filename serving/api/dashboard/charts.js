@@ -44,7 +44,8 @@ function linePath(values, capacity, yMax) {
     }
     const x = LEFT + (offset + i) * step;
     const y = TOP + (H - TOP - BOTTOM) * (1 - Math.min(v, yMax) / yMax);
-    d += `${pen ? "L" : "M"}${x.toFixed(1)} ${y.toFixed(1)} `;
+    // h0 after a move: a round cap draws a dot, so a lone point between gaps still shows
+    d += pen ? `L${x.toFixed(1)} ${y.toFixed(1)} ` : `M${x.toFixed(1)} ${y.toFixed(1)} h0 `;
     pen = true;
   });
   return d.trim();

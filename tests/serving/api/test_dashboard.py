@@ -3,6 +3,7 @@ nothing of any other host, shows each key its own adapters, uploads and deletes 
 API, draws live figures, and fits a desk and a phone."""
 
 import re
+import time
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ from tests.serving.api.browser import (
     row_names,
 )
 from tests.serving.api.served import ACME, GLOBEX, serve
+from tests.serving.batch.openai_batch import chat, client, line, start
 
 # The one error chromium logs for an answer the test provoked on purpose (a refused upload).
 REFUSED = re.compile(r"^Failed to load resource: the server responded with a status of 400\b")
@@ -105,6 +107,11 @@ def test_the_page_loads_cleanly_and_asks_only_its_server(served, browser):
             httpx.URL(u).path for u in watch.requests
         }
         assert page.evaluate("sessionStorage.getItem('loraserve.key')") == ACME
+        page.reload()  # the tab keeps its key: the page connects again by itself
+        page.wait_for_selector('#adapters tr[data-adapter="upper"]')
+        assert page.input_value("#api-key") == ACME
+        page.keyboard.press("Tab")  # the first stop is the skip link, for keyboard users
+        assert page.evaluate("document.activeElement.className") == "skip"
         assert "NaN" not in page.inner_text("main")
 
 
@@ -178,6 +185,32 @@ def test_a_refused_upload_shows_the_apis_message_verbatim(served, browser, tmp_p
         assert page.text_content("#upload-status") == expected.json()["error"]["message"]
         assert all(REFUSED.match(e) for e in watch.errors), watch.errors
     assert not served.registry.exists("broken", "acme")
+
+
+def test_a_running_batch_is_listed_and_cancelled_from_the_page(served, browser):
+    model = served.generator.engine.model
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):  # keeps the batch running while the page acts on it
+        time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    try:
+        c = client(served)
+        batch = start(c, [line(f"b{i}", chat("upper", i, max_tokens=4)) for i in range(60)])
+        with dashboard(browser, served.url, ACME) as (page, watch):
+            row = page.locator(f'#batches tr[data-batch="{batch.id}"]')
+            row.get_by_role("button", name=f"Cancel {batch.id}").click()
+            page.wait_for_function(
+                "id => /cancell/.test(document.querySelector(`#batches tr[data-batch='${id}']`)"
+                ".cells[1].textContent)", arg=batch.id,
+            )  # fmt: skip
+            assert row.locator("progress").count() == 1 and "/60" in row.inner_text()
+            assert watch.errors == []
+        assert c.batches.retrieve(batch.id).status in ("cancelling", "cancelled")
+    finally:
+        model.forward = forward
 
 
 @pytest.mark.parametrize("name, viewport", [("desk", DESK), ("phone", PHONE)])

@@ -36,7 +36,8 @@ function row(adapter, figures, stats, onDelete) {
     "aria-label": `Delete ${adapter.name}${adapter.owner ? ` of ${adapter.owner}` : ""}`,
   }, "Delete");
   button.addEventListener("click", () => onDelete(adapter));
-  return el("tr", { "data-adapter": adapter.name, "data-owner": adapter.owner },
+  const key = `${adapter.owner}/${adapter.name}`;
+  return el("tr", { "data-adapter": adapter.name, "data-owner": adapter.owner, "data-key": key },
     el("th", { scope: "row" }, adapter.name),
     cell((adapter.digest ?? "").slice(0, 12) || DASH, { class: "mono", title: adapter.version ?? "" }),
     cell(num(adapter.rank, 0), { class: "num" }),
@@ -62,7 +63,7 @@ export class AdaptersTable {
   }
 
   async refresh() {
-    const answer = await call("GET", "/v1/adapters");
+    const answer = await call("GET", "v1/adapters");
     this.listing = answer.data ?? [];
     this.draw();
   }
@@ -79,6 +80,8 @@ export class AdaptersTable {
   }
 
   draw() {
+    // Not under an open dialog: the button that opened it must be there to take focus back.
+    if (document.getElementById("confirm-dialog").open) return;
     const figures = new Map((this.stats?.adapters ?? []).map((a) => [a.adapter, a]));
     const rows = this.listing.map((a) => row(a, figures.get(`${a.owner}/${a.name}`), this.stats,
       (adapter) => this.remove(adapter)));
@@ -88,10 +91,11 @@ export class AdaptersTable {
   async remove(adapter) {
     const yes = await confirmDialog(`Delete adapter "${adapter.name}" of ${adapter.owner}? `
       + "Requests naming it will fail; its stored versions stay.");
+    this.draw();  // what polls brought in while the dialog was open
     if (!yes) return;
     const query = adapter.owner ? `?tenant=${encodeURIComponent(adapter.owner)}` : "";
     try {
-      await call("DELETE", `/v1/adapters/${encodeURIComponent(adapter.name)}${query}`);
+      await call("DELETE", `v1/adapters/${encodeURIComponent(adapter.name)}${query}`);
       this.report(`Deleted ${adapter.name}.`, false);
       await this.refresh();
     } catch (err) {

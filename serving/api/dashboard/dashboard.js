@@ -53,7 +53,7 @@ function connect() {
   report(storedKey() ? "Connected with the key given." : "Connected without a key.", false);
   poll(() => adapters.refresh(), ADAPTERS_MS, mine);
   poll(async () => {
-    const stats = await call("GET", "/v1/stats");
+    const stats = await call("GET", "v1/stats");
     if (mine !== session) return;
     document.getElementById("window-s").textContent = String(stats.window_s ?? 30);
     drawLive(stats);

@@ -59,10 +59,22 @@ export function when(seconds) {
   return isNumber(seconds) ? new Date(seconds * 1000).toLocaleString() : DASH;
 }
 
-/** Replace the rows of a table's body with `rows`, or one row saying `empty`. */
+/**
+ * Replace the rows of a table's body with `rows` (or one row saying `empty`), unless they
+ * are the same. Polls redraw tables every few seconds: a keyboard user's focus on a row's
+ * button moves to the same button of the new row (rows carry a unique data-key).
+ */
 export function fillTable(table, rows, empty) {
   const body = table.tBodies[0];
   const columns = table.tHead.rows[0].cells.length;
   if (rows.length === 0) rows = [el("tr", {}, el("td", { colspan: columns, class: "empty" }, empty))];
+  if (rows.map((r) => r.outerHTML).join("") === body.innerHTML) return;
+  const active = document.activeElement;
+  const row = body.contains(active) ? active.closest("tr") : null;
+  const index = row ? [...row.querySelectorAll("button")].indexOf(active) : -1;
   body.replaceChildren(...rows);
+  if (row?.dataset.key && index >= 0) {
+    const again = body.querySelector(`tr[data-key="${CSS.escape(row.dataset.key)}"]`);
+    again?.querySelectorAll("button")[index]?.focus();
+  }
 }

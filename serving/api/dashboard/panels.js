@@ -8,7 +8,7 @@ const OPEN = new Set(["validating", "in_progress", "finalizing"]);
 
 /** Redraw the batches table from GET /v1/batches; report(message, isError) on a cancel. */
 export async function refreshBatches(table, report) {
-  const answer = await call("GET", "/v1/batches?limit=50");
+  const answer = await call("GET", "v1/batches?limit=50");
   const rows = (answer.data ?? []).map((batch) => {
     const counts = batch.request_counts ?? {};
     const total = counts.total ?? 0, done = (counts.completed ?? 0) + (counts.failed ?? 0);
@@ -27,7 +27,7 @@ export async function refreshBatches(table, report) {
       button.addEventListener("click", async () => {
         button.disabled = true;
         try {
-          await call("POST", `/v1/batches/${encodeURIComponent(batch.id)}/cancel`);
+          await call("POST", `v1/batches/${encodeURIComponent(batch.id)}/cancel`);
           report(`Cancelling ${batch.id}.`, false);
           await refreshBatches(table, report);
         } catch (err) {
@@ -38,7 +38,7 @@ export async function refreshBatches(table, report) {
       });
       action.append(button);
     }
-    return el("tr", { "data-batch": batch.id }, ...cells, action);
+    return el("tr", { "data-batch": batch.id, "data-key": batch.id }, ...cells, action);
   });
   fillTable(table, rows, "No batches.");
 }

@@ -64,7 +64,7 @@ export function setupUpload(onUploaded) {
     progress.value = 0;
     say("Uploading\u2026", false);
     try {
-      const version = await upload("/v1/adapters", body, (fraction) => { progress.value = fraction; });
+      const version = await upload("v1/adapters", body, (fraction) => { progress.value = fraction; });
       const warnings = version.warnings?.length ? ` Warnings: ${version.warnings.join("; ")}` : "";
       say(`Uploaded ${version.name} (version ${String(version.digest).slice(0, 12)}).${warnings}`, false);
       await onUploaded(version);

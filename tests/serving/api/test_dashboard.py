@@ -115,6 +115,27 @@ def test_the_page_loads_cleanly_and_asks_only_its_server(served, browser):
         assert "NaN" not in page.inner_text("main")
 
 
+def test_keyboard_focus_survives_polls_and_the_dialog(served, browser):
+    upper = '#adapters tr[data-adapter="upper"]'
+    focused_row = "document.activeElement.closest('tr')?.dataset.adapter"
+    with dashboard(browser, served.url, ACME) as (page, watch):
+        before = page.text_content(upper)
+        page.focus(f"{upper} button")
+        assert complete(served, "upper").status_code == 200
+        # the row is drawn anew once its request counts change; the focus moves with it
+        page.wait_for_function(
+            "([sel, before]) => document.querySelector(sel).textContent !== before",
+            arg=[upper, before],
+        )
+        assert page.evaluate(focused_row) == "upper"
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#confirm-dialog[open]")
+        page.keyboard.press("Escape")
+        page.wait_for_selector("#confirm-dialog:not([open])", state="attached")
+        assert page.evaluate(focused_row) == "upper"
+        assert served.registry.exists("upper", "acme") and watch.errors == []
+
+
 def test_each_key_sees_its_own_adapters(served, browser):
     with dashboard(browser, served.url, ACME) as (page, _):
         page.wait_for_selector('#adapters tr[data-adapter="upper"]')
@@ -185,6 +206,17 @@ def test_a_refused_upload_shows_the_apis_message_verbatim(served, browser, tmp_p
         assert page.text_content("#upload-status") == expected.json()["error"]["message"]
         assert all(REFUSED.match(e) for e in watch.errors), watch.errors
     assert not served.registry.exists("broken", "acme")
+
+
+def test_markup_in_an_answer_stays_text(served, browser, tmp_path):
+    folder = adapter_folder(served, tmp_path / "named", "ov")
+    with dashboard(browser, served.url, ACME) as (page, _):
+        page.fill("#upload-name", '<img src=x id="injected">')
+        page.set_input_files("#upload-folder", folder)
+        page.click("#upload-submit")
+        page.wait_for_selector("#upload-status.error")
+        assert "<img src=x" in page.text_content("#upload-status")
+        assert page.locator("#injected").count() == 0
 
 
 def test_a_running_batch_is_listed_and_cancelled_from_the_page(served, browser):

@@ -2,6 +2,7 @@
 
 import { AdaptersTable } from "./adapters.js";
 import { ApiFailure, call, forgetKey, storeKey, storedKey } from "./api.js";
+import { fillTable } from "./dom.js";
 import { drawUsage, refreshBatches } from "./panels.js";
 import { drawLive, resetLive } from "./live.js";
 import { setupUpload } from "./upload.js";
@@ -74,6 +75,8 @@ document.getElementById("forget").addEventListener("click", () => {
   session += 1;
   keyInput.value = "";
   adapters.clear();
+  fillTable(batchesTable, [], "Connect with a key to see its batches.");
+  usagePanel.replaceChildren();
   report("Key forgotten. Give a key, or connect without one on a keyless server.", false);
 });
 

@@ -113,6 +113,9 @@ def test_the_page_loads_cleanly_and_asks_only_its_server(served, browser):
         page.keyboard.press("Tab")  # the first stop is the skip link, for keyboard users
         assert page.evaluate("document.activeElement.className") == "skip"
         assert "NaN" not in page.inner_text("main")
+        page.click("#forget")
+        page.wait_for_selector("#adapters tr[data-adapter]", state="detached")
+        assert page.evaluate("sessionStorage.getItem('loraserve.key')") is None
 
 
 def test_keyboard_focus_survives_polls_and_the_dialog(served, browser):

@@ -136,7 +136,7 @@ class Generation:
         # A batch item's wait is by design; it would only blur the interactive TTFT.
         ttft = self._ttft if self.meter.kind == "interactive" else None
         name = version_label(self.meter.adapter) if self.meter.adapter else BASE
-        self._ctx.metrics.recent.add(name, ttft, out.completion_tokens)
+        self._ctx.metrics.recent.add(self.meter.caller.tenant, name, ttft, out.completion_tokens)
 
 
 async def start(

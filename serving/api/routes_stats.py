@@ -64,7 +64,7 @@ async def stats(
     figures = await ctx.generator.figures()
     visible = await _visibility(ctx, caller)
     events_of = events_by_replica(figures, ctx.metrics.recent.events(), now, WINDOW_S)
-    # An admin's per-adapter usage is every tenant's; a user key's, its own tenant's.
+    # An admin's per-adapter traffic and usage are every tenant's; a user key's, its own.
     scope = tenant if not caller.is_admin else None
     hour, ever = await asyncio.gather(
         _usage(ctx, start=now - HOUR_S, tenant=scope), _usage(ctx, start=None, tenant=scope)
@@ -79,7 +79,9 @@ async def stats(
         "replicas": [
             replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible) for f in figures
         ],
-        "adapters": adapter_figures(figures, events_of, WINDOW_S, hour, ever, visible),
+        "adapters": adapter_figures(
+            figures, events_of, WINDOW_S, hour, ever, visible, counted=_counted(caller)
+        ),
         "usage": await _tenant_usage(ctx, tenant, now),
     }
 
@@ -95,6 +97,11 @@ async def _visibility(ctx: ApiContext, caller: Principal):
         raise ApiError(503, "the adapter registry cannot be read now; try again") from None
     labels = {f"{e.owner}/{e.name}" for e in entries} | {BASE}
     return labels.__contains__
+
+
+def _counted(caller: Principal):
+    """tenant -> whether its requests count in caller's per-adapter figures."""
+    return (lambda tenant: True) if caller.is_admin else caller.tenant.__eq__
 
 
 async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) -> list[dict]:

@@ -56,11 +56,13 @@ def adapter_figures(
     usage_hour: list[dict],
     usage_ever: list[dict],
     visible: Callable[[str], bool],
+    counted: Callable[[str], bool],
 ) -> list[dict]:
     """Per adapter label that `visible` admits and that has anything to show, busiest first.
 
-    events_of: replica -> its recent requests; usage_hour / usage_ever: the usage store's
-    rows grouped by adapter over the last hour / all time (one row per tenant and adapter).
+    events_of: replica -> its recent requests, of which those of the tenants `counted`
+    admits add to the rates; usage_hour / usage_ever: the usage store's rows (already of
+    those tenants) grouped by adapter over the last hour / all time.
     """
     rows: dict[str, dict] = {}
 
@@ -89,10 +91,10 @@ def adapter_figures(
                 spec["acceptance_rate"] = _ratio(spec["accepted"], spec["proposed"])
                 row(label)["spec"] = spec
     for events in events_of.values():
-        for _, label, _, tokens in events:
-            if visible(label):
-                r = row(label)
-                r["tokens_per_s"] += tokens / window_s
+        for e in events:
+            if visible(e.adapter) and counted(e.tenant):
+                r = row(e.adapter)
+                r["tokens_per_s"] += e.tokens / window_s
                 r["requests_per_s"] += 1 / window_s
     for u in usage_hour:
         if visible(u["adapter"]):

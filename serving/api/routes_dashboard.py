@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from adapters.errors import quoted
@@ -46,8 +46,11 @@ HEADERS = {
 
 @router.get("/dashboard", summary="The dashboard page (HTML; the key is typed into it)",
             response_class=Response)  # fmt: skip
-async def dashboard() -> Response:
-    return Response(_read("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
+async def dashboard(request: Request) -> Response:
+    page = _read("index.html")
+    if request.app.state.keys.open:  # no key to ask for: the page connects on its own
+        page = page.replace(b"<html ", b'<html data-keyless="true" ', 1)
+    return Response(page, media_type="text/html; charset=utf-8", headers=HEADERS)
 
 
 @router.get("/dashboard/{asset}", include_in_schema=False)

@@ -93,6 +93,8 @@ adapters.clear();
 if (storedKey() !== null) {
   keyInput.value = storedKey();
   connect();  // a reload in the same tab carries on with the key given before
+} else if (document.documentElement.dataset.keyless === "true") {
+  connect();  // the server has no keys: there is nothing to ask for
 } else {
   report("Give an API key and press Connect (or connect with none on a keyless server).", false);
 }

@@ -62,6 +62,7 @@ def test_page_and_assets_need_no_key_and_name_no_other_host(served):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", page.text)
     assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert "data-keyless" not in page.text  # a keyed server's page asks for a key
     for asset, kind in ASSETS.items():
         r = httpx.get(f"{served.url}/dashboard/{asset}", timeout=10)
         assert r.status_code == 200 and r.headers["content-type"] == kind, asset
@@ -264,10 +265,12 @@ def test_screenshots_at_desk_and_phone_sizes(served, browser, name, viewport):
         assert watch.errors == []
 
 
-def test_a_keyless_server_works_without_a_key(world, tmp_path, browser):
-    with serve(world, tmp_path, keys={}) as served, dashboard(browser, served.url, "") as (
+def test_a_keyless_server_connects_without_asking(world, tmp_path, browser):
+    # nothing typed, no Connect pressed: a server with no keys has nothing to ask for
+    with serve(world, tmp_path, keys={}) as served, dashboard(browser, served.url, None) as (
         page, watch,
     ):  # fmt: skip
+        assert page.get_attribute("html", "data-keyless") == "true"
         page.wait_for_selector('#adapters tr[data-adapter="upper"]')
         page.wait_for_selector("#chart-load svg")
         page.wait_for_selector("#usage dl, #usage p.note")

@@ -44,11 +44,12 @@ export function bytes(n) {
   return `${i === 0 ? n : n.toFixed(1)} ${units[i]}`;
 }
 
-/** How long ago `then` was, both in epoch seconds of the server's clock. */
+/** How long ago the minute starting at `then` was (usage is kept by the minute), both in
+ * epoch seconds of the server's clock. */
 export function ago(then, now) {
   if (!isNumber(then)) return "never";
   const s = Math.max(0, Math.round(now - then));
-  if (s < 60) return `${s} s ago`;
+  if (s < 60) return "this minute";
   if (s < 3600) return `${Math.floor(s / 60)} min ago`;
   if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
   return `${Math.floor(s / 86400)} d ago`;

@@ -1,8 +1,11 @@
 """A validated PEFT LoRA adapter, exactly as PEFT writes it.
 
-    adapter_config.json        peft_type LORA, r, lora_alpha, target_modules, use_rslora ...
+    adapter_config.json        peft_type LORA, r, lora_alpha, target_modules, use_rslora,
+                               use_dora, rank_pattern, alpha_pattern, lora_bias (peft_config)
     adapter_model.safetensors  ...layers.{i}.{self_attn|mlp}.{module}.lora_A.weight  [r, in]
                                ...layers.{i}.{self_attn|mlp}.{module}.lora_B.weight  [out, r]
+                               ...{module}.lora_B.bias         [out]  (lora_bias)
+                               ...{module}.lora_magnitude_vector [out]  (use_dora)
 
 Every check that fails raises AdapterError naming the problem; nothing is
 stored by this module. The digest is sha256 over the config and the tensor
@@ -12,7 +15,6 @@ file (and the draft companion's digest), so identical uploads are one version.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import warnings
 from collections.abc import Mapping
@@ -22,17 +24,17 @@ from pathlib import Path
 import torch
 
 from adapters.base_model import LINEARS, BaseModelSpec, module_group
-from adapters.bounded_json import parse_json
 from adapters.errors import AdapterError, quoted, shorten
 from adapters.overflow import check_activation_bound
+from adapters.peft_config import LoraConfig, parse_config
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 
 TENSOR_RE = re.compile(
     r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
-    r"\.lora_(?P<which>A|B)\.weight$"
+    r"\.(?:lora_(?P<which>A|B)\.weight|lora_B\.(?P<bias>bias)"
+    r"|(?P<magnitude>lora_magnitude_vector)(?:\.weight)?)$"
 )
-MAX_CONFIG_BYTES = 2**20  # PEFT writes about 1 KB
 MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 _EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
@@ -40,29 +42,20 @@ _EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
     torch.bfloat16: (torch.int16, 0x7F80),
     torch.float32: (torch.int32, 0x7F800000),
 }
-_UNSUPPORTED = (  # config key, the value PEFT writes when the feature is off, what to call it
-    ("use_dora", False, "DoRA (use_dora)"),
-    ("modules_to_save", None, "modules_to_save"),
-    ("layers_pattern", None, "layer patterns (layers_pattern)"),
-    ("rank_pattern", {}, "per-layer rank patterns (rank_pattern)"),
-    ("alpha_pattern", {}, "per-layer alpha patterns (alpha_pattern)"),
-    ("fan_in_fan_out", False, "fan_in_fan_out weights"),
-    ("lora_bias", False, "a bias on lora_B (lora_bias)"),
-    ("use_qalora", False, "QA-LoRA (use_qalora)"),
-    ("layer_replication", None, "layer_replication"),
-    ("trainable_token_indices", None, "trainable_token_indices"),
-    ("target_parameters", None, "target_parameters"),
-)
 
 
 @dataclass(frozen=True)
 class LoraModule:
-    """One adapted linear: delta_W = scale * b @ a."""
+    """One adapted linear: y = W x + scale * (b @ a x + bias), or with DoRA
+    y = m / ||W + scale * b @ a||_row * (W x + scale * (b @ a x + bias)) (base bias apart)."""
 
     layer: int
     module: str
-    a: torch.Tensor  # [r, in]
+    a: torch.Tensor  # [r, in]; r is this module's rank (rank_pattern)
     b: torch.Tensor  # [out, r]
+    scale: float = 1.0  # alpha / r of this module (alpha_pattern, rsLoRA)
+    bias: torch.Tensor | None = None  # [out] lora_B's bias (lora_bias)
+    magnitude: torch.Tensor | None = None  # [out] DoRA's m (use_dora)
 
 
 @dataclass(frozen=True)
@@ -71,15 +64,16 @@ class Adapter:
 
     config_bytes: bytes
     weights_bytes: bytes
-    rank: int
+    rank: int  # the largest module rank: the slab rows the adapter takes
     alpha: float
-    scale: float  # alpha / r, or alpha / sqrt(r) with use_rslora
+    scale: float  # alpha / r, or alpha / sqrt(r) with use_rslora (a pattern may differ per module)
     target_modules: tuple[str, ...]  # sorted module names present in the tensors
     modules: Mapping[tuple[int, str], LoraModule]
     digest: str  # sha256 hex
     base_model_name: str | None = None
     draft: Adapter | None = None
     warnings: tuple[str, ...] = field(default=())
+    variants: tuple[str, ...] = field(default=())  # PEFT fields beyond plain LoRA it uses
 
     @property
     def num_bytes(self) -> int:
@@ -141,17 +135,15 @@ def parse_adapter(
                 f"'{WEIGHTS}')"
             )
         raise AdapterError(f"{label}: {WEIGHTS} is missing")
-    config = _parse_config(files[CONFIG], label, max_rank)
-    rank, alpha = config["r"], float(config["lora_alpha"])
-    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    config = parse_config(files[CONFIG], label, max_rank)
     scan = stored_digest is None
-    modules = _parse_weights(files[WEIGHTS], label, rank, base, scan=scan)
+    modules = _parse_weights(files[WEIGHTS], label, config, base, scan=scan)
     if scan:
-        pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in modules.items())
-        check_activation_bound(label, pairs, scale, base.dtype if base else None)
+        for scale, group in _by_scale(modules).items():
+            pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in group)
+            check_activation_bound(label, pairs, scale, base.dtype if base else None)
     notes = []
-    trained_on = config.get("base_model_name_or_path")
-    trained_on = trained_on if isinstance(trained_on, str) else None
+    trained_on = config.base_model_name
     if base_name and trained_on and trained_on != base_name:
         notes.append(
             f"{label}: trained on {quoted(trained_on)}, served with {base_name!r}; its shapes fit"
@@ -159,47 +151,22 @@ def parse_adapter(
     return Adapter(
         config_bytes=bytes(files[CONFIG]),
         weights_bytes=bytes(files[WEIGHTS]),
-        rank=rank,
-        alpha=alpha,
-        scale=scale,
+        rank=max(m.a.shape[0] for m in modules.values()),
+        alpha=config.alpha,
+        scale=config.scale,
         target_modules=tuple(sorted({m for _, m in modules})),
         modules=modules,
         digest=stored_digest or _digest(files[CONFIG], files[WEIGHTS], draft),
         base_model_name=trained_on,
         draft=draft,
         warnings=tuple(notes),
+        variants=config.variants,
     )
 
 
-def _parse_config(data: bytes, label: str, max_rank: int) -> dict:
-    config = parse_json(data, f"{label}: {CONFIG}", max_bytes=MAX_CONFIG_BYTES)
-    if not isinstance(config, dict):
-        raise AdapterError(f"{label}: {CONFIG} is not a JSON object")
-    peft_type = str(config.get("peft_type", "LORA")).upper()
-    if peft_type != "LORA":
-        raise AdapterError(
-            f"{label}: peft_type {shorten(peft_type)} is not supported; only LORA adapters are"
-        )
-    for key, off, what in _UNSUPPORTED:
-        value = config.get(key, off)
-        if value not in (off, None, {}, [], False):
-            raise AdapterError(f"{label}: {what} is not supported")
-    if config.get("bias", "none") != "none":
-        raise AdapterError(
-            f"{label}: bias {quoted(config['bias'])} is not supported; only bias 'none' is"
-        )
-    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise AdapterError(f"{label}: r must be a positive integer, got {quoted(rank)}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
-        raise AdapterError(f"{label}: lora_alpha must be a number, got {quoted(alpha)}")
-    if rank > max_rank:
-        raise AdapterError(f"{label}: rank {rank} is above lora.max_lora_rank ({max_rank})")
-    config["lora_alpha"] = alpha
-    return config
-
-
-def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | None, scan: bool):
+def _parse_weights(
+    data: bytes, label: str, config: LoraConfig, base: BaseModelSpec | None, scan: bool
+) -> dict[tuple[int, str], LoraModule]:
     header = check_header(data, f"{label}: {WEIGHTS}")
     names, seen = {}, set()
     for name in header:
@@ -210,10 +177,11 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
             )
         if len(m["layer"]) > MAX_LAYER_DIGITS:
             raise AdapterError(f"{label}: tensor {quoted(name)} has an out-of-range layer index")
-        key = (int(m["layer"]), m["module"], m["which"])
+        part = m["which"] or ("bias" if m["bias"] else "magnitude")
+        key = (int(m["layer"]), m["module"], part, m["block"])
         if key in seen:
             raise AdapterError(
-                f"{label}: tensor {quoted(name)} repeats layer {key[0]} {shorten(key[1])} lora_{key[2]}"
+                f"{label}: tensor {quoted(name)} repeats layer {key[0]} {shorten(key[1])} {_PART[part]}"
             )
         if key[1] in LINEARS and m["block"] != module_group(key[1]):
             raise AdapterError(
@@ -224,27 +192,65 @@ def _parse_weights(data: bytes, label: str, rank: int, base: BaseModelSpec | Non
     if not names:
         raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
     tensors = _tensor_views(data, header)
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for name, (layer, module, which) in names.items():
+    parts: dict[tuple[int, str, str], dict[str, torch.Tensor]] = {}
+    for name, (layer, module, part, block) in names.items():
         t = tensors[name]
         if scan and _has_nonfinite(t):
             raise AdapterError(f"{label}: tensor {quoted(name)} contains NaN or Inf")
-        pairs.setdefault((layer, module), {})[which] = t
+        parts.setdefault((layer, module, block), {})[part] = t
     modules = {}
-    for (layer, module), ab in sorted(pairs.items()):
+    for (layer, module, block), found in sorted(parts.items()):
         where = f"{label}: layer {layer} {module}"
-        if set(ab) != {"A", "B"}:
-            raise AdapterError(f"{where}: has lora_{''.join(ab)} without its pair")
-        a, b = ab["A"], ab["B"]
-        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
-            raise AdapterError(
-                f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit rank {rank} "
-                "(expected [r, in] and [out, r])"
-            )
-        if base is not None:
-            _check_against_base(where, layer, module, a, b, base)
-        modules[(layer, module)] = LoraModule(layer, module, a, b)
+        modules[(layer, module)] = _module(where, layer, module, block, found, config, base)
     return modules
+
+
+_PART = {"A": "lora_A", "B": "lora_B", "bias": "lora_B.bias", "magnitude": "lora_magnitude_vector"}
+
+
+def _module(where, layer, module, block, found, config: LoraConfig, base) -> LoraModule:
+    """One module's tensors checked against the config: its rank, bias and DoRA magnitude."""
+    if "A" not in found or "B" not in found:
+        have = "lora_A" if "A" in found else "lora_B" if "B" in found else None
+        if have:
+            raise AdapterError(f"{where}: has {have} without its pair")
+        extra = ", ".join(_PART[p] for p in sorted(found))
+        raise AdapterError(f"{where}: has {extra} without lora_A and lora_B")
+    a, b = found["A"], found["B"]
+    name = f"model.layers.{layer}.{block}.{module}"  # as PEFT matches patterns against it
+    rank = config.rank_of(name)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
+        source = "rank_pattern" if rank != config.rank else "r"
+        raise AdapterError(
+            f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit rank "
+            f"{rank} ({source}; expected [r, in] and [out, r])"
+        )
+    vectors = {}
+    for part, field_name, wanted in (
+        ("bias", "lora_bias", config.lora_bias),
+        ("magnitude", "use_dora", config.use_dora),
+    ):
+        t = found.get(part)
+        if wanted and t is None:
+            raise AdapterError(f"{where}: {field_name} is set but {_PART[part]} is missing")
+        if not wanted and t is not None:
+            raise AdapterError(f"{where}: has {_PART[part]} but {field_name} is not set")
+        if t is not None and (t.dim() != 1 or t.shape[0] != b.shape[0]):
+            raise AdapterError(
+                f"{where}: {_PART[part]} {tuple(t.shape)} does not fit lora_B's {b.shape[0]} outputs"
+            )
+        vectors[part] = t
+    if base is not None:
+        _check_against_base(where, layer, module, a, b, base)
+    return LoraModule(layer, module, a, b, config.scale_of(name), **vectors)
+
+
+def _by_scale(modules: Mapping) -> dict[float, list]:
+    """The modules grouped by their scale, for the overflow check (one scale per call)."""
+    groups: dict[float, list] = {}
+    for key, m in modules.items():
+        groups.setdefault(m.scale, []).append((key, m))
+    return groups
 
 
 def _tensor_views(data: bytes, header: dict) -> dict[str, torch.Tensor]:

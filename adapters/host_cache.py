@@ -13,9 +13,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+import torch
+
 from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError
-from adapters.format import Adapter, LoraModule
+from adapters.format import Adapter
 from adapters.names import DIGEST_RE, version_digest
 
 
@@ -75,7 +77,13 @@ class HostCache:
         if not self.pin or self.capacity == 0:
             return adapter
         modules = {
-            key: LoraModule(m.layer, m.module, m.a.pin_memory(), m.b.pin_memory())
+            key: dataclasses.replace(
+                m,
+                a=m.a.pin_memory(),
+                b=m.b.pin_memory(),
+                bias=_pinned(m.bias),
+                magnitude=_pinned(m.magnitude),
+            )
             for key, m in adapter.modules.items()
         }
         return dataclasses.replace(adapter, modules=modules)
@@ -100,8 +108,13 @@ def check_fits(
                 f"{where}: layer {layer} is out of range; the base model has {spec.num_layers}"
             )
         fan_in, fan_out = spec.shapes[module]
-        if tuple(mod.a.shape) != (r, fan_in) or tuple(mod.b.shape) != (fan_out, r):
+        rm = mod.a.shape[0]  # the module's own rank (rank_pattern), at most the adapter's
+        if rm > r or tuple(mod.a.shape) != (rm, fan_in) or tuple(mod.b.shape) != (fan_out, rm):
             raise AdapterError(
                 f"{where}: layer {layer} {module}: lora_A {tuple(mod.a.shape)}, lora_B "
-                f"{tuple(mod.b.shape)} do not fit [{r}, {fan_in}] and [{fan_out}, {r}]"
+                f"{tuple(mod.b.shape)} do not fit [r, {fan_in}] and [{fan_out}, r], r <= {r}"
             )
+
+
+def _pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.pin_memory()

@@ -7,6 +7,11 @@ For every layer and targetable module the slab holds the stacks the LoRA kernels
     B[num_slots, max_rank, out]   its lora_B TRANSPOSED ([out, r] -> [r, out]) in rows :r
     scales[num_slots] float32     ranks[num_slots] int32 (0: an empty slot)
 
+A module whose own scale differs from the adapter's (alpha_pattern, rank_pattern) has its
+B stored multiplied by the ratio, so the kernels keep one scale per slot; a module of a
+lower rank than its adapter's (rank_pattern) fills only its first rows, the rest zero.
+lora_B biases and DoRA's output scales live beside, in adapters/slab_vectors.py.
+
 Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
 `acquire` pins a version in a slot for as long as a request uses it and `release` unpins
 it; only unpinned slots are evicted, least recently used first. One lock guards the
@@ -29,6 +34,7 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
+from adapters.slab_vectors import BaseWeight, SlabVectors
 
 Key = tuple[int, str]  # (layer, module)
 
@@ -70,6 +76,7 @@ class AdapterSlab:
         device: str | torch.device = "cpu",
         modules: Sequence[str] | None = None,
         prefetch_workers: int = 2,
+        base_weight: BaseWeight | None = None,
     ) -> None:
         if num_slots < 1 or max_rank < 1:
             raise ValueError(f"num_slots and max_rank must be >= 1, got {num_slots}, {max_rank}")
@@ -87,6 +94,9 @@ class AdapterSlab:
                 fan_in, fan_out = spec.shapes[m]
                 self._a[layer, m] = torch.zeros(num_slots, max_rank, fan_in, **like)
                 self._b[layer, m] = torch.zeros(num_slots, max_rank, fan_out, **like)
+        shapes = (((layer, m), spec.shapes[m][1]) for layer in range(spec.num_layers)
+                  for m in self.modules)  # fmt: skip
+        self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
         self._lock = threading.Lock()
@@ -112,6 +122,14 @@ class AdapterSlab:
     def lora_b(self, layer: int, module: str) -> torch.Tensor:
         """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
         return self._b[layer, module]
+
+    def lora_bias(self, layer: int, module: str) -> torch.Tensor:
+        """scale * lora_B's bias per slot for (layer, module): [num_slots, out]."""
+        return self.vectors.bias[layer, module]
+
+    def lora_dora(self, layer: int, module: str) -> torch.Tensor:
+        """DoRA's output scale per slot for (layer, module): [num_slots, out] (1: none)."""
+        return self.vectors.dora[layer, module]
 
     def slot_of(self, version: str) -> int | None:
         """The slot holding `version` if it is resident (fully loaded), else None."""
@@ -241,6 +259,7 @@ class AdapterSlab:
         self._pins[slot] = 0
         self.ranks[slot] = 0
         self.scales[slot] = 0.0
+        self.vectors.mark(slot, None)
 
     # -- one load (outside the lock, into its reserved slot) -----------------------------
 
@@ -251,6 +270,7 @@ class AdapterSlab:
             if self._closed:
                 raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
             adapter, tier = self._host.fetch(version)
+            self.vectors.check(version, adapter)
             self._write(slot, adapter)
         except BaseException as exc:  # every waiter must wake, whatever went wrong
             with self._lock:
@@ -261,6 +281,7 @@ class AdapterSlab:
             return
         with self._lock:
             del self._loading[version]
+            self.vectors.mark(slot, adapter)
             self.ranks[slot] = adapter.rank  # last: the kernels read the slot from here on
             self._resident[version] = slot
             self._counts["loads"] += 1
@@ -269,7 +290,8 @@ class AdapterSlab:
         load.set_result(slot)
 
     def _write(self, slot: int, adapter: Adapter) -> None:
-        """A[slot, :r] = a; B[slot, :r] = b.T; rows :r zeroed where the adapter has no module."""
+        """A[slot, :r_m] = a; B[slot, :r_m] = (s_m / s) * b.T; rows r_m: zeroed (and all
+        of them where the adapter has no module); then the slot's bias and DoRA vectors."""
         r = adapter.rank
         # Plain copies on the current stream: they queue behind kernels still reading this
         # slot's previous tenant, so an eviction never races a step already launched.
@@ -279,9 +301,16 @@ class AdapterSlab:
             if mod is None:  # untargeted: its update must be exactly 0, not stale rows
                 a_stack[slot, :r].zero_()
                 b_stack[slot, :r].zero_()
-            else:
-                a_stack[slot, :r].copy_(mod.a)  # [r, in]
-                b_stack[slot, :r].copy_(mod.b.T)  # [out, r] -> [r, out]
+                continue
+            rm = mod.a.shape[0]
+            a_stack[slot, :rm].copy_(mod.a)  # [rm, in]
+            if mod.scale == adapter.scale:
+                b_stack[slot, :rm].copy_(mod.b.T)  # [out, rm] -> [rm, out]
+            else:  # in float32, then once into the slab's dtype
+                b_stack[slot, :rm].copy_(mod.b.T.to(torch.float32) * (mod.scale / adapter.scale))
+            a_stack[slot, rm:r].zero_()
+            b_stack[slot, rm:r].zero_()
+        self.vectors.write(slot, adapter)
         self.scales[slot] = adapter.scale
 
 

@@ -2,13 +2,16 @@
 
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_ops import lora_expand, lora_shrink
+from kernels.lora_rows import dora_rescale, lora_bias_add
 from kernels.paged_attention import paged_attention, write_kv
 from kernels.segments import Segments, build_segments
 
 __all__ = [
     "Segments",
     "build_segments",
+    "dora_rescale",
     "fp8_linear",
+    "lora_bias_add",
     "lora_expand",
     "lora_shrink",
     "paged_attention",

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import Segments, fp8_linear, lora_expand, lora_shrink, quantize_fp8
+from kernels import (
+    Segments,
+    dora_rescale,
+    fp8_linear,
+    lora_bias_add,
+    lora_expand,
+    lora_shrink,
+    quantize_fp8,
+)
 
 
 @dataclass(frozen=True)
@@ -42,25 +50,40 @@ class Linear:
 
 @dataclass(frozen=True)
 class LoraStacks:
-    """One projection's slab stacks, a slice per fused part: A_s [slots, r, in], B_s [slots, r, out_s]."""
+    """One projection's slab stacks, a slice per fused part: A_s [slots, r, in], B_s [slots, r, out_s];
+    the lora_B biases and DoRA output scales [slots, out_s] where the step needs them."""
 
     a: tuple[torch.Tensor, ...]
     b: tuple[torch.Tensor, ...]
+    bias: tuple[torch.Tensor, ...] = ()
+    dora: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowSet:
+    """Tokens of a step whose slot uses an addition: rows [n] int64 and their slots [n]."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
 
 
 @dataclass(frozen=True)
 class StepLora:
-    """What every LoRA layer of one step shares: the token segments and the slab's scales."""
+    """What every LoRA layer of one step shares: the token segments and the slab's scales,
+    and the rows whose adapters carry lora_B biases or DoRA (None: no such row)."""
 
     segments: Segments
     scales: torch.Tensor  # [num_slots]
     max_rank: int
+    bias_rows: RowSet | None = None
+    dora_rows: RowSet | None = None
 
 
 def lora_linear(
     x: torch.Tensor, base: Linear, stacks: LoraStacks | None, lora: StepLora | None
 ) -> torch.Tensor:
-    """y[t] = base(x)[t] + scale(slot t) * (x[t] @ A[slot t].T) @ B[slot t].T, per fused slice."""
+    """y[t] = base(x)[t] + scale(slot t) * (x[t] @ A[slot t].T) @ B[slot t].T, per fused slice;
+    then + bias[slot t] (lora_bias) and, for a DoRA slot, y = g[slot t] * (y - b) + b."""
     y = base(x)  # [T, sum(out_s)]
     if stacks is None or lora is None or lora.segments.num_active == 0:
         return y
@@ -72,6 +95,11 @@ def lora_linear(
     )
     b = list(stacks.b) if num > 1 else stacks.b[0]
     lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales)
+    # lora_B's bias is part of the LoRA term, so DoRA's output scale covers it too.
+    if lora.bias_rows is not None and stacks.bias:
+        lora_bias_add(y, stacks.bias, lora.bias_rows.rows, lora.bias_rows.slots)
+    if lora.dora_rows is not None and stacks.dora:
+        dora_rescale(y, stacks.dora, lora.dora_rows.rows, lora.dora_rows.slots, base.bias)
     return y
 
 

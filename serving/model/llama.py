@@ -20,6 +20,7 @@ from serving.model.linear import (
     Linear,
     LinearPart,
     LoraStacks,
+    RowSet,
     StepLora,
     concat_linears,
     lora_linear,
@@ -181,7 +182,41 @@ class LlamaModel:
         if slab is None or step.adapter_slots is None:
             return None
         segments = build_segments(step.adapter_slots, slab.ranks)
-        return StepLora(segments=segments, scales=slab.scales, max_rank=slab.max_rank)
+        vectors = slab.vectors
+        return StepLora(
+            segments=segments, scales=slab.scales, max_rank=slab.max_rank,
+            bias_rows=_rows(step.adapter_slots, vectors.has_bias) if vectors.num_bias else None,
+            dora_rows=_rows(step.adapter_slots, vectors.has_dora) if vectors.num_dora else None,
+        )  # fmt: skip
+
+    def served_weight(self, layer: int, module: str) -> torch.Tensor:
+        """W [out, in] of (layer, module) as this model computes with it (FP8 dequantized)."""
+        weights = self.layers[layer]
+        fused, offset, rows = self._module_rows(module)
+        linear = getattr(weights, fused)
+        w = linear.weight[offset : offset + rows].to(torch.float32)
+        if linear.scale is not None:
+            w = w * linear.scale[offset : offset + rows, None]
+        return w
+
+    def _module_rows(self, module: str) -> tuple[str, int, int]:
+        """(the fused linear holding module, its first row there, its number of rows)."""
+        c = self.config
+        q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        return {
+            "q_proj": ("qkv", 0, q), "k_proj": ("qkv", q, kv), "v_proj": ("qkv", q + kv, kv),
+            "o_proj": ("o", 0, c.hidden_size), "gate_proj": ("gate_up", 0, inter),
+            "up_proj": ("gate_up", inter, inter), "down_proj": ("down", 0, c.hidden_size),
+        }[module]  # fmt: skip
+
+
+def _rows(slots: torch.Tensor, flags: torch.Tensor) -> RowSet | None:
+    """The tokens whose slot is flagged; None when there is none (one host sync per step)."""
+    used = flags.index_select(0, slots.clamp(min=0).to(torch.int64)) & (slots >= 0)
+    rows = used.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return None
+    return RowSet(rows=rows, slots=slots.index_select(0, rows).to(torch.int64))
 
 
 def _stacks(slab, layer: int, modules, lora: StepLora | None) -> LoraStacks | None:
@@ -190,6 +225,8 @@ def _stacks(slab, layer: int, modules, lora: StepLora | None) -> LoraStacks | No
     return LoraStacks(
         a=tuple(slab.lora_a(layer, m) for m in modules),
         b=tuple(slab.lora_b(layer, m) for m in modules),
+        bias=tuple(slab.lora_bias(layer, m) for m in modules) if lora.bias_rows else (),
+        dora=tuple(slab.lora_dora(layer, m) for m in modules) if lora.dora_rows else (),
     )
 
 

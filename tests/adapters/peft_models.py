@@ -22,16 +22,22 @@ def save_base(path: Path) -> Path:
     return path
 
 
-def save_peft_adapter(path: Path, *, rank: int, modules, alpha: int = 16, rslora=False, seed=0):
-    """Save a LoRA with random (non-zero) A and B; returns (path, the PEFT model)."""
-    model = get_peft_model(
-        tiny_llama(),
-        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(modules), use_rslora=rslora),
+def save_peft_adapter(
+    path: Path, *, rank: int, modules, alpha: int = 16, rslora=False, seed=0, base=None, **extra
+):
+    """Save a LoRA with random (non-zero) A and B (and lora_B biases); DoRA magnitudes are
+    the base's row norms, randomly perturbed. `extra` goes to LoraConfig (use_dora,
+    rank_pattern, ...). Returns (path, the PEFT model)."""
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=list(modules), use_rslora=rslora, **extra
     )
+    model = get_peft_model(base if base is not None else tiny_llama(), config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_" in name:
+            if "lora_magnitude_vector" in name:
+                p.mul_(1 + 0.3 * torch.randn(p.shape, generator=gen))
+            elif "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     model.save_pretrained(path)
     return path, model

@@ -147,11 +147,15 @@ MALFORMED = [
     ),
     ("config not json", lambda: {**peft_adapter_files(), CONFIG: b"{nope"}, "is not valid JSON"),
     ("not lora", lambda: _with_config(peft_type="IA3"), "peft_type IA3 is not supported"),
-    ("dora", lambda: _with_config(use_dora=True), r"DoRA \(use_dora\) is not supported"),
+    (
+        "dora without magnitudes",
+        lambda: _with_config(use_dora=True),
+        "layer 0 q_proj: use_dora is set but lora_magnitude_vector is missing",
+    ),
     (
         "modules_to_save",
         lambda: _with_config(modules_to_save=["lm_head"]),
-        "modules_to_save is not supported",
+        "modules_to_save is not supported: merge those modules into the base model, or train",
     ),
     ("bias", lambda: _with_config(bias="lora_only"), "bias 'lora_only' is not supported"),
     (
@@ -160,9 +164,19 @@ MALFORMED = [
         r"layer patterns \(layers_pattern\)",
     ),
     (
-        "rank pattern",
+        "rank pattern misfit",
         lambda: _with_config(rank_pattern={"q_proj": 4}),
-        r"rank patterns \(rank_pattern\)",
+        r"layer 0 q_proj: lora_A \(8, \d+\) and lora_B \(\d+, 8\) do not fit rank 4 \(rank_pattern",
+    ),
+    (
+        "rank pattern not a regex",
+        lambda: _with_config(rank_pattern={"q_proj(": 4}),
+        r"rank_pattern: pattern 'q_proj\(' is not a valid regex",
+    ),
+    (
+        "lora_bias without biases",
+        lambda: _with_config(lora_bias=True),
+        "lora_bias is set but lora_B.bias is missing",
     ),
     ("rank too high", lambda: _with_config(r=128), "rank 128 is above lora.max_lora_rank"),
     ("bad rank", lambda: _with_config(r=0), "r must be a positive integer"),

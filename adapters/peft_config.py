@@ -1,0 +1,172 @@
+"""PEFT's adapter_config.json for a LoRA adapter: what is served, what is refused and why.
+
+Served: rank and alpha (rsLoRA's alpha / sqrt(r) too), DoRA (`use_dora`), per-module
+ranks and alphas (`rank_pattern`, `alpha_pattern`), and a bias on lora_B (`lora_bias`).
+A pattern applies to a module as PEFT applies it: the first key `k` for which
+`(.*\\.)?(k)$` matches the module's name in the model (`model.layers.3.self_attn.q_proj`).
+Every refusal raises AdapterError naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from adapters.bounded_json import parse_json
+from adapters.errors import AdapterError, quoted, shorten
+from adapters.sources import CONFIG
+
+MAX_CONFIG_BYTES = 2**20  # PEFT writes about 1 KB
+MAX_PATTERNS = 4096  # a pattern per module of a 100-layer model is 700
+MAX_PATTERN_CHARS = 256
+_REFUSED = (  # config key, the value PEFT writes when the feature is off, what to say
+    ("modules_to_save", None,
+     "modules_to_save is not supported: merge those modules into the base model, or train "
+     "LoRA on them instead (list them in target_modules)"),
+    ("layers_pattern", None, "layer patterns (layers_pattern) are not supported"),
+    ("fan_in_fan_out", False, "fan_in_fan_out weights are not supported"),
+    ("use_qalora", False, "QA-LoRA (use_qalora) is not supported"),
+    ("layer_replication", None, "layer_replication is not supported"),
+    ("trainable_token_indices", None, "trainable_token_indices is not supported"),
+    ("target_parameters", None, "target_parameters is not supported"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """The served fields of a PEFT LoRA config."""
+
+    rank: int
+    alpha: float
+    use_rslora: bool = False
+    use_dora: bool = False
+    lora_bias: bool = False
+    rank_pattern: Mapping[str, int] = field(default_factory=dict)
+    alpha_pattern: Mapping[str, float] = field(default_factory=dict)
+    base_model_name: str | None = None
+
+    def rank_of(self, name: str) -> int:
+        """The rank of the module named `name` in the model (rank_pattern, else r)."""
+        return self.rank_pattern.get(_pattern_key(self.rank_pattern, name), self.rank)
+
+    def scale_of(self, name: str) -> float:
+        """The module's scale: alpha / r, or alpha / sqrt(r) with rsLoRA, each its own."""
+        rank = self.rank_of(name)
+        alpha = self.alpha_pattern.get(_pattern_key(self.alpha_pattern, name), self.alpha)
+        return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
+
+    @property
+    def scale(self) -> float:
+        """The scale of a module no pattern names."""
+        return self.alpha / math.sqrt(self.rank) if self.use_rslora else self.alpha / self.rank
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The LoRA variants the adapter uses, by their PEFT field names, sorted."""
+        used = {
+            "use_dora": self.use_dora,
+            "rank_pattern": bool(self.rank_pattern),
+            "alpha_pattern": bool(self.alpha_pattern),
+            "lora_bias": self.lora_bias,
+            "use_rslora": self.use_rslora,
+        }
+        return tuple(sorted(name for name, on in used.items() if on))
+
+
+def parse_config(data: bytes, label: str, max_rank: int) -> LoraConfig:
+    """adapter_config.json's bytes as a LoraConfig; AdapterError naming the field if refused."""
+    config = parse_json(data, f"{label}: {CONFIG}", max_bytes=MAX_CONFIG_BYTES)
+    if not isinstance(config, dict):
+        raise AdapterError(f"{label}: {CONFIG} is not a JSON object")
+    peft_type = str(config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise AdapterError(
+            f"{label}: peft_type {shorten(peft_type)} is not supported; only LORA adapters are"
+        )
+    for key, off, message in _REFUSED:
+        if config.get(key, off) not in (off, None, {}, [], False):
+            raise AdapterError(f"{label}: {message}")
+    if config.get("bias", "none") != "none":
+        raise AdapterError(
+            f"{label}: bias {quoted(config['bias'])} is not supported; only bias 'none' is "
+            "(a bias on lora_B is lora_bias, which is)"
+        )
+    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    if not _is_int(rank) or rank < 1:
+        raise AdapterError(f"{label}: r must be a positive integer, got {quoted(rank)}")
+    if not _is_number(alpha):
+        raise AdapterError(f"{label}: lora_alpha must be a number, got {quoted(alpha)}")
+    if _flag(config, "use_dora", label) and _flag(config, "lora_bias", label):
+        raise AdapterError(
+            f"{label}: lora_bias with use_dora is not supported (PEFT refuses to train it too)"
+        )
+    ranks = _patterns(config, "rank_pattern", label, _is_int, "a positive integer")
+    for key, r in (("r", rank), *((f"rank_pattern[{quoted(k)}]", v) for k, v in ranks.items())):
+        if r < 1:
+            raise AdapterError(f"{label}: {key} must be a positive integer, got {r}")
+        if r > max_rank:
+            raise AdapterError(f"{label}: {key}: rank {r} is above lora.max_lora_rank ({max_rank})")
+    alphas = _patterns(config, "alpha_pattern", label, _is_number, "a number")
+    trained_on = config.get("base_model_name_or_path")
+    return LoraConfig(
+        rank=rank,
+        alpha=float(alpha),
+        use_rslora=_flag(config, "use_rslora", label),
+        use_dora=_flag(config, "use_dora", label),
+        lora_bias=_flag(config, "lora_bias", label),
+        rank_pattern=ranks,
+        alpha_pattern={k: float(v) for k, v in alphas.items()},
+        base_model_name=trained_on if isinstance(trained_on, str) else None,
+    )
+
+
+def _patterns(config: dict, key: str, label: str, valid, what: str) -> dict:
+    """A rank or alpha pattern: {regex: value}, each regex compiled once here to check it."""
+    patterns = config.get(key) or {}
+    if not isinstance(patterns, dict):
+        raise AdapterError(f"{label}: {key} must be an object of module pattern -> value")
+    if len(patterns) > MAX_PATTERNS:
+        raise AdapterError(f"{label}: {key} has {len(patterns)} entries, more than {MAX_PATTERNS}")
+    for pattern, value in patterns.items():
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise AdapterError(
+                f"{label}: {key}: pattern {shorten(pattern)} is longer than {MAX_PATTERN_CHARS}"
+            )
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise AdapterError(
+                f"{label}: {key}: pattern {quoted(pattern)} is not a valid regex ({exc})"
+            ) from None
+        if not valid(value):
+            raise AdapterError(
+                f"{label}: {key}[{quoted(pattern)}] must be {what}, got {quoted(value)}"
+            )
+    return dict(patterns)
+
+
+def _pattern_key(patterns: Mapping[str, object], name: str) -> str | None:
+    """PEFT's rule: the first key k for which `(.*\\.)?(k)$` matches the module's name."""
+    for key in patterns:
+        if re.match(rf"(.*\.)?({key})$", name):
+            return key
+    return None
+
+
+def _flag(config: dict, key: str, label: str) -> bool:
+    value = config.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise AdapterError(f"{label}: {key} must be true or false, got {quoted(value)}")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

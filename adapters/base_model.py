@@ -5,8 +5,9 @@ Read from the base model's config.json (Llama, Mistral, Qwen2: GQA, optional hea
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.errors import AdapterError
@@ -15,6 +16,7 @@ from adapters.errors import AdapterError
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 LINEARS = _ATTN + _MLP  # every linear of a Llama decoder layer, which LoRA may target
+OUTER = ("embed_tokens", "lm_head")  # LoRA-targetable modules outside the layers
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,13 @@ class BaseModelSpec:
     num_layers: int
     shapes: dict[str, tuple[int, int]]
     dtype: str | None = None  # the checkpoint's torch_dtype, e.g. "bfloat16"; None when unknown
+    # embed_tokens: (vocab, hidden), its lora_embedding_A [r, vocab]; lm_head: (hidden, vocab).
+    # Empty where they are not served (a server without lora.embeddings).
+    outer_shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def without_outer(self) -> BaseModelSpec:
+        """The same spec with no LoRA on the embedding or the LM head."""
+        return dataclasses.replace(self, outer_shapes={})
 
     @staticmethod
     def from_config(config: dict) -> BaseModelSpec:
@@ -34,6 +43,7 @@ class BaseModelSpec:
             kv_heads = int(config.get("num_key_value_heads") or heads)
             head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
             layers = int(config["num_hidden_layers"])
+            vocab = int(config.get("vocab_size") or 0)
         except (KeyError, TypeError, ValueError) as exc:
             raise AdapterError(f"base model config.json: missing or bad field {exc}") from None
         sizes = {
@@ -57,7 +67,10 @@ class BaseModelSpec:
             "up_proj": (hidden, inter),
             "down_proj": (inter, hidden),
         }
-        return BaseModelSpec(num_layers=layers, shapes=shapes, dtype=_dtype_name(config))
+        outer = {"embed_tokens": (vocab, hidden), "lm_head": (hidden, vocab)} if vocab > 0 else {}
+        return BaseModelSpec(
+            num_layers=layers, shapes=shapes, dtype=_dtype_name(config), outer_shapes=outer
+        )
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> BaseModelSpec:

@@ -15,7 +15,6 @@ file (and the draft companion's digest), so identical uploads are one version.
 from __future__ import annotations
 
 import hashlib
-import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,19 +22,14 @@ from pathlib import Path
 
 import torch
 
-from adapters.base_model import LINEARS, BaseModelSpec, module_group
+from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError, quoted, shorten
 from adapters.overflow import check_activation_bound
 from adapters.peft_config import LoraConfig, parse_config
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
+from adapters.tensor_names import OUTER_LAYER, PART_NAMES, tensor_name, where
 
-TENSOR_RE = re.compile(
-    r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
-    r"\.(?:lora_(?P<which>A|B)\.weight|lora_B\.(?P<bias>bias)"
-    r"|(?P<magnitude>lora_magnitude_vector)(?:\.weight)?)$"
-)
-MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
 _EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
     torch.float16: (torch.int16, 0x7C00),
@@ -137,12 +131,19 @@ def parse_adapter(
         raise AdapterError(f"{label}: {WEIGHTS} is missing")
     config = parse_config(files[CONFIG], label, max_rank)
     scan = stored_digest is None
-    modules = _parse_weights(files[WEIGHTS], label, config, base, scan=scan)
+    modules, skipped = _parse_weights(files[WEIGHTS], label, config, base, scan=scan)
     if scan:
         for scale, group in _by_scale(modules).items():
             pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in group)
             check_activation_bound(label, pairs, scale, base.dtype if base else None)
-    notes = []
+    notes = (
+        [
+            f"{label}: skipped {len(skipped)} copies of the base model's own weights "
+            f"({', '.join(shorten(n) for n in skipped[:2])}); the served model's are used"
+        ]
+        if skipped
+        else []
+    )
     trained_on = config.base_model_name
     if base_name and trained_on and trained_on != base_name:
         notes.append(
@@ -166,58 +167,47 @@ def parse_adapter(
 
 def _parse_weights(
     data: bytes, label: str, config: LoraConfig, base: BaseModelSpec | None, scan: bool
-) -> dict[tuple[int, str], LoraModule]:
+) -> tuple[dict[tuple[int, str], LoraModule], list[str]]:
+    """The modules, and the names of the base-weight copies skipped."""
     header = check_header(data, f"{label}: {WEIGHTS}")
-    names, seen = {}, set()
+    names, seen, skipped = {}, set(), []
     for name in header:
-        m = TENSOR_RE.search(name)
-        if m is None:
+        t = tensor_name(name, label)
+        if t.skipped:
+            skipped.append(name)
+            continue
+        if (t.layer, t.module, t.part) in seen:
             raise AdapterError(
-                f"{label}: tensor {quoted(name)} matches no LoRA module (…layers.N.<module>.lora_A/B.weight)"
+                f"{label}: tensor {quoted(name)} repeats {where(t.layer, shorten(t.module))} "
+                f"{PART_NAMES[t.part]}"
             )
-        if len(m["layer"]) > MAX_LAYER_DIGITS:
-            raise AdapterError(f"{label}: tensor {quoted(name)} has an out-of-range layer index")
-        part = m["which"] or ("bias" if m["bias"] else "magnitude")
-        key = (int(m["layer"]), m["module"], part, m["block"])
-        if key in seen:
-            raise AdapterError(
-                f"{label}: tensor {quoted(name)} repeats layer {key[0]} {shorten(key[1])} {_PART[part]}"
-            )
-        if key[1] in LINEARS and m["block"] != module_group(key[1]):
-            raise AdapterError(
-                f"{label}: tensor {quoted(name)} puts {shorten(key[1])} under {m['block']}"
-            )
-        seen.add(key)
-        names[name] = key
+        seen.add((t.layer, t.module, t.part))
+        names[name] = t
     if not names:
         raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
     tensors = _tensor_views(data, header)
     parts: dict[tuple[int, str, str], dict[str, torch.Tensor]] = {}
-    for name, (layer, module, part, block) in names.items():
-        t = tensors[name]
-        if scan and _has_nonfinite(t):
+    for name, t in names.items():
+        tensor = tensors[name]
+        if scan and _has_nonfinite(tensor):
             raise AdapterError(f"{label}: tensor {quoted(name)} contains NaN or Inf")
-        parts.setdefault((layer, module, block), {})[part] = t
+        parts.setdefault((t.layer, t.module, t.model_name), {})[t.part] = tensor
     modules = {}
-    for (layer, module, block), found in sorted(parts.items()):
-        where = f"{label}: layer {layer} {module}"
-        modules[(layer, module)] = _module(where, layer, module, block, found, config, base)
-    return modules
+    for (layer, module, model_name), found in sorted(parts.items()):
+        here = f"{label}: {where(layer, module)}"
+        modules[(layer, module)] = _module(here, layer, module, model_name, found, config, base)
+    return modules, skipped
 
 
-_PART = {"A": "lora_A", "B": "lora_B", "bias": "lora_B.bias", "magnitude": "lora_magnitude_vector"}
-
-
-def _module(where, layer, module, block, found, config: LoraConfig, base) -> LoraModule:
+def _module(where, layer, module, name, found, config: LoraConfig, base) -> LoraModule:
     """One module's tensors checked against the config: its rank, bias and DoRA magnitude."""
     if "A" not in found or "B" not in found:
         have = "lora_A" if "A" in found else "lora_B" if "B" in found else None
         if have:
             raise AdapterError(f"{where}: has {have} without its pair")
-        extra = ", ".join(_PART[p] for p in sorted(found))
+        extra = ", ".join(PART_NAMES[p] for p in sorted(found))
         raise AdapterError(f"{where}: has {extra} without lora_A and lora_B")
     a, b = found["A"], found["B"]
-    name = f"model.layers.{layer}.{block}.{module}"  # as PEFT matches patterns against it
     rank = config.rank_of(name)
     if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
         source = "rank_pattern" if rank != config.rank else "r"
@@ -232,12 +222,12 @@ def _module(where, layer, module, block, found, config: LoraConfig, base) -> Lor
     ):
         t = found.get(part)
         if wanted and t is None:
-            raise AdapterError(f"{where}: {field_name} is set but {_PART[part]} is missing")
+            raise AdapterError(f"{where}: {field_name} is set but {PART_NAMES[part]} is missing")
         if not wanted and t is not None:
-            raise AdapterError(f"{where}: has {_PART[part]} but {field_name} is not set")
+            raise AdapterError(f"{where}: has {PART_NAMES[part]} but {field_name} is not set")
         if t is not None and (t.dim() != 1 or t.shape[0] != b.shape[0]):
             raise AdapterError(
-                f"{where}: {_PART[part]} {tuple(t.shape)} does not fit lora_B's {b.shape[0]} outputs"
+                f"{where}: {PART_NAMES[part]} {tuple(t.shape)} does not fit lora_B's {b.shape[0]} outputs"
             )
         vectors[part] = t
     if base is not None:
@@ -279,16 +269,22 @@ def _has_nonfinite(t: torch.Tensor) -> bool:
 
 
 def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None:
-    if module not in base.shapes:
+    outer = layer == OUTER_LAYER
+    shapes = base.outer_shapes if outer else base.shapes
+    if module not in shapes:
+        if outer:
+            raise AdapterError(
+                f"{where}: this server serves no LoRA on {module} (lora.embeddings is off)"
+            )
         known = ", ".join(base.shapes)
         raise AdapterError(
             f"{where}: the base model has no module {quoted(module)} (it has {known})"
         )
-    if layer >= base.num_layers:
+    if not outer and layer >= base.num_layers:
         raise AdapterError(
             f"{where}: layer {layer} is out of range; the base model has {base.num_layers}"
         )
-    fan_in, fan_out = base.shapes[module]
+    fan_in, fan_out = shapes[module]
     if a.shape[1] != fan_in or b.shape[0] != fan_out:
         raise AdapterError(
             f"{where}: shapes lora_A {tuple(a.shape)}, lora_B {tuple(b.shape)} do not fit the base "

@@ -19,6 +19,7 @@ from adapters.base_model import BaseModelSpec
 from adapters.errors import AdapterError
 from adapters.format import Adapter
 from adapters.names import DIGEST_RE, version_digest
+from adapters.tensor_names import OUTER_LAYER
 
 
 class HostCache:
@@ -90,7 +91,12 @@ class HostCache:
 
 
 def check_fits(
-    version: str, adapter: Adapter, spec: BaseModelSpec, modules: Sequence[str], max_rank: int
+    version: str,
+    adapter: Adapter,
+    spec: BaseModelSpec,
+    modules: Sequence[str],
+    max_rank: int,
+    outer: Sequence[str] = (),
 ) -> None:
     """AdapterError unless `adapter` is `version` and fits max_rank, the modules and the shapes."""
     where = f"adapter {version}"
@@ -101,13 +107,23 @@ def check_fits(
     if r > max_rank:
         raise AdapterError(f"{where}: rank {r} is above the slab's max_rank {max_rank}")
     for (layer, module), mod in adapter.modules.items():
-        if module not in modules:
-            raise AdapterError(f"{where}: targets {module!r}; the slab holds {', '.join(modules)}")
-        if not 0 <= layer < spec.num_layers:
-            raise AdapterError(
-                f"{where}: layer {layer} is out of range; the base model has {spec.num_layers}"
-            )
-        fan_in, fan_out = spec.shapes[module]
+        if layer == OUTER_LAYER:
+            if module not in outer:
+                raise AdapterError(
+                    f"{where}: targets {module}, which this server serves no LoRA on; "
+                    "set lora.embeddings: true to serve it"
+                )
+            fan_in, fan_out = spec.outer_shapes[module]
+        else:
+            if module not in modules:
+                raise AdapterError(
+                    f"{where}: targets {module!r}; the slab holds {', '.join(modules)}"
+                )
+            if not 0 <= layer < spec.num_layers:
+                raise AdapterError(
+                    f"{where}: layer {layer} is out of range; the base model has {spec.num_layers}"
+                )
+            fan_in, fan_out = spec.shapes[module]
         rm = mod.a.shape[0]  # the module's own rank (rank_pattern), at most the adapter's
         if rm > r or tuple(mod.a.shape) != (rm, fan_in) or tuple(mod.b.shape) != (fan_out, rm):
             raise AdapterError(

@@ -10,7 +10,8 @@ For every layer and targetable module the slab holds the stacks the LoRA kernels
 A module whose own scale differs from the adapter's (alpha_pattern, rank_pattern) has its
 B stored multiplied by the ratio, so the kernels keep one scale per slot; a module of a
 lower rank than its adapter's (rank_pattern) fills only its first rows, the rest zero.
-lora_B biases and DoRA's output scales live beside, in adapters/slab_vectors.py.
+lora_B biases and DoRA's output scales live beside, in adapters/slab_vectors.py. With
+`embeddings`, the embedding's and the LM head's stacks are kept too, under layer -1.
 
 Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
 `acquire` pins a version in a slot for as long as a request uses it and `release` unpins
@@ -35,6 +36,7 @@ from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
 from adapters.slab_vectors import BaseWeight, SlabVectors
+from adapters.tensor_names import OUTER_LAYER
 
 Key = tuple[int, str]  # (layer, module)
 
@@ -77,6 +79,7 @@ class AdapterSlab:
         modules: Sequence[str] | None = None,
         prefetch_workers: int = 2,
         base_weight: BaseWeight | None = None,
+        embeddings: bool = False,
     ) -> None:
         if num_slots < 1 or max_rank < 1:
             raise ValueError(f"num_slots and max_rank must be >= 1, got {num_slots}, {max_rank}")
@@ -89,18 +92,23 @@ class AdapterSlab:
         like = {"dtype": dtype, "device": self.device}
         self._a: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, in]
         self._b: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, out]
-        for layer in range(spec.num_layers):
-            for m in self.modules:
-                fan_in, fan_out = spec.shapes[m]
-                self._a[layer, m] = torch.zeros(num_slots, max_rank, fan_in, **like)
-                self._b[layer, m] = torch.zeros(num_slots, max_rank, fan_out, **like)
-        shapes = (((layer, m), spec.shapes[m][1]) for layer in range(spec.num_layers)
-                  for m in self.modules)  # fmt: skip
+        # The embedding's and LM head's stacks are vocabulary-wide: only when asked for.
+        self.outer = tuple(spec.outer_shapes) if embeddings else ()
+        keys = [((layer, m), spec.shapes[m]) for layer in range(spec.num_layers)
+                for m in self.modules]  # fmt: skip
+        keys += [((OUTER_LAYER, m), spec.outer_shapes[m]) for m in self.outer]
+        for key, (fan_in, fan_out) in keys:
+            self._a[key] = torch.zeros(num_slots, max_rank, fan_in, **like)
+            self._b[key] = torch.zeros(num_slots, max_rank, fan_out, **like)
+        self.keys = frozenset(self._a)  # every (layer, module) the slab holds
+        shapes = ((key, fan_out) for key, (_, fan_out) in keys)
         self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
         self._lock = threading.Lock()
-        check = partial(check_fits, spec=spec, modules=self.modules, max_rank=max_rank)
+        check = partial(
+            check_fits, spec=spec, modules=self.modules, max_rank=max_rank, outer=self.outer
+        )
         # Pinned host memory only pays off when the copies go to a GPU.
         pin = self.device.type == "cuda"
         self._host = HostCache(max_cpu_loras, loader, check, lock=self._lock, pin=pin)

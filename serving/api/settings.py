@@ -56,7 +56,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
     context = min(model.max_position_embeddings, model.sliding_window or 1 << 62)
     draft = None
     if cfg.draft.method == "draft_model":
-        draft = served_spec(cfg.draft.path, cfg.model.dtype)
+        draft = served_spec(cfg.draft.path, cfg.model.dtype, cfg.lora.embeddings)
     # Before the registry is opened (which creates its folder): a bad keys file touches nothing.
     keys = load_keys(cfg.server.api_keys_file)
     return AppSettings(
@@ -64,7 +64,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         max_model_len=min(cfg.model.max_model_len, context),
         tokenizer=load_tokenizer(cfg.model.path),
         registry=Registry(cfg.lora.registry),
-        base_spec=served_spec(cfg.model.path, cfg.model.dtype),
+        base_spec=served_spec(cfg.model.path, cfg.model.dtype, cfg.lora.embeddings),
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
         keys=keys,
@@ -76,11 +76,13 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
     )
 
 
-def served_spec(model_dir, dtype: str) -> BaseModelSpec:
-    """The model's spec for checking adapters, with the dtype it is served in.
+def served_spec(model_dir, dtype: str, embeddings: bool = False) -> BaseModelSpec:
+    """The model's spec for checking adapters, with the dtype it is served in; LoRA on the
+    embedding and the LM head only where the server serves it (lora.embeddings).
 
     An adapter is bounded against the activations' range (adapters.overflow): a configured
     model.dtype is that range; with `auto` the checkpoint's own dtype is, or one as wide.
     """
     spec = BaseModelSpec.from_dir(model_dir)
+    spec = spec if embeddings else spec.without_outer()
     return spec if dtype == "auto" else dataclasses.replace(spec, dtype=dtype)

@@ -135,6 +135,10 @@ class LoraSection(_Section):
     max_loras: int = Field(16, gt=0, description="Adapters resident on the GPU at once.")
     max_lora_rank: int = Field(64, gt=0, description="Highest adapter rank accepted.")
     max_cpu_loras: int = Field(128, gt=0, description="Adapters cached in host memory.")
+    embeddings: bool = Field(
+        False,
+        description="Also serve LoRA on embed_tokens and lm_head (vocabulary-wide slab stacks).",
+    )
     registry: RegistryURI = Field("file://./registry", description="An fsspec URL or a folder.")
     # Names are checked where they are published, at start-up: config imports nothing of ours.
     preload: dict[str, LocalPath] = Field({}, description="Loaded at start: {name: path}.")

@@ -97,7 +97,7 @@ def publish_preloads(cfg: ServeConfig) -> list[Version]:
     if not cfg.lora.preload:
         return []
     registry = Registry(cfg.lora.registry)
-    spec = served_spec(cfg.model.path, cfg.model.dtype)
+    spec = served_spec(cfg.model.path, cfg.model.dtype, cfg.lora.embeddings)
     versions = []
     for name, path in cfg.lora.preload.items():
         companion = path / "draft"

@@ -162,6 +162,7 @@ def _slab(cfg: ServeConfig, spec, model, device: str, fetch) -> AdapterSlab:
         dtype=dtype,
         device=device,
         base_weight=model.served_weight,  # DoRA's norms, of the weights as served
+        embeddings=cfg.lora.embeddings,
     )
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import build_segments, paged_attention, write_kv
+from adapters.tensor_names import OUTER_LAYER
+from kernels import build_segments, lora_expand, paged_attention, write_kv
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
@@ -78,6 +79,7 @@ class LlamaModel:
         tied = config.tie_word_embeddings or "lm_head.weight" not in state
         self.lm_head = self.embed if tied else get("lm_head.weight", vocab_hidden)
         self.layers = [self._layer(get, i, fp8) for i in range(config.num_layers)]
+        self._head = Linear(self.lm_head, None, None)  # the LM head as a LoRA-able linear
         # [D/2] beside the weights: positions arrive on their device, and cos/sin are made there
         self.inv_freq = rope_inv_freq(config).to(self.embed.device)
         self.rope_factor = rope_attention_factor(config)  # yarn scales cos/sin; 1.0 otherwise
@@ -132,6 +134,8 @@ class LlamaModel:
         step = step.to(self.embed.device)
         lora = self._step_lora(step, slab)
         h = self.embed[step.token_ids]  # [T, hidden]
+        if lora is not None and (OUTER_LAYER, "embed_tokens") in slab.keys:
+            embedding_lora(h, step.token_ids, slab, lora)
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -162,7 +166,12 @@ class LlamaModel:
             gate, up = gu.chunk(2, dim=-1)
             act = torch.nn.functional.silu(gate) * up
             h = h + lora_linear(act, layer.down, _stacks(slab, i, ("down_proj",), lora), lora)
-        out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)
+        out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)  # [K, hidden]
+        if lora is not None and (OUTER_LAYER, "lm_head") in slab.keys:
+            slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
+            head = _step_lora_of(slots, slab)
+            stacks = _stacks(slab, OUTER_LAYER, ("lm_head",), head)
+            return lora_linear(out, self._head, stacks, head).to(torch.float32)
         return (out @ self.lm_head.T).to(torch.float32)
 
     def allocate_kv(self, num_blocks: int, block_size: int, device=None):
@@ -181,16 +190,12 @@ class LlamaModel:
     def _step_lora(self, step: StepInputs, slab) -> StepLora | None:
         if slab is None or step.adapter_slots is None:
             return None
-        segments = build_segments(step.adapter_slots, slab.ranks)
-        vectors = slab.vectors
-        return StepLora(
-            segments=segments, scales=slab.scales, max_rank=slab.max_rank,
-            bias_rows=_rows(step.adapter_slots, vectors.has_bias) if vectors.num_bias else None,
-            dora_rows=_rows(step.adapter_slots, vectors.has_dora) if vectors.num_dora else None,
-        )  # fmt: skip
+        return _step_lora_of(step.adapter_slots, slab)
 
     def served_weight(self, layer: int, module: str) -> torch.Tensor:
         """W [out, in] of (layer, module) as this model computes with it (FP8 dequantized)."""
+        if layer == OUTER_LAYER:  # the LM head (the embedding takes no DoRA)
+            return self.lm_head.to(torch.float32)
         weights = self.layers[layer]
         fused, offset, rows = self._module_rows(module)
         linear = getattr(weights, fused)
@@ -208,6 +213,31 @@ class LlamaModel:
             "o_proj": ("o", 0, c.hidden_size), "gate_proj": ("gate_up", 0, inter),
             "up_proj": ("gate_up", inter, inter), "down_proj": ("down", 0, c.hidden_size),
         }[module]  # fmt: skip
+
+
+def _step_lora_of(slots: torch.Tensor, slab) -> StepLora:
+    """The segments of tokens in `slots` ([n], -1 = base only) and the rows needing extras."""
+    vectors = slab.vectors
+    return StepLora(
+        segments=build_segments(slots, slab.ranks), scales=slab.scales, max_rank=slab.max_rank,
+        bias_rows=_rows(slots, vectors.has_bias) if vectors.num_bias else None,
+        dora_rows=_rows(slots, vectors.has_dora) if vectors.num_dora else None,
+    )  # fmt: skip
+
+
+def embedding_lora(h: torch.Tensor, token_ids: torch.Tensor, slab, lora: StepLora) -> None:
+    """h[t] += scale[slot t] * lora_embedding_B[slot t] @ lora_embedding_A[slot t][:, id(t)].
+
+    The shrink of an embedding is a gather: column id(t) of A, [max_rank], per token.
+    """
+    if lora.segments.num_active == 0:
+        return
+    a = slab.lora_a(OUTER_LAYER, "embed_tokens")  # [slots, max_rank, vocab]
+    slots = lora.segments.token_slots.to(torch.int64)  # [num_active], in segment order
+    tokens = lora.segments.token_order  # [num_active]
+    t = torch.zeros(h.shape[0], slab.max_rank, dtype=torch.float32, device=h.device)
+    t[tokens] = a[slots, :, token_ids.index_select(0, tokens)].to(torch.float32)
+    lora_expand(t, slab.lora_b(OUTER_LAYER, "embed_tokens"), h, lora.segments, lora.scales)
 
 
 def _rows(slots: torch.Tensor, flags: torch.Tensor) -> RowSet | None:

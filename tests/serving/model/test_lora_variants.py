@@ -7,6 +7,7 @@ import torch
 from peft import PeftModel
 
 from adapters.base_model import BaseModelSpec
+from adapters.errors import AdapterError
 from adapters.format import load_adapter
 from adapters.slab import AdapterSlab
 from kernels import quantize_fp8
@@ -20,8 +21,9 @@ BLOCK = 4
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VARIANTS = {  # name: save_peft_adapter keywords
     "plain": {"rank": 8, "modules": ("q_proj", "v_proj")},
-    "dora": {"rank": 4, "modules": ALL, "use_dora": True},
-    "bias": {"rank": 8, "modules": ("q_proj", "o_proj", "down_proj"), "lora_bias": True},
+    "dora": {"rank": 4, "modules": (*ALL, "lm_head"), "use_dora": True},
+    "outer": {"rank": 6, "modules": ("embed_tokens", "lm_head", "v_proj")},
+    "bias": {"rank": 8, "modules": ("q_proj", "down_proj", "lm_head"), "lora_bias": True},
     "patterns": {
         "rank": 8, "modules": ALL, "alpha": 12,
         "rank_pattern": {"q_proj": 2, "layers.1.mlp.down_proj": 16},
@@ -32,7 +34,8 @@ VARIANTS = {  # name: save_peft_adapter keywords
         "rank_pattern": {"gate_proj": 4},
     },
 }  # fmt: skip
-ROWS = ["dora", "__base__", "plain", "bias", "patterns", "__base__", "dora_rslora", "dora"]
+ROWS = ["dora", "__base__", "plain", "outer", "bias", "patterns", "__base__", "dora_rslora",
+        "outer", "dora"]
 
 
 def fp8_roundtrip(model):
@@ -64,7 +67,7 @@ def build(root, fp8: bool):
     )
     slab = AdapterSlab(
         spec, num_slots=6, max_rank=16, max_cpu_loras=0, loader=loaded.__getitem__,
-        base_weight=model.served_weight,
+        base_weight=model.served_weight, embeddings=True,
     )  # fmt: skip
     slots = {name: slab.acquire(name) for name in loaded}
     return model, peft, slab, slots, loaded
@@ -105,6 +108,10 @@ def test_the_variants_are_read_as_peft_wrote_them(setup):
     assert p.modules[1, "down_proj"].a.shape[0] == 16 and p.modules[0, "down_proj"].a.shape[0] == 8
     assert p.modules[0, "v_proj"].scale == 3 / 8 and p.modules[0, "up_proj"].scale == 40 / 8
     assert p.modules[1, "up_proj"].scale == 12 / 8
+    outer = loaded["outer"]
+    assert outer.modules[-1, "embed_tokens"].a.shape == (6, 100)  # [r, vocab]
+    assert outer.modules[-1, "lm_head"].b.shape == (100, 6)  # [vocab, r]
+    assert any("copies of the base model's own weights" in w for w in outer.warnings)
 
 
 def test_mixed_batch_matches_peft_row_by_row(setup):
@@ -126,7 +133,7 @@ def test_mixed_batch_matches_peft_row_by_row(setup):
 
 def test_decode_steps_keep_each_rows_variant(setup):
     model, peft, slab, slots, _ = setup
-    names = ["patterns", "dora_rslora", "__base__", "bias"]
+    names = ["patterns", "dora_rslora", "__base__", "outer", "bias"]
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 100, (len(names), 5), generator=gen)
     seqs = [Seq(t.tolist(), slot=slots.get(n, -1)) for t, n in zip(tokens, names)]
@@ -140,3 +147,37 @@ def test_decode_steps_keep_each_rows_variant(setup):
         got = model.forward(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab).double()
         want = peft_rows(peft, tokens, names)[:, -1]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_embedding_lora_needs_a_slab_that_holds_it(setup):
+    model, _, _, _, loaded = setup
+    slab = AdapterSlab(
+        _spec_of(model), num_slots=2, max_rank=16, max_cpu_loras=0, loader=loaded.__getitem__,
+        base_weight=model.served_weight,
+    )  # fmt: skip
+    try:
+        with pytest.raises(AdapterError, match=r"set lora\.embeddings: true"):
+            slab.acquire("outer")
+        assert slab.acquire("plain") >= 0  # the slab itself still serves
+    finally:
+        slab.close()
+
+
+def test_dora_needs_the_base_weights(setup):
+    model, _, _, _, loaded = setup
+    slab = AdapterSlab(_spec_of(model), num_slots=2, max_rank=16, max_cpu_loras=0,
+                       loader=loaded.__getitem__)  # fmt: skip
+    try:
+        with pytest.raises(AdapterError, match="uses DoRA, which this slab cannot serve"):
+            slab.acquire("dora_rslora")
+    finally:
+        slab.close()
+
+
+def _spec_of(model) -> BaseModelSpec:
+    c = model.config
+    return BaseModelSpec.from_config({
+        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim, "num_hidden_layers": c.num_layers, "vocab_size": c.vocab_size,
+    })  # fmt: skip

@@ -133,13 +133,15 @@ def list_(
         typer.Option("--tenant", help="Only this tenant's names (default: all this key may see)."),
     ] = None,
 ) -> None:
-    """List adapters: name, version, owner, public, rank, modules, size."""
+    """List adapters: name, version, owner, public, rank, LoRA variants, modules, size."""
     catalogue = _catalogue(registry, server)
     try:
         entries = catalogue.list(tenant)
     except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
-    table = Table("name", "version", "owner", "public", "rank", "modules", "bytes", box=None)
+    table = Table(
+        "name", "version", "owner", "public", "rank", "variants", "modules", "bytes", box=None
+    )
     for e in entries:
         table.add_row(
             e.name,
@@ -147,6 +149,7 @@ def list_(
             e.owner,
             "yes" if e.public else "",
             str(e.rank),
+            ",".join(e.variants),
             ",".join(e.target_modules),
             str(e.num_bytes),
         )
@@ -242,6 +245,7 @@ def _fields(entry):
     yield "owner", entry.owner
     yield "public", "yes" if entry.public else "no"
     yield "rank", entry.rank
+    yield "variants", ", ".join(entry.variants) or "plain LoRA"
     yield "modules", ", ".join(entry.target_modules)
     yield "bytes", entry.num_bytes
     yield "updated", entry.updated

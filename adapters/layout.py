@@ -24,7 +24,7 @@ META_KEYS = (
     "num_bytes",
     "has_draft",
     "created",
-)
+)  # and "variants", absent from meta written before it was recorded
 POINTER_KEYS = ("name", "digest", "owner", "updated")
 
 
@@ -90,7 +90,7 @@ def checked_meta(value: dict | None, digest: str, uri: str) -> dict | None:
 
 def _meta_typed(meta: dict, digest: str) -> bool:
     """Whether every field of meta is of the type readers use it as."""
-    modules = meta["target_modules"]
+    modules, variants = meta["target_modules"], meta.get("variants", [])
     return (
         meta["digest"] == digest
         and _is_int(meta["rank"])
@@ -102,7 +102,14 @@ def _meta_typed(meta: dict, digest: str) -> bool:
         and meta["num_bytes"] >= 0
         and isinstance(meta["has_draft"], bool)
         and isinstance(meta["created"], str)
+        and isinstance(variants, list)
+        and all(isinstance(variant, str) for variant in variants)
     )
+
+
+def meta_variants(meta: dict) -> tuple[str, ...]:
+    """The LoRA variants a version's meta records; () in meta written before they were."""
+    return tuple(meta.get("variants", ()))
 
 
 def _is_int(value: object) -> bool:

@@ -21,6 +21,8 @@ from adapters.sources import CONFIG
 MAX_CONFIG_BYTES = 2**20  # PEFT writes about 1 KB
 MAX_PATTERNS = 4096  # a pattern per module of a 100-layer model is 700
 MAX_PATTERN_CHARS = 256
+# LoraConfig.variants' names: a fixed set, so a metric may label by them without a cap.
+VARIANTS = ("alpha_pattern", "lora_bias", "rank_pattern", "use_dora", "use_rslora")
 _REFUSED = (  # config key, the value PEFT writes when the feature is off, what to say
     ("modules_to_save", None,
      "modules_to_save is not supported: merge those modules into the base model, or train "

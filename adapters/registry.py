@@ -42,7 +42,7 @@ from adapters.base_model import BaseModelSpec
 from adapters.catalogue import Catalogue, log
 from adapters.errors import AdapterError, UnknownAdapter
 from adapters.format import Adapter
-from adapters.layout import LATEST, META_KEYS, Pointer, legacy_dir
+from adapters.layout import LATEST, META_KEYS, Pointer, legacy_dir, meta_variants
 from adapters.names import (
     DIGEST_RE,
     parse_ref,
@@ -70,6 +70,7 @@ class Version:
     has_draft: bool
     created: str  # ISO 8601 UTC time this content was first stored
     public: bool = False  # whether owner's name is the public adapter of that name
+    variants: tuple[str, ...] = ()  # Adapter.variants; () if stored before they were recorded
 
     @property
     def ref(self) -> str:
@@ -95,6 +96,7 @@ class Entry:
     num_bytes: int
     history: tuple[str, ...] = ()  # show() only: digests the name pointed to, newest first
     public: bool = False
+    variants: tuple[str, ...] = ()  # as Version.variants
 
 
 class Registry:
@@ -268,7 +270,8 @@ class Registry:
         fields = {key: meta[key] for key in META_KEYS}  # Version's fields besides name and owner
         fields["target_modules"] = tuple(fields["target_modules"])
         public = self._cat.indexed_owner(name) == owner
-        return Version(name=name, owner=owner, public=public, **fields)
+        variants = meta_variants(meta)
+        return Version(name=name, owner=owner, public=public, variants=variants, **fields)
 
     def _entry_or_skip(self, pointer: Pointer, public: bool) -> Entry | None:
         """pointer's entry; None, counted as skipped, when its version is missing or corrupted."""
@@ -292,4 +295,5 @@ def _entry(pointer: Pointer, meta: dict, public: bool, history: tuple[str, ...])
         num_bytes=meta["num_bytes"],
         history=history,
         public=public,
+        variants=meta_variants(meta),
     )

@@ -109,6 +109,7 @@ def _entry(data: dict) -> Entry:
             num_bytes=data["num_bytes"],
             history=tuple(data.get("history", ())),
             public=bool(data.get("public", False)),  # absent from servers without tenants
+            variants=tuple(data.get("variants", ())),  # absent from servers before variants
         )
     except (KeyError, TypeError) as exc:
         raise RemoteError(f"unexpected answer from the server: missing {exc}") from None

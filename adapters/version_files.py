@@ -54,6 +54,7 @@ def store_version(catalogue: Catalogue, adapter: Adapter) -> dict:
             "target_modules": list(adapter.target_modules),
             "num_bytes": adapter.num_bytes,
             "has_draft": adapter.draft is not None,
+            "variants": list(adapter.variants),
             "created": now_iso(),
         }
         store.write_json(f"{version_dir(adapter.digest)}/{META}", meta)

@@ -20,6 +20,7 @@ def version_json(v: Version) -> dict:
         "target_modules": list(v.target_modules),
         "num_bytes": v.num_bytes,
         "has_draft": v.has_draft,
+        "variants": list(v.variants),
         "created": v.created,
     }
 
@@ -36,5 +37,6 @@ def entry_json(e: Entry) -> dict:
         "rank": e.rank,
         "target_modules": list(e.target_modules),
         "num_bytes": e.num_bytes,
+        "variants": list(e.variants),
         "updated": e.updated,
     }

@@ -137,6 +137,8 @@ class Generation:
         ttft = self._ttft if self.meter.kind == "interactive" else None
         name = version_label(self.meter.adapter) if self.meter.adapter else BASE
         self._ctx.metrics.recent.add(self.meter.caller.tenant, name, ttft, out.completion_tokens)
+        if self.meter.adapter:
+            self._ctx.metrics.count_variants(self.meter.variants)
 
 
 async def start(
@@ -147,17 +149,20 @@ async def start(
     session: str | None,
     t0: float,
     batch: BatchCall | None = None,
+    variants: tuple[str, ...] = (),
 ) -> Generation:
     """The request admitted, queued and its first output in hand; 400, 429 or 500 if not.
 
     A batch item (batch given) runs at batch priority and is not rate limited: the feeder
-    paces batches, and its items only use capacity interactive requests leave.
+    paces batches, and its items only use capacity interactive requests leave. `variants`
+    are those of the request's adapter (Version.variants), counted in the metrics.
     """
     if batch is not None:
         request = dataclasses.replace(request, priority=Priority.BATCH)
-        meter = Meter(caller, request.adapter, "batch", sink=batch)
+        meter = Meter(caller, request.adapter, "batch", sink=batch, variants=variants)
     else:
-        meter = Meter(caller, request.adapter, "interactive", await admit(ctx, caller, request))
+        admission = await admit(ctx, caller, request)
+        meter = Meter(caller, request.adapter, "interactive", admission, variants=variants)
     stream = ctx.generator.generate(request, session=session)
     try:
         first = await anext(stream)

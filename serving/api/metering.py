@@ -40,6 +40,7 @@ class Meter:
     admission: Admission | None = None
     # A batch item's: its record is left here, metered by the feeder after the commit.
     sink: BatchCall | None = None
+    variants: tuple[str, ...] = ()  # the adapter's LoRA variants (Version.variants)
 
     @property
     def headers(self) -> dict[str, str]:

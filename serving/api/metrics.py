@@ -21,12 +21,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from adapters.names import version_label
+from adapters.peft_config import VARIANTS
 from serving.api.metrics_views import Relabelled, Summed
 from serving.api.recent import Recent
 from serving.engine.figures import EngineFigures
 
 MAX_ADAPTER_LABELS = 20
 BASE, OTHER = "base", "other"
+PLAIN = "plain"  # the variant label of an adapter that uses no LoRA variant
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -110,8 +112,17 @@ class Metrics:
             ["tenant", "kind", "type"],
             registry=reg,
         )
+        # The variants are a fixed set (adapters.peft_config.VARIANTS): no cap is needed.
+        self.variant_requests = Counter(
+            "loraserve_adapter_variant_requests_total",
+            "Generation requests with an adapter that reached the engine, once per LoRA "
+            "variant the adapter uses ('plain' for none).",
+            ["variant"],
+            registry=reg,
+        )
         self._own = (self.ttft, self.tpot, self.e2e, self.prompt_tokens, self.generation_tokens,
-                     self.requests, self.tenant_requests, self.tenant_tokens)  # fmt: skip
+                     self.requests, self.tenant_requests, self.tenant_tokens,
+                     self.variant_requests)  # fmt: skip
         self.recent = Recent()  # the same requests by their full adapter label, for /v1/stats
         self._engines = _EngineCollector()
         reg.register(self._engines)
@@ -136,6 +147,14 @@ class Metrics:
             self.ttft.labels(label).observe(ttft)
             if completion_tokens > 1:
                 self.tpot.labels(label).observe((e2e - ttft) / (completion_tokens - 1))
+
+    def count_variants(self, variants: tuple[str, ...]) -> None:
+        """Count one request with an adapter under each LoRA variant it uses, 'plain' if none."""
+        if not variants:
+            self.variant_requests.labels(PLAIN).inc()
+        for variant in variants:
+            # A name this server does not know (a newer publisher's) keeps labels bounded.
+            self.variant_requests.labels(variant if variant in VARIANTS else OTHER).inc()
 
     def watch_registry(self, registry) -> None:
         """Export the catalogue entries registry skipped as corrupt (its `skipped` count)."""

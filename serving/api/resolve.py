@@ -7,7 +7,8 @@
 
 A name is looked up as the caller sees it (adapters.visibility): the caller's tenant's own
 adapter of that name first, then the public one. The answer is the qualified version
-`tenant/name@digest` the engine and the replicas' routing go by. Names resolve through the
+`tenant/name@digest` the engine and the replicas' routing go by (Version.qualified), with
+what its metadata says of it (its LoRA variants, for the metrics). Names resolve through the
 registry on every request, so an upload is served by the next request and a deleted name
 answers 404 at once. An adapter the caller may not see answers exactly as a missing one.
 """
@@ -26,6 +27,7 @@ from adapters.errors import (
     quoted,
 )
 from adapters.names import parse_ref, split_model
+from adapters.registry import Version
 from adapters.visibility import resolve_for
 from serving.api.auth import Principal
 from serving.api.errors import ApiError
@@ -73,9 +75,11 @@ def pick_adapter(from_model: str | None, from_lora: str | None) -> str | None:
     return from_lora or from_model
 
 
-async def resolve_version(settings: AppSettings, caller: Principal, ref: str | None) -> str | None:
-    """'name' or 'name@digest' as caller sees it -> 'tenant/name@digest'; 404 when the caller
-    has no such adapter, 503 when the registry cannot be read."""
+async def resolve_version(
+    settings: AppSettings, caller: Principal, ref: str | None
+) -> Version | None:
+    """'name' or 'name@digest' as caller sees it -> its version (None for no ref); 404 when
+    the caller has no such adapter, 503 when the registry cannot be read."""
     if ref is None:
         return None
     try:
@@ -88,7 +92,7 @@ async def resolve_version(settings: AppSettings, caller: Principal, ref: str | N
         raise damaged(exc) from None
     except AdapterError as exc:  # a malformed reference, named by the registry's check
         raise ApiError(400, str(exc)) from None
-    return version.qualified
+    return version
 
 
 def damaged(exc: RegistryCorrupt) -> ApiError:

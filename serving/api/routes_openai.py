@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import RegistryUnavailable
+from adapters.registry import Version
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
 from serving.api.batch_calls import batch_call
@@ -51,9 +52,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     salt = cache_salt(ctx, caller)
     gen = await start(
         ctx,
-        GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt),
+        GenerateRequest(rid, tuple(ids), params, version and version.qualified, cache_salt=salt),
         caller=caller,
-        **_who(request, t0),
+        **_who(request, t0, version),
     )
     if body.stream:
         return event_stream(gen, _chat_events(ctx, gen, rid, body), s.send_timeout_s)
@@ -73,9 +74,9 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     salt = cache_salt(ctx, caller)
     gen = await start(
         ctx,
-        GenerateRequest(rid, tuple(ids), params, version, cache_salt=salt),
+        GenerateRequest(rid, tuple(ids), params, version and version.qualified, cache_salt=salt),
         caller=caller,
-        **_who(request, t0),
+        **_who(request, t0, version),
     )
     if body.stream:
         return event_stream(gen, _completion_events(ctx, gen, rid, body), s.send_timeout_s)
@@ -115,15 +116,20 @@ def _sampling(body, settings):
     )
 
 
-async def _version(ctx: ApiContext, caller: Principal, body) -> str | None:
+async def _version(ctx: ApiContext, caller: Principal, body) -> Version | None:
     s = ctx.settings
     from_lora = adapter_from_lora(s, body.lora) if body.lora else None
     ref = pick_adapter(adapter_from_model(s, body.model), from_lora)
     return await resolve_version(s, caller, ref)
 
 
-def _who(request: Request, t0: float) -> dict:
-    return {"session": request.headers.get(SESSION_HEADER), "t0": t0, "batch": batch_call(request)}
+def _who(request: Request, t0: float, version: Version | None) -> dict:
+    return {
+        "session": request.headers.get(SESSION_HEADER),
+        "t0": t0,
+        "batch": batch_call(request),
+        "variants": version.variants if version else (),
+    }
 
 
 async def _chat_events(

@@ -74,12 +74,17 @@ async def run(
     gen = await start(
         ctx,
         GenerateRequest(
-            request_id, tuple(ids), params, version, cache_salt=cache_salt(ctx, caller)
+            request_id,
+            tuple(ids),
+            params,
+            version and version.qualified,
+            cache_salt=cache_salt(ctx, caller),
         ),
         caller=caller,
         session=request.headers.get(SESSION_HEADER),
         t0=t0,
         batch=batch_call(request),
+        variants=version.variants if version else (),
     )
     if body.stream:
         return event_stream(gen, _events(gen), s.send_timeout_s)

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from serving.cli import app
 from tests.adapters.factory import TINY_BASE, peft_adapter_files
+from tests.adapters.peft_models import save_peft_adapter
 from tests.adapters.test_format import MALFORMED
 
 runner = CliRunner()
@@ -67,6 +68,25 @@ def test_upload_list_show_delete(tmp_path, base_dir):
     assert cli("adapters", "delete", "support-bot", "--registry", reg).exit_code == 0
     gone = cli("adapters", "show", "support-bot", "--registry", reg)
     assert gone.exit_code == 1 and "unknown adapter 'support-bot'" in gone.stderr
+
+
+def test_show_and_list_name_the_lora_variants(tmp_path):
+    reg = f"file://{tmp_path / 'reg'}"
+    dora, _ = save_peft_adapter(
+        tmp_path / "d", rank=4, modules=["q_proj"], use_dora=True, rslora=True
+    )
+    for name, folder in (("dora", dora), ("plain", write(tmp_path / "p", peft_adapter_files()))):
+        done = cli("adapters", "upload", str(folder), "--name", name, "--registry", reg)
+        assert done.exit_code == 0, done.output
+    shown = cli("adapters", "show", "dora", "--registry", reg).stdout
+    assert re.search(r"^variants +use_dora, use_rslora$", shown, re.M), shown
+    shown = cli("adapters", "show", "plain", "--registry", reg).stdout
+    assert re.search(r"^variants +plain LoRA$", shown, re.M), shown
+    listed = cli("adapters", "list", "--registry", reg).stdout
+    header, dora_row, plain_row = listed.splitlines()[:3]
+    assert header.split()[5] == "variants", listed  # an 80-column table may cut the cells
+    assert dora_row.split()[4].startswith("use_dora,")
+    assert plain_row.split()[4].startswith("q_proj")  # its variants cell is empty
 
 
 def test_upload_with_draft_and_archive(tmp_path):

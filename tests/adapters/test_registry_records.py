@@ -27,6 +27,8 @@ BAD_META = [
     ("scale", None),
     ("has_draft", "no"),
     ("created", 5),
+    ("variants", "use_dora"),
+    ("variants", ["use_dora", 5]),
 ]
 BAD_POINTER = [("updated", 5), ("owner", 5), ("name", None), ("digest", None)]
 

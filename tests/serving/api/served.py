@@ -57,7 +57,7 @@ def build_engine(world: World, loader, **config) -> Engine:
     )  # fmt: skip
     slab = AdapterSlab(
         BaseModelSpec.from_dir(world.base_dir), num_slots=4, max_rank=16, max_cpu_loras=2,
-        loader=loader,
+        loader=loader, base_weight=model.served_weight,  # DoRA's norms, as a replica's slab
     )  # fmt: skip
     cfg = {"block_size": 4, "num_blocks": 256, "max_model_len": MAX_MODEL_LEN, **config}
     return Engine(model, world.tokenizer, EngineConfig(**cfg), slab=slab)

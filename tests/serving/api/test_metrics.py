@@ -6,11 +6,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.format import load_adapter
 from serving.api.metrics import AdapterLabels, Metrics
 from serving.engine.figures import EngineFigures
+from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.api.served import ACME, ADMIN, MODEL_ID, serve
+from tests.serving.engine.world import base_model
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
+VARIANT_REQUESTS = "loraserve_adapter_variant_requests_total"
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +86,43 @@ def test_counters_and_histograms_move(served):
     assert value(after, "loraserve_adapter_loads_total", replica="local") >= 1
     assert 0 < value(after, "loraserve_adapter_slab_occupancy_ratio", replica="local") <= 1
     assert value(after, "loraserve_prefix_cache_queried_tokens_total", replica="local") > 0
+
+
+def test_requests_are_counted_per_lora_variant(served, tmp_path):
+    folder, _ = save_peft_adapter(
+        tmp_path / "dora", rank=4, modules=["q_proj"], base=base_model(), use_dora=True
+    )
+    served.registry.publish("dora", load_adapter(folder), "acme")
+    before = scrape(served)
+    for model in ("upper", "rot13", "dora", MODEL_ID, "dora"):  # plain, rsLoRA, DoRA, base
+        body = {"model": model, "prompt": "which kind", "max_tokens": 2, "temperature": 0}
+        r = httpx.post(served.url + "/v1/completions", json=body, headers=AUTH, timeout=30)
+        assert r.status_code == 200, r.text
+    body = {"prompt": "which kind", "lora": "dora", "max_tokens": 2}  # Workers AI's route too
+    r = httpx.post(f"{served.url}/ai/run/{MODEL_ID}", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    after = scrape(served)
+    moved = {
+        dict(labels)["variant"]: v - before.get((name, labels), 0.0)
+        for (name, labels), v in after.items()
+        if name == VARIANT_REQUESTS and v != before.get((name, labels), 0.0)
+    }
+    assert moved == {"plain": 1, "use_rslora": 1, "use_dora": 3}  # the base request is not
+
+
+def test_variant_labels_are_bounded_and_summed_over_replicas():
+    replicas = [Metrics(), Metrics()]
+    for metrics in replicas:
+        metrics.count_variants(("lora_bias", "rank_pattern"))
+        metrics.count_variants(())
+    replicas[1].count_variants(("some_future_variant",))
+    figures = [EngineFigures(f"r{i}", 0, 0, 0.0, 0.0, 0, 0, 0, api=m.samples())
+               for i, m in enumerate(replicas)]  # fmt: skip
+    samples = samples_of(Metrics().render(figures).decode())
+    counts = {v: value(samples, VARIANT_REQUESTS, variant=v) for v in
+              ("lora_bias", "rank_pattern", "plain", "other", "some_future_variant")}  # fmt: skip
+    assert counts == {"lora_bias": 2, "rank_pattern": 2, "plain": 2, "other": 1,
+                      "some_future_variant": 0}  # fmt: skip
 
 
 def test_adapter_labels_are_bounded():

@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 from adapters.base_model import BaseModelSpec
 from adapters.cli import app
 from tests.adapters.factory import peft_adapter_files, peft_config, peft_tensors
+from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve
+from tests.serving.engine.world import base_model
 
 runner = CliRunner()
 
@@ -80,6 +82,26 @@ def test_upload_with_a_draft_companion(served, tmp_path):
     assert done.exit_code == 0, done.output
     version = served.registry.resolve("drafted", "acme")
     assert served.registry.load(version.qualified).draft.rank == 2
+
+
+def test_uploads_and_listings_name_the_lora_variants(served, tmp_path):
+    folder, _ = save_peft_adapter(
+        tmp_path / "dora", rank=4, modules=["q_proj", "v_proj"], base=base_model(), use_dora=True
+    )
+    files = {f.name: f.read_bytes() for f in folder.iterdir() if f.name.startswith("adapter_")}
+    auth = {"Authorization": f"Bearer {ACME}"}
+    r = httpx.post(f"{served.url}/v1/adapters", headers=auth, **upload_form(files, "dora-bot"))
+    assert r.status_code == 201, r.text
+    assert r.json()["variants"] == ["use_dora"]
+    shown = httpx.get(f"{served.url}/v1/adapters/dora-bot", headers=auth).json()
+    assert shown["variants"] == ["use_dora"]
+    listed = httpx.get(f"{served.url}/v1/adapters", headers=auth).json()["data"]
+    variants = {e["name"]: e["variants"] for e in listed}
+    assert (variants["dora-bot"], variants["rot13"], variants["upper"]) == (
+        ["use_dora"], ["use_rslora"], []
+    )  # fmt: skip
+    assert complete(served, "dora-bot").status_code == 200  # DoRA is served, not only stored
+    assert "use_dora" in cli(served, ACME, "show", "dora-bot").stdout
 
 
 def test_tenants_manage_only_their_own_adapters(served):

@@ -15,7 +15,6 @@ file (and the draft companion's digest), so identical uploads are one version.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +28,8 @@ from adapters.peft_config import LoraConfig, parse_config
 from adapters.safetensors_check import check_header
 from adapters.sources import CONFIG, DEFAULT_MAX_BYTES, PICKLE_WEIGHTS, WEIGHTS, read_adapter_files
 from adapters.tensor_names import OUTER_LAYER, PART_NAMES, tensor_name, where
-
-_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
-_EXPONENT = {  # dtype -> (same-width integer view, exponent bits)
-    torch.float16: (torch.int16, 0x7C00),
-    torch.bfloat16: (torch.int16, 0x7F80),
-    torch.float32: (torch.int32, 0x7F800000),
-}
+from adapters.tensor_views import has_nonfinite, tensor_views
+from adapters.trainable_tokens import TrainableTokens, read_tokens
 
 
 @dataclass(frozen=True)
@@ -68,6 +62,7 @@ class Adapter:
     draft: Adapter | None = None
     warnings: tuple[str, ...] = field(default=())
     variants: tuple[str, ...] = field(default=())  # PEFT fields beyond plain LoRA it uses
+    tokens: TrainableTokens | None = None  # its own embedding rows (trainable tokens)
 
     @property
     def num_bytes(self) -> int:
@@ -131,7 +126,7 @@ def parse_adapter(
         raise AdapterError(f"{label}: {WEIGHTS} is missing")
     config = parse_config(files[CONFIG], label, max_rank)
     scan = stored_digest is None
-    modules, skipped = _parse_weights(files[WEIGHTS], label, config, base, scan=scan)
+    modules, tokens, skipped = _parse_weights(files[WEIGHTS], label, config, base, scan=scan)
     if scan:
         for scale, group in _by_scale(modules).items():
             pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in group)
@@ -152,7 +147,7 @@ def parse_adapter(
     return Adapter(
         config_bytes=bytes(files[CONFIG]),
         weights_bytes=bytes(files[WEIGHTS]),
-        rank=max(m.a.shape[0] for m in modules.values()),
+        rank=max((m.a.shape[0] for m in modules.values()), default=0),
         alpha=config.alpha,
         scale=config.scale,
         target_modules=tuple(sorted({m for _, m in modules})),
@@ -162,13 +157,14 @@ def parse_adapter(
         draft=draft,
         warnings=tuple(notes),
         variants=config.variants,
+        tokens=tokens,
     )
 
 
 def _parse_weights(
     data: bytes, label: str, config: LoraConfig, base: BaseModelSpec | None, scan: bool
-) -> tuple[dict[tuple[int, str], LoraModule], list[str]]:
-    """The modules, and the names of the base-weight copies skipped."""
+) -> tuple[dict[tuple[int, str], LoraModule], TrainableTokens | None, list[str]]:
+    """The modules, the trainable tokens, and the names of the base-weight copies skipped."""
     header = check_header(data, f"{label}: {WEIGHTS}")
     names, seen, skipped = {}, set(), []
     for name in header:
@@ -185,18 +181,29 @@ def _parse_weights(
         names[name] = t
     if not names:
         raise AdapterError(f"{label}: {WEIGHTS} holds no tensors")
-    tensors = _tensor_views(data, header)
+    tensors = tensor_views(data, header)
     parts: dict[tuple[int, str, str], dict[str, torch.Tensor]] = {}
     for name, t in names.items():
         tensor = tensors[name]
-        if scan and _has_nonfinite(tensor):
+        if scan and has_nonfinite(tensor):
             raise AdapterError(f"{label}: tensor {quoted(name)} contains NaN or Inf")
         parts.setdefault((t.layer, t.module, t.model_name), {})[t.part] = tensor
+    tokens = parts.pop((OUTER_LAYER, "embed_tokens", "model.embed_tokens"), {})
+    if tokens.keys() - {"tokens"}:
+        if "tokens" in tokens:
+            raise AdapterError(
+                f"{label}: embed_tokens has both LoRA and trainable tokens; PEFT trains one"
+            )
+        parts[OUTER_LAYER, "embed_tokens", "model.embed_tokens"] = tokens
+    vocab, hidden = base.outer_shapes.get("embed_tokens", (0, None)) if base else (0, None)
+    rows = read_tokens(config.token_indices, tokens.get("tokens"), label, vocab, hidden)
     modules = {}
     for (layer, module, model_name), found in sorted(parts.items()):
         here = f"{label}: {where(layer, module)}"
         modules[(layer, module)] = _module(here, layer, module, model_name, found, config, base)
-    return modules, skipped
+    if not modules:
+        raise AdapterError(f"{label}: {WEIGHTS} holds no LoRA module (lora_A and lora_B)")
+    return modules, rows, skipped
 
 
 def _module(where, layer, module, name, found, config: LoraConfig, base) -> LoraModule:
@@ -241,31 +248,6 @@ def _by_scale(modules: Mapping) -> dict[float, list]:
     for key, m in modules.items():
         groups.setdefault(m.scale, []).append((key, m))
     return groups
-
-
-def _tensor_views(data: bytes, header: dict) -> dict[str, torch.Tensor]:
-    """Read-only tensors over `data` itself (no copy); the header was verified against it."""
-    start = 8 + int.from_bytes(data[:8], "little")
-    views = {}
-    with warnings.catch_warnings():  # the bytes are immutable; nothing here writes to them
-        warnings.simplefilter("ignore", UserWarning)
-        for name, entry in header.items():
-            begin, end = entry["data_offsets"]
-            dtype = _DTYPES[entry["dtype"]]
-            count = (end - begin) // dtype.itemsize
-            flat = (
-                torch.frombuffer(data, dtype=dtype, count=count, offset=start + begin)
-                if count
-                else torch.empty(0, dtype=dtype)
-            )
-            views[name] = flat.reshape(entry["shape"])
-    return views
-
-
-def _has_nonfinite(t: torch.Tensor) -> bool:
-    """NaN or Inf anywhere: an all-ones exponent, tested on the bits (faster than isfinite)."""
-    bits, mask = _EXPONENT[t.dtype]
-    return bool(((t.view(bits) & mask) == mask).any())
 
 
 def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None:

@@ -1,7 +1,8 @@
 """PEFT's adapter_config.json for a LoRA adapter: what is served, what is refused and why.
 
 Served: rank and alpha (rsLoRA's alpha / sqrt(r) too), DoRA (`use_dora`), per-module
-ranks and alphas (`rank_pattern`, `alpha_pattern`), and a bias on lora_B (`lora_bias`).
+ranks and alphas (`rank_pattern`, `alpha_pattern`), a bias on lora_B (`lora_bias`) and
+trainable tokens (`trainable_token_indices`, on embed_tokens).
 A pattern applies to a module as PEFT applies it: the first key `k` for which
 `(.*\\.)?(k)$` matches the module's name in the model (`model.layers.3.self_attn.q_proj`).
 Every refusal raises AdapterError naming the field.
@@ -17,12 +18,16 @@ from dataclasses import dataclass, field
 from adapters.bounded_json import parse_json
 from adapters.errors import AdapterError, quoted, shorten
 from adapters.sources import CONFIG
+from adapters.trainable_tokens import token_indices
 
 MAX_CONFIG_BYTES = 2**20  # PEFT writes about 1 KB
 MAX_PATTERNS = 4096  # a pattern per module of a 100-layer model is 700
 MAX_PATTERN_CHARS = 256
 # LoraConfig.variants' names: a fixed set, so a metric may label by them without a cap.
-VARIANTS = ("alpha_pattern", "lora_bias", "rank_pattern", "use_dora", "use_rslora")
+VARIANTS = (
+    "alpha_pattern", "lora_bias", "rank_pattern", "trainable_token_indices", "use_dora",
+    "use_rslora",
+)  # fmt: skip
 _REFUSED = (  # config key, the value PEFT writes when the feature is off, what to say
     ("modules_to_save", None,
      "modules_to_save is not supported: merge those modules into the base model, or train "
@@ -31,7 +36,6 @@ _REFUSED = (  # config key, the value PEFT writes when the feature is off, what 
     ("fan_in_fan_out", False, "fan_in_fan_out weights are not supported"),
     ("use_qalora", False, "QA-LoRA (use_qalora) is not supported"),
     ("layer_replication", None, "layer_replication is not supported"),
-    ("trainable_token_indices", None, "trainable_token_indices is not supported"),
     ("target_parameters", None, "target_parameters is not supported"),
 )  # fmt: skip
 
@@ -48,6 +52,7 @@ class LoraConfig:
     rank_pattern: Mapping[str, int] = field(default_factory=dict)
     alpha_pattern: Mapping[str, float] = field(default_factory=dict)
     base_model_name: str | None = None
+    token_indices: tuple[int, ...] = ()  # trainable_token_indices (adapters.trainable_tokens)
 
     def rank_of(self, name: str) -> int:
         """The rank of the module named `name` in the model (rank_pattern, else r)."""
@@ -73,6 +78,7 @@ class LoraConfig:
             "alpha_pattern": bool(self.alpha_pattern),
             "lora_bias": self.lora_bias,
             "use_rslora": self.use_rslora,
+            "trainable_token_indices": bool(self.token_indices),
         }
         return tuple(sorted(name for name, on in used.items() if on))
 
@@ -121,6 +127,7 @@ def parse_config(data: bytes, label: str, max_rank: int) -> LoraConfig:
         rank_pattern=ranks,
         alpha_pattern={k: float(v) for k, v in alphas.items()},
         base_model_name=trained_on if isinstance(trained_on, str) else None,
+        token_indices=token_indices(config, label),
     )
 
 

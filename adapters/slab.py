@@ -11,7 +11,8 @@ A module whose own scale differs from the adapter's (alpha_pattern, rank_pattern
 B stored multiplied by the ratio, so the kernels keep one scale per slot; a module of a
 lower rank than its adapter's (rank_pattern) fills only its first rows, the rest zero.
 lora_B biases and DoRA's output scales live beside, in adapters/slab_vectors.py. With
-`embeddings`, the embedding's and the LM head's stacks are kept too, under layer -1.
+`embeddings`, the embedding's and the LM head's stacks are kept too, under layer -1;
+trainable tokens (up to `max_tokens` per slot) in adapters/slab_tokens.py.
 
 Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
 `acquire` pins a version in a slot for as long as a request uses it and `release` unpins
@@ -35,6 +36,7 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
+from adapters.slab_tokens import SlabTokens
 from adapters.slab_vectors import BaseWeight, SlabVectors
 from adapters.tensor_names import OUTER_LAYER
 
@@ -80,6 +82,7 @@ class AdapterSlab:
         prefetch_workers: int = 2,
         base_weight: BaseWeight | None = None,
         embeddings: bool = False,
+        max_tokens: int = 64,
     ) -> None:
         if num_slots < 1 or max_rank < 1:
             raise ValueError(f"num_slots and max_rank must be >= 1, got {num_slots}, {max_rank}")
@@ -103,6 +106,8 @@ class AdapterSlab:
         self.keys = frozenset(self._a)  # every (layer, module) the slab holds
         shapes = ((key, fan_out) for key, (_, fan_out) in keys)
         self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
+        vocab, hidden = spec.outer_shapes.get("embed_tokens", (0, 0))
+        self.tokens = SlabTokens(num_slots, vocab, hidden, max_tokens, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
         self._lock = threading.Lock()
@@ -268,6 +273,7 @@ class AdapterSlab:
         self.ranks[slot] = 0
         self.scales[slot] = 0.0
         self.vectors.mark(slot, None)
+        self.tokens.write(slot, None)
 
     # -- one load (outside the lock, into its reserved slot) -----------------------------
 
@@ -279,6 +285,7 @@ class AdapterSlab:
                 raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
             adapter, tier = self._host.fetch(version)
             self.vectors.check(version, adapter)
+            self.tokens.check(version, adapter)
             self._write(slot, adapter)
         except BaseException as exc:  # every waiter must wake, whatever went wrong
             with self._lock:
@@ -319,6 +326,7 @@ class AdapterSlab:
             a_stack[slot, rm:r].zero_()
             b_stack[slot, rm:r].zero_()
         self.vectors.write(slot, adapter)
+        self.tokens.write(slot, adapter)
         self.scales[slot] = adapter.scale
 
 

@@ -139,6 +139,11 @@ class LoraSection(_Section):
         False,
         description="Also serve LoRA on embed_tokens and lm_head (vocabulary-wide slab stacks).",
     )
+    max_trainable_tokens: int = Field(
+        64,
+        ge=0,
+        description="Token rows of its own an adapter may bring (trainable_token_indices).",
+    )
     registry: RegistryURI = Field("file://./registry", description="An fsspec URL or a folder.")
     # Names are checked where they are published, at start-up: config imports nothing of ours.
     preload: dict[str, LocalPath] = Field({}, description="Loaded at start: {name: path}.")

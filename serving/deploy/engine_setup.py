@@ -163,6 +163,7 @@ def _slab(cfg: ServeConfig, spec, model, device: str, fetch) -> AdapterSlab:
         device=device,
         base_weight=model.served_weight,  # DoRA's norms, of the weights as served
         embeddings=cfg.lora.embeddings,
+        max_tokens=cfg.lora.max_trainable_tokens,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from adapters.tensor_names import OUTER_LAYER
-from kernels import build_segments, lora_expand, paged_attention, write_kv
+from kernels import build_segments, paged_attention, write_kv
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
@@ -27,6 +27,7 @@ from serving.model.linear import (
     lora_linear,
     rms_norm,
 )
+from serving.model.outer import embedding_lora, own_token_logits, own_token_rows
 from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj")
@@ -136,6 +137,8 @@ class LlamaModel:
         h = self.embed[step.token_ids]  # [T, hidden]
         if lora is not None and (OUTER_LAYER, "embed_tokens") in slab.keys:
             embedding_lora(h, step.token_ids, slab, lora)
+        if lora is not None and slab.tokens.count:
+            own_token_rows(h, step.token_ids, step.adapter_slots, slab.tokens)
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -171,8 +174,13 @@ class LlamaModel:
             slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
             head = _step_lora_of(slots, slab)
             stacks = _stacks(slab, OUTER_LAYER, ("lm_head",), head)
-            return lora_linear(out, self._head, stacks, head).to(torch.float32)
-        return (out @ self.lm_head.T).to(torch.float32)
+            logits = lora_linear(out, self._head, stacks, head)
+        else:
+            logits = out @ self.lm_head.T  # [K, vocab]
+        if lora is not None and slab.tokens.count and self.lm_head is self.embed:
+            slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
+            own_token_logits(logits, out, slots, slab.tokens, self.embed)
+        return logits.to(torch.float32)
 
     def allocate_kv(self, num_blocks: int, block_size: int, device=None):
         """Zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, Hkv, D], on device
@@ -223,21 +231,6 @@ def _step_lora_of(slots: torch.Tensor, slab) -> StepLora:
         bias_rows=_rows(slots, vectors.has_bias) if vectors.num_bias else None,
         dora_rows=_rows(slots, vectors.has_dora) if vectors.num_dora else None,
     )  # fmt: skip
-
-
-def embedding_lora(h: torch.Tensor, token_ids: torch.Tensor, slab, lora: StepLora) -> None:
-    """h[t] += scale[slot t] * lora_embedding_B[slot t] @ lora_embedding_A[slot t][:, id(t)].
-
-    The shrink of an embedding is a gather: column id(t) of A, [max_rank], per token.
-    """
-    if lora.segments.num_active == 0:
-        return
-    a = slab.lora_a(OUTER_LAYER, "embed_tokens")  # [slots, max_rank, vocab]
-    slots = lora.segments.token_slots.to(torch.int64)  # [num_active], in segment order
-    tokens = lora.segments.token_order  # [num_active]
-    t = torch.zeros(h.shape[0], slab.max_rank, dtype=torch.float32, device=h.device)
-    t[tokens] = a[slots, :, token_ids.index_select(0, tokens)].to(torch.float32)
-    lora_expand(t, slab.lora_b(OUTER_LAYER, "embed_tokens"), h, lora.segments, lora.scales)
 
 
 def _rows(slots: torch.Tensor, flags: torch.Tensor) -> RowSet | None:

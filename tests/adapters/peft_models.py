@@ -11,10 +11,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tests.adapters.factory import TINY_BASE
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     fields = {k: v for k, v in TINY_BASE.items() if k not in ("architectures", "model_type")}
-    return LlamaForCausalLM(LlamaConfig(**fields))
+    return LlamaForCausalLM(LlamaConfig(**fields | overrides))
 
 
 def save_base(path: Path) -> Path:
@@ -35,7 +35,9 @@ def save_peft_adapter(
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "lora_magnitude_vector" in name:
+            if "trainable_tokens_delta" in name:  # the rows themselves: move them off the base's
+                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+            elif "lora_magnitude_vector" in name:
                 p.mul_(1 + 0.3 * torch.randn(p.shape, generator=gen))
             elif "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)

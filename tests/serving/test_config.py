@@ -50,7 +50,7 @@ model: {id: demo, path: ROOT/models/demo/base, quantization: auto, dtype: auto,
 draft: {method: none, path: ROOT/models/demo/draft, num_speculative_tokens: 4, ngram_min: 1,
         ngram_max: 4, max_batch_size: 8, adaptive: true}
 lora: {max_loras: 16, max_lora_rank: 64, max_cpu_loras: 128, embeddings: false,
-       registry: "file://ROOT/registry", preload: {}}
+       max_trainable_tokens: 64, registry: "file://ROOT/registry", preload: {}}
 cache: {block_size: 16, num_blocks: auto, prefix_caching: true}
 scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048}
 server: {host: 127.0.0.1, port: 8000, api_keys_file: null, insecure: false, max_body_mb: 32,

@@ -28,7 +28,6 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -36,33 +35,12 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
+from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_tokens import SlabTokens
 from adapters.slab_vectors import BaseWeight, SlabVectors
 from adapters.tensor_names import OUTER_LAYER
 
 Key = tuple[int, str]  # (layer, module)
-
-
-class SlabFull(RuntimeError):
-    """Every slot is pinned or loading, so no slot can take another adapter now."""
-
-
-@dataclass(frozen=True)
-class SlabStats:
-    """Counters since the slab was built, and how many versions are resident now."""
-
-    loads: int  # slots filled, from the host tier or the registry
-    failed_loads: int
-    evictions: int  # versions evicted from a slot
-    slot_hits: int  # acquires that found their version already resident
-    host_hits: int  # loads served by the host tier
-    registry_hits: int  # loads fetched through the loader
-    host_evictions: int  # adapters dropped from the host tier
-    load_seconds: float  # total wall time of the successful loads
-    resident: int
-
-
-_COUNTED = ("loads", "failed_loads", "evictions", "slot_hits", "host_hits", "registry_hits")
 
 
 class AdapterSlab:
@@ -163,7 +141,7 @@ class AdapterSlab:
         """A snapshot of the counters."""
         with self._lock:
             return SlabStats(
-                **{name: self._counts[name] for name in _COUNTED},
+                **{name: self._counts[name] for name in COUNTED},
                 host_evictions=self._host.evictions,
                 load_seconds=self._load_seconds,
                 resident=len(self._resident),

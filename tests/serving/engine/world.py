@@ -63,6 +63,7 @@ class World:
             max_rank=16,
             max_cpu_loras=0,
             loader=self.adapters.__getitem__,
+            base_weight=model.served_weight,  # DoRA's norms, as the server's slab takes them
         )
         cfg = {"block_size": 4, "num_blocks": 256, "max_model_len": 256, **config}
         return Engine(model, self.tokenizer, EngineConfig(**cfg), slab=slab)

@@ -53,13 +53,16 @@ def spec_engine(world: World, method: str, *, draft: str = "small", k: int = 4, 
             return load_adapter(world.root / name, base=spec_of)
 
         draft_slab = AdapterSlab(
-            spec_of, num_slots=4, max_rank=16, max_cpu_loras=0, loader=companion
-        )
+            spec_of, num_slots=4, max_rank=16, max_cpu_loras=0, loader=companion,
+            base_weight=draft_model.served_weight,
+        )  # fmt: skip
     config = {"block_size": 4, "num_blocks": num_blocks, "max_model_len": 256,
               "speculative": SpecConfig(method=method, num_speculative_tokens=k, adaptive=False, **spec)}  # fmt: skip
     if scheduler is not None:
         config["scheduler"] = scheduler
+    model = runtime_model(world.base_dir)
     slab = AdapterSlab(BaseModelSpec.from_dir(world.base_dir), num_slots=8, max_rank=16,
-                       max_cpu_loras=0, loader=world.adapters.__getitem__)  # fmt: skip
-    return Engine(runtime_model(world.base_dir), world.tokenizer, EngineConfig(**config), slab=slab,
+                       max_cpu_loras=0, loader=world.adapters.__getitem__,
+                       base_weight=model.served_weight)  # fmt: skip
+    return Engine(model, world.tokenizer, EngineConfig(**config), slab=slab,
                   draft_model=draft_model, draft_slab=draft_slab)  # fmt: skip

@@ -41,6 +41,7 @@ function row(adapter, figures, stats, onDelete) {
     el("th", { scope: "row" }, adapter.name),
     cell((adapter.digest ?? "").slice(0, 12) || DASH, { class: "mono", title: adapter.version ?? "" }),
     cell(num(adapter.rank, 0), { class: "num" }),
+    cell((adapter.variants ?? []).join(", ") || "LoRA", { class: "modules" }),
     cell((adapter.target_modules ?? []).join(", "), { class: "modules" }),
     cell(bytes(adapter.num_bytes), { class: "num" }),
     cell(adapter.owner ?? DASH),

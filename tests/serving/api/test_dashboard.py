@@ -90,7 +90,7 @@ def test_the_live_chart_follows_requests(world, tmp_path, browser):
         # the adapters table takes its last-hour figures from the same answers
         page.wait_for_function(
             "() => Number(document.querySelector('#adapters tr[data-adapter=\"upper\"]')"
-            ".cells[9].textContent) >= 3"
+            ".cells[10].textContent) >= 3"
         )  # fmt: skip
         assert "NaN" not in page.inner_text("main")
         assert watch.errors == []

@@ -1,12 +1,13 @@
 """The engine against its peers on one workload, side by side in one run (CPU).
 
-    python -m bench.engine [--quick] [--no-vllm]
+    python -m bench.engine [--quick] [--no-vllm] [--variants]
 
 Peers run in virtualenvs this script creates (.bench-venvs/), each generating the same
 greedy tokens: HF transformers + PEFT (`generate(adapter_names=...)`, batches of 32) and,
 unless --no-vllm, vLLM's CPU build. Also measured: 32 adapters against base-only
-throughput, the engine's step time against a bare forward of the same batch, and TTFT
-with a 2k-token shared prefix, cold against a prefix-cache hit.
+throughput, the engine's step time against a bare forward of the same batch, TTFT
+with a 2k-token shared prefix, cold against a prefix-cache hit, and a batch mixing PEFT's
+LoRA variants against a plain-LoRA batch (--variants: that table alone, no peers).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def loraserve_run(world: dict, items: list[dict], max_loras: int) -> dict:
     versions = {name: f"{name}@{a.digest}" for name, a in adapters.items()}
     by_version = {versions[n]: a for n, a in adapters.items()}
     slab = AdapterSlab(spec, num_slots=max(max_loras, 1), max_rank=16, max_cpu_loras=64,
-                       loader=by_version.__getitem__)  # fmt: skip
+                       loader=by_version.__getitem__,
+                       base_weight=loaded.model.served_weight)  # fmt: skip
     config = EngineConfig(block_size=16, num_blocks=2048, max_model_len=512,
                           scheduler=SchedulerConfig(max_num_seqs=128, max_num_batched_tokens=2048,
                                                     max_loras=max(max_loras, 1)))  # fmt: skip
@@ -123,12 +125,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="32 prompts, rank 8 only")
     parser.add_argument("--no-vllm", action="store_true", help="leave the vLLM peer out")
+    parser.add_argument("--variants", action="store_true", help="only the LoRA-variants table")
     args = parser.parse_args()
     from bench.engine_extras import overhead_rows, ttft_rows
+    from bench.engine_variants import variant_rows
     from bench.peers.tiny_world import build
 
     torch.manual_seed(0)
     print(f"machine: {machine()}; greedy, {NEW_TOKENS} new tokens per prompt\n")
+    if args.variants:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(variant_rows(Path(tmp), 8 if args.quick else 32)))
+        return
     print(
         "| model | prompts | adapters | rank | loraserve tok/s | HF+PEFT tok/s | vLLM tok/s "
         "| vs HF+PEFT | vs vLLM | same tokens as HF |"
@@ -178,6 +186,9 @@ def main() -> None:
             print(line)
         print()
         for line in ttft_rows(Path(tmp)):
+            print(line)
+        print()
+        for line in variant_rows(Path(tmp)):
             print(line)
 
 

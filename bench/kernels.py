@@ -1,6 +1,6 @@
 """LoRA apply (shrink + expand) on CPU, side by side with a per-adapter loop, the base matmul and a copy.
 
-    python bench/kernels.py [--dtype float32|bfloat16] [--quick]
+    python bench/kernels.py [--dtype float32|bfloat16] [--quick] [--variants]
 
 For each batch shape and number of distinct adapters it times, in one run:
   ours      lora_shrink + lora_expand over the batch (segments built once per step, timed apart)
@@ -14,6 +14,8 @@ and prints a markdown table with the ratios the targets are stated in:
   loop/ours   loop / ours          (target: > 1 with 8 and 64 adapters)
   lora/base   ours / base          (target: <= 10% with 1 adapter)
   layer vs 1  (base + ours) with N adapters / with 1   (target: <= 1.75x at 64 tokens, hidden 4096)
+then the cost of DoRA and lora_bias rows against plain LoRA at decode shapes
+(bench/kernels_variants.py; target: DoRA / plain <= 1.10x); --variants prints that table alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.kernels_variants import variant_rows
 from bench.timing import copier, interleaved_seconds, machine
 from kernels import build_segments, lora_expand, lora_shrink
 
@@ -130,11 +133,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="one small case (a smoke run)")
+    parser.add_argument("--variants", action="store_true", help="only the LoRA-variants table")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
 
     print(f"machine: {machine()}; {args.dtype}, rank {RANK}; each row's timings interleaved\n")
+    if args.variants:
+        print("\n".join(variant_rows(dtype, args.quick)))
+        return
     shapes = [(64, 2048)] if args.quick else [(t, h) for h in (2048, 4096) for t in (64, 256, 2048)]
     print(
         "| tokens | hidden | adapters | ours ms | loop ms | base ms | floor ms | copy GB/s "
@@ -164,6 +171,7 @@ def main() -> None:
             f"\nrank 16 in a rank-64 slab (64 tokens, hidden 4096, 64 adapters): {s64['ours'] * 1e3:.3f} ms "
             f"vs {s16['ours'] * 1e3:.3f} ms in a rank-16 slab ({s64['ours'] / s16['ours']:.2f}x)"
         )
+        print("\n" + "\n".join(variant_rows(dtype, quick=False)))
 
 
 if __name__ == "__main__":

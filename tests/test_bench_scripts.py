@@ -80,3 +80,10 @@ def test_batch_bench_quick():
     assert {"idle", "batch alone", "both"} <= set(rows), out
     assert rows["both"].rstrip(" |").endswith("x") and "| 40 |" in rows["batch alone"], out
     assert "Command: python -m bench.batch --quick" in out
+
+
+@pytest.mark.slow
+def test_kernels_bench_variants_quick():
+    out = _run("bench.kernels", "--variants", "--quick")
+    row = next(line for line in out.splitlines() if line.startswith("| 64 | 2048 |"))
+    assert row.count("x |") == 2 and row.endswith("% |"), out  # DoRA and bias ratios, rows share

@@ -102,7 +102,13 @@ class AdapterSlab:
         self._counts: Counter[str] = Counter()
         self._load_seconds = 0.0
         self._closed = False
-        self._executor = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="slab-prefetch")
+        # One intra-op thread per loader: a background thread running a parallel op (DoRA's
+        # norms) gets an OpenMP team of its own, which then contends with the step's for
+        # the cores for as long as the process runs.
+        self._executor = ThreadPoolExecutor(
+            prefetch_workers, thread_name_prefix="slab-prefetch",
+            initializer=torch.set_num_threads, initargs=(1,),
+        )  # fmt: skip
 
     # -- what the model runtime reads ---------------------------------------------------
 

@@ -50,7 +50,8 @@ class World:
     peft: PeftModel
     tokenizer: object
 
-    def engine(self, *, num_slots=8, **config) -> Engine:
+    def engine(self, *, num_slots=8, embeddings=False, **config) -> Engine:
+        """An engine over this world; `embeddings`: the slab serves embed_tokens/lm_head LoRA."""
         model = LlamaModel(
             load_model_config(self.base_dir),
             load_state_dict(self.base_dir),
@@ -64,6 +65,7 @@ class World:
             max_cpu_loras=0,
             loader=self.adapters.__getitem__,
             base_weight=model.served_weight,  # DoRA's norms, as the server's slab takes them
+            embeddings=embeddings,
         )
         cfg = {"block_size": 4, "num_blocks": 256, "max_model_len": 256, **config}
         return Engine(model, self.tokenizer, EngineConfig(**cfg), slab=slab)

@@ -33,10 +33,12 @@ def save_draft(world: World) -> None:
 
 
 def spec_engine(world: World, method: str, *, draft: str = "small", k: int = 4, num_blocks=256,
-                scheduler: SchedulerConfig | None = None, companions=(), **spec) -> Engine:  # fmt: skip
+                scheduler: SchedulerConfig | None = None, companions=(), embeddings=False,
+                **spec) -> Engine:  # fmt: skip
     """world.engine() with speculation; draft "small" (1 layer) or "same" (the base itself).
 
     companions: adapter names whose own LoRA is also their draft companion.
+    embeddings: both slabs serve embed_tokens/lm_head LoRA (lora.embeddings).
     """
     if method == "draft_model" and not (world.root / "draft").exists():
         save_draft(world)
@@ -54,7 +56,7 @@ def spec_engine(world: World, method: str, *, draft: str = "small", k: int = 4, 
 
         draft_slab = AdapterSlab(
             spec_of, num_slots=4, max_rank=16, max_cpu_loras=0, loader=companion,
-            base_weight=draft_model.served_weight,
+            base_weight=draft_model.served_weight, embeddings=embeddings,
         )  # fmt: skip
     config = {"block_size": 4, "num_blocks": num_blocks, "max_model_len": 256,
               "speculative": SpecConfig(method=method, num_speculative_tokens=k, adaptive=False, **spec)}  # fmt: skip
@@ -63,6 +65,6 @@ def spec_engine(world: World, method: str, *, draft: str = "small", k: int = 4, 
     model = runtime_model(world.base_dir)
     slab = AdapterSlab(BaseModelSpec.from_dir(world.base_dir), num_slots=8, max_rank=16,
                        max_cpu_loras=0, loader=world.adapters.__getitem__,
-                       base_weight=model.served_weight)  # fmt: skip
+                       base_weight=model.served_weight, embeddings=embeddings)  # fmt: skip
     return Engine(model, world.tokenizer, EngineConfig(**config), slab=slab,
                   draft_model=draft_model, draft_slab=draft_slab)  # fmt: skip

@@ -1,6 +1,6 @@
 """LoRA apply (shrink + expand) on CPU, side by side with a per-adapter loop, the base matmul and a copy.
 
-    python bench/kernels.py [--dtype float32|bfloat16] [--quick] [--variants]
+    python bench/kernels.py [--dtype float32|bfloat16] [--quick] [--variants] [--outer]
 
 For each batch shape and number of distinct adapters it times, in one run:
   ours      lora_shrink + lora_expand over the batch (segments built once per step, timed apart)
@@ -16,6 +16,8 @@ and prints a markdown table with the ratios the targets are stated in:
   layer vs 1  (base + ours) with N adapters / with 1   (target: <= 1.75x at 64 tokens, hidden 4096)
 then the cost of DoRA and lora_bias rows against plain LoRA at decode shapes
 (bench/kernels_variants.py; target: DoRA / plain <= 1.10x); --variants prints that table alone.
+--outer prints the cost of embedding and LM-head LoRA rows against the base rows
+(bench/kernels_outer.py) alone.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.kernels_outer import outer_rows
 from bench.kernels_variants import variant_rows
 from bench.timing import copier, interleaved_seconds, machine
 from kernels import build_segments, lora_expand, lora_shrink
@@ -134,6 +137,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--quick", action="store_true", help="one small case (a smoke run)")
     parser.add_argument("--variants", action="store_true", help="only the LoRA-variants table")
+    parser.add_argument("--outer", action="store_true", help="only the embed/lm_head LoRA table")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -141,6 +145,9 @@ def main() -> None:
     print(f"machine: {machine()}; {args.dtype}, rank {RANK}; each row's timings interleaved\n")
     if args.variants:
         print("\n".join(variant_rows(dtype, args.quick)))
+        return
+    if args.outer:
+        print("\n".join(outer_rows(dtype, args.quick)))
         return
     shapes = [(64, 2048)] if args.quick else [(t, h) for h in (2048, 4096) for t in (64, 256, 2048)]
     print(

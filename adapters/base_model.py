@@ -29,6 +29,11 @@ class BaseModelSpec:
     # embed_tokens: (vocab, hidden), its lora_embedding_A [r, vocab]; lm_head: (hidden, vocab).
     # Empty where they are not served (a server without lora.embeddings).
     outer_shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    vocab_size: int = 0  # 0 when unknown; kept without outer_shapes (trainable tokens need it)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.shapes["q_proj"][0]
 
     def without_outer(self) -> BaseModelSpec:
         """The same spec with no LoRA on the embedding or the LM head."""
@@ -69,8 +74,9 @@ class BaseModelSpec:
         }
         outer = {"embed_tokens": (vocab, hidden), "lm_head": (hidden, vocab)} if vocab > 0 else {}
         return BaseModelSpec(
-            num_layers=layers, shapes=shapes, dtype=_dtype_name(config), outer_shapes=outer
-        )
+            num_layers=layers, shapes=shapes, dtype=_dtype_name(config), outer_shapes=outer,
+            vocab_size=vocab,
+        )  # fmt: skip
 
     @staticmethod
     def from_dir(model_dir: str | Path) -> BaseModelSpec:

@@ -195,7 +195,7 @@ def _parse_weights(
                 f"{label}: embed_tokens has both LoRA and trainable tokens; PEFT trains one"
             )
         parts[OUTER_LAYER, "embed_tokens", "model.embed_tokens"] = tokens
-    vocab, hidden = base.outer_shapes.get("embed_tokens", (0, None)) if base else (0, None)
+    vocab, hidden = (base.vocab_size, base.hidden_size) if base else (0, None)
     rows = read_tokens(config.token_indices, tokens.get("tokens"), label, vocab, hidden)
     modules = {}
     for (layer, module, model_name), found in sorted(parts.items()):

@@ -81,10 +81,25 @@ class AdapterSlab:
         for key, (fan_in, fan_out) in keys:
             self._a[key] = torch.zeros(num_slots, max_rank, fan_in, **like)
             self._b[key] = torch.zeros(num_slots, max_rank, fan_out, **like)
+        if "embed_tokens" in self.outer:
+            # The embedding's shrink gathers A[:, id] per token: kept [slots, vocab, rank] so
+            # that column is contiguous; the [slots, rank, vocab] view writes through to it.
+            vocab = spec.outer_shapes["embed_tokens"][0]
+            stored = torch.zeros(num_slots, vocab, max_rank, **like)
+            self._a[OUTER_LAYER, "embed_tokens"] = stored.transpose(1, 2)
         self.keys = frozenset(self._a)  # every (layer, module) the slab holds
+        # layer -> [its modules, num_slots] int32: each module's own rank per slot (0 where
+        # the adapter leaves it out), so a fused projection's table is a view of one row block
+        self._module_index = {m: i for i, m in enumerate(self.modules)}
+        self._module_index.update({m: i for i, m in enumerate(self.outer)})
+        self._ranks_of = {
+            layer: torch.zeros(len(names), num_slots, dtype=torch.int32, device=self.device)
+            for layer, names in [(lay, self.modules) for lay in range(spec.num_layers)]
+            + ([(OUTER_LAYER, self.outer)] if self.outer else [])
+        }
         shapes = ((key, fan_out) for key, (_, fan_out) in keys)
         self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
-        vocab, hidden = spec.outer_shapes.get("embed_tokens", (0, 0))
+        vocab, hidden = spec.vocab_size, spec.hidden_size
         self.tokens = SlabTokens(num_slots, vocab, hidden, max_tokens, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
@@ -119,6 +134,15 @@ class AdapterSlab:
     def lora_b(self, layer: int, module: str) -> torch.Tensor:
         """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
         return self._b[layer, module]
+
+    def module_ranks(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
+        """Each of modules' own rank per slot, [len(modules), num_slots] int32 (the kernels'
+        slice_ranks); a view when the modules are adjacent in the slab, as fused ones are."""
+        first = self._module_index[modules[0]]
+        table = self._ranks_of[layer]
+        if [self._module_index[m] for m in modules] == list(range(first, first + len(modules))):
+            return table[first : first + len(modules)]
+        return torch.stack([table[self._module_index[m]] for m in modules])
 
     def lora_bias(self, layer: int, module: str) -> torch.Tensor:
         """scale * lora_B's bias per slot for (layer, module): [num_slots, out]."""
@@ -297,11 +321,14 @@ class AdapterSlab:
         for key, a_stack in self._a.items():
             b_stack = self._b[key]
             mod = adapter.modules.get(key)
+            ranks = self._ranks_of[key[0]][self._module_index[key[1]]]  # [num_slots]
             if mod is None:  # untargeted: its update must be exactly 0, not stale rows
                 a_stack[slot, :r].zero_()
                 b_stack[slot, :r].zero_()
+                ranks[slot] = 0
                 continue
             rm = mod.a.shape[0]
+            ranks[slot] = rm
             a_stack[slot, :rm].copy_(mod.a)  # [rm, in]
             if mod.scale == adapter.scale:
                 b_stack[slot, :rm].copy_(mod.b.T)  # [out, rm] -> [rm, out]

@@ -30,6 +30,8 @@ def _lora_expand_kernel(
     seg_starts_ptr,
     seg_slots_ptr,
     seg_ranks_ptr,
+    slice_ranks_ptr,  # [num_slices, num_slots] int32: each slice's own rank per slot
+    num_slots,
     stride_ts,
     stride_tm,
     stride_tk,
@@ -41,6 +43,7 @@ def _lora_expand_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_SLICE_RANKS: tl.constexpr,
 ):
     pid_mn = tl.program_id(0)
     seg = tl.program_id(1)
@@ -55,6 +58,8 @@ def _lora_expand_kernel(
         return
     rank = tl.load(seg_ranks_ptr + seg)
     slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
+    if HAS_SLICE_RANKS:  # the shrink wrote this slice's first columns only
+        rank = tl.minimum(rank, tl.load(slice_ranks_ptr + slice_id * num_slots + slot))
     scale = tl.load(scales_ptr + slot).to(tl.float32)
 
     offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -98,6 +103,7 @@ def lora_expand_triton(
     y: torch.Tensor,
     segments: Segments,
     scales: torch.Tensor,
+    slice_ranks: torch.Tensor | None = None,
 ) -> None:
     """Launch the expand kernel; arguments already checked by kernels.lora_ops."""
     if segments.num_segments == 0:
@@ -131,6 +137,8 @@ def lora_expand_triton(
             segments.seg_starts,
             segments.seg_slots,
             segments.seg_ranks,
+            segments.seg_ranks if slice_ranks is None else slice_ranks,
+            lora_b[0].shape[0],
             t.stride(0),
             t.stride(1),
             t.stride(2),
@@ -142,4 +150,5 @@ def lora_expand_triton(
             BLOCK_N=block_n,
             BLOCK_K=block_k,
             DOT_PRECISION="ieee" if y.dtype == torch.float32 else "tf32",
+            HAS_SLICE_RANKS=slice_ranks is not None,
         )

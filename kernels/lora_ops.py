@@ -35,6 +35,7 @@ def lora_shrink(
     lora_a: torch.Tensor | Sequence[torch.Tensor],
     out: torch.Tensor,
     segments: Segments,
+    slice_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Project each token onto its adapter's rank space.
 
@@ -47,6 +48,11 @@ def lora_shrink(
     x: [num_tokens, hidden]; lora_a: [num_slots, max_rank, hidden], or a
     sequence of them (one per fused slice); out: float32, [num_tokens, max_rank],
     or [num_slices, num_tokens, max_rank] for a sequence. Returns out.
+
+    slice_ranks: int32 [num_slices, num_slots], each slice's own rank in each slot, at
+    most the slot's (rank_pattern; 0 where the adapter leaves the module out). The slab's
+    rows past it are zero; the kernels then read and write only that many columns, so the
+    expand must be given the same table.
     """
     slices = as_slices("lora_a", lora_a)
     check_tensor("x", x, dim=2, dtypes=ACTIVATION_DTYPES)
@@ -63,14 +69,15 @@ def lora_shrink(
     check_segments(
         segments, num_tokens=num_tokens, num_slots=num_slots, max_rank=max_rank, device=x.device
     )
+    _check_slice_ranks(slice_ranks, len(slices), num_slots, x.device)
     if x.is_cuda:
         from kernels.lora_shrink_triton import lora_shrink_triton
 
-        lora_shrink_triton(x, slices, out3, segments)
+        lora_shrink_triton(x, slices, out3, segments, slice_ranks)
     else:
         from kernels.lora_torch import lora_shrink_torch
 
-        lora_shrink_torch(x, slices, out3, segments)
+        lora_shrink_torch(x, slices, out3, segments, _host(slice_ranks))
     return out
 
 
@@ -80,6 +87,7 @@ def lora_expand(
     y: torch.Tensor,
     segments: Segments,
     scales: torch.Tensor,
+    slice_ranks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Add each token's scaled LoRA update to the base output, in place.
 
@@ -91,7 +99,8 @@ def lora_expand(
 
     t: [num_tokens, max_rank] (or [num_slices, num_tokens, max_rank]), float32
     or y's dtype; lora_b: [num_slots, max_rank, out_s], y's dtype;
-    y: [num_tokens, sum(out_s)]; scales: [num_slots]. Returns y.
+    y: [num_tokens, sum(out_s)]; scales: [num_slots]; slice_ranks: as lora_shrink's, the
+    same table. Returns y.
     """
     slices = as_slices("lora_b", lora_b)
     check_tensor("y", y, dim=2, dtypes=ACTIVATION_DTYPES)
@@ -111,14 +120,15 @@ def lora_expand(
     check_segments(
         segments, num_tokens=num_tokens, num_slots=num_slots, max_rank=max_rank, device=y.device
     )
+    _check_slice_ranks(slice_ranks, len(slices), num_slots, y.device)
     if y.is_cuda:
         from kernels.lora_expand_triton import lora_expand_triton
 
-        lora_expand_triton(t3, slices, y, segments, scales)
+        lora_expand_triton(t3, slices, y, segments, scales, slice_ranks)
     else:
         from kernels.lora_torch import lora_expand_torch
 
-        lora_expand_torch(t3, slices, y, segments, scales)
+        lora_expand_torch(t3, slices, y, segments, scales, _host(slice_ranks))
     return y
 
 
@@ -131,3 +141,17 @@ def _check_rank_buffer(name, buf, slices, given, num_tokens, max_rank, device) -
     check_tensor(name, buf, dim=3, device=device)
     check_shape(name, buf, (len(slices), num_tokens, max_rank))
     return buf
+
+
+def _check_slice_ranks(ranks, num_slices: int, num_slots: int, device) -> None:
+    if ranks is None:
+        return
+    check_tensor("slice_ranks", ranks, dim=2, dtypes=(torch.int32,), device=device)
+    check_shape("slice_ranks", ranks, (num_slices, num_slots))
+    if not ranks.is_contiguous():
+        raise ValueError("slice_ranks: expected a contiguous tensor (the kernels index it flat)")
+
+
+def _host(ranks: torch.Tensor | None) -> list[list[int]] | None:
+    """The table as lists, for the CPU path's per-run loops (a few dozen ints)."""
+    return None if ranks is None else ranks.tolist()

@@ -27,6 +27,8 @@ def _lora_shrink_kernel(
     seg_starts_ptr,
     seg_slots_ptr,
     seg_ranks_ptr,
+    slice_ranks_ptr,  # [num_slices, num_slots] int32: each slice's own rank per slot
+    num_slots,
     hidden,
     stride_xm,
     stride_xk,
@@ -38,6 +40,7 @@ def _lora_shrink_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_SLICE_RANKS: tl.constexpr,
 ):
     pid_mn = tl.program_id(0)
     seg = tl.program_id(1)
@@ -49,9 +52,11 @@ def _lora_shrink_kernel(
     start = tl.load(seg_starts_ptr + seg)
     end = tl.load(seg_starts_ptr + seg + 1)
     rank = tl.load(seg_ranks_ptr + seg)
+    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
+    if HAS_SLICE_RANKS:  # a module of a lower rank than its slot's (rank_pattern) costs its own
+        rank = tl.minimum(rank, tl.load(slice_ranks_ptr + slice_id * num_slots + slot))
     if start + pid_m * BLOCK_M >= end or pid_n * BLOCK_N >= rank:
         return
-    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
 
     offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < end
@@ -85,7 +90,11 @@ def _lora_shrink_kernel(
 
 
 def lora_shrink_triton(
-    x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], out: torch.Tensor, segments: Segments
+    x: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    segments: Segments,
+    slice_ranks: torch.Tensor | None = None,
 ) -> None:
     """Launch the shrink kernel; arguments already checked by kernels.lora_ops."""
     if segments.num_segments == 0:
@@ -111,6 +120,8 @@ def lora_shrink_triton(
             segments.seg_starts,
             segments.seg_slots,
             segments.seg_ranks,
+            segments.seg_ranks if slice_ranks is None else slice_ranks,
+            lora_a[0].shape[0],
             hidden,
             x.stride(0),
             x.stride(1),
@@ -122,4 +133,5 @@ def lora_shrink_triton(
             BLOCK_N=block_n,
             BLOCK_K=block_k,
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            HAS_SLICE_RANKS=slice_ranks is not None,
         )

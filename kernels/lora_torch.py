@@ -28,13 +28,19 @@ _pool_lock = threading.Lock()
 
 
 def lora_shrink_torch(
-    x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], out: torch.Tensor, segments: Segments
+    x: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    segments: Segments,
+    slice_ranks: list[list[int]] | None = None,
 ) -> None:
     """out[s, t, :rank] = x[t] @ lora_a[s][slot(t), :rank].T for every active token t.
 
     x: [num_tokens, hidden]; lora_a[s]: [num_slots, max_rank, hidden];
     out: [num_slices, num_tokens, max_rank]. Columns past a slot's rank and
-    rows of base-only tokens are left untouched.
+    rows of base-only tokens are left untouched. With slice_ranks[s][slot], a run of
+    tokens multiplied in place stops at the slice's own rank (the rows past it are zero
+    in the slab, so the other ways, which multiply up to the slot's rank, agree).
     """
     order = segments.token_order
     for group in segments.cpu_plan.groups:
@@ -45,7 +51,8 @@ def lora_shrink_torch(
                 for run in runs:
                     rows = slice(run.first_token, run.first_token + run.num_tokens)
                     for s, a in enumerate(lora_a):
-                        out[s, rows, :r] = x[rows] @ a[run.slot, :r].T
+                        rs = r if slice_ranks is None else min(r, slice_ranks[s][run.slot])
+                        out[s, rows, :rs] = x[rows] @ a[run.slot, :rs].T
 
             _run_parts(runs_shrink, group.runs)
         elif group.padded is not None:
@@ -84,6 +91,7 @@ def lora_expand_torch(
     y: torch.Tensor,
     segments: Segments,
     scales: torch.Tensor,
+    slice_ranks: list[list[int]] | None = None,
 ) -> None:
     """y[t, slice s] += scales[slot(t)] * t[s, t, :rank] @ lora_b[s][slot(t), :rank] for active t.
 
@@ -101,8 +109,9 @@ def lora_expand_torch(
             for run in runs:
                 rows = slice(run.first_token, run.first_token + run.num_tokens)
                 for s, b in enumerate(lora_b):
-                    ts = t[s, rows, :r].to(b.dtype)
-                    y[rows, columns[s]].addmm_(ts, b[run.slot, :r], alpha=host_scales[run.slot])
+                    rs = r if slice_ranks is None else min(r, slice_ranks[s][run.slot])
+                    ts = t[s, rows, :rs].to(b.dtype)
+                    y[rows, columns[s]].addmm_(ts, b[run.slot, :rs], alpha=host_scales[run.slot])
 
         _run_parts(runs_expand, group.runs)
     if plan.bags is not None:

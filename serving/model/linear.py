@@ -57,6 +57,7 @@ class LoraStacks:
     b: tuple[torch.Tensor, ...]
     bias: tuple[torch.Tensor, ...] = ()
     dora: tuple[torch.Tensor, ...] = ()
+    ranks: torch.Tensor | None = None  # [slices, slots] int32: each module's own rank
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,10 @@ def lora_linear(
     num = len(stacks.a)
     # Uninitialised: the expand reads only active rows and columns below each rank.
     t = torch.empty(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
-    lora_shrink(
-        x, list(stacks.a) if num > 1 else stacks.a[0], t if num > 1 else t[0], lora.segments
-    )
+    a = list(stacks.a) if num > 1 else stacks.a[0]
+    lora_shrink(x, a, t if num > 1 else t[0], lora.segments, stacks.ranks)
     b = list(stacks.b) if num > 1 else stacks.b[0]
-    lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales)
+    lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales, stacks.ranks)
     # lora_B's bias is part of the LoRA term, so DoRA's output scale covers it too.
     if lora.bias_rows is not None and stacks.bias:
         lora_bias_add(y, stacks.bias, lora.bias_rows.rows, lora.bias_rows.slots)

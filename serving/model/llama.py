@@ -250,6 +250,7 @@ def _stacks(slab, layer: int, modules, lora: StepLora | None) -> LoraStacks | No
         b=tuple(slab.lora_b(layer, m) for m in modules),
         bias=tuple(slab.lora_bias(layer, m) for m in modules) if lora.bias_rows else (),
         dora=tuple(slab.lora_dora(layer, m) for m in modules) if lora.dora_rows else (),
+        ranks=slab.module_ranks(layer, modules),
     )
 
 

@@ -43,14 +43,20 @@ def dora_rescale(
     """
     _check(y, scales, rows, slots, "scales")
     table = torch.cat(list(scales), dim=1) if len(scales) > 1 else scales[0]  # [slots, width]
+    every = rows.numel() == y.shape[0]  # rows is then a permutation of all the tokens
+    if every:  # no gather and scatter of y: each token's own slot, in token order
+        slots = torch.empty_like(slots).index_copy_(0, rows, slots)
     g = table.index_select(0, slots).to(torch.float32)  # [n, width]
-    sub = y.index_select(0, rows).to(torch.float32)  # [n, width]
+    sub = y.to(torch.float32) if every else y.index_select(0, rows).to(torch.float32)
     if base_bias is None:
         sub = sub * g
     else:
         b = base_bias.to(torch.float32)
         sub = (sub - b) * g + b
-    y.index_copy_(0, rows, sub.to(y.dtype))
+    if every:
+        y.copy_(sub)
+    else:
+        y.index_copy_(0, rows, sub.to(y.dtype))
     return y
 
 

@@ -131,3 +131,14 @@ def test_shape_errors_name_what_is_wrong(op, change, message):
     name = "biases" if op is lora_bias_add else "scales"
     with pytest.raises(ValueError, match=message.replace("slices", f"{name}: slices")):
         op(*change(y, tables, rows, slots))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dora_rescale_of_every_row_in_any_order(dtype):
+    # Every token DoRA: rescaled in place without a gather, each row by its own slot.
+    y, tables, _, _, base_bias = inputs(dtype, WIDTHS["fused"], seed=4)
+    rows = torch.randperm(NUM_TOKENS, generator=torch.Generator().manual_seed(5))
+    slots = torch.arange(NUM_TOKENS) % NUM_SLOTS
+    want = dora_oracle(y.clone(), tables, rows, slots, base_bias)
+    dora_rescale(y, tables, rows, slots, base_bias)
+    torch.testing.assert_close(y.double(), want, **tolerance(dtype))

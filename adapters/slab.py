@@ -35,6 +35,7 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
+from adapters.slab_ranks import SlabRanks
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_tokens import SlabTokens
 from adapters.slab_vectors import BaseWeight, SlabVectors
@@ -88,15 +89,7 @@ class AdapterSlab:
             stored = torch.zeros(num_slots, vocab, max_rank, **like)
             self._a[OUTER_LAYER, "embed_tokens"] = stored.transpose(1, 2)
         self.keys = frozenset(self._a)  # every (layer, module) the slab holds
-        # layer -> [its modules, num_slots] int32: each module's own rank per slot (0 where
-        # the adapter leaves it out), so a fused projection's table is a view of one row block
-        self._module_index = {m: i for i, m in enumerate(self.modules)}
-        self._module_index.update({m: i for i, m in enumerate(self.outer)})
-        self._ranks_of = {
-            layer: torch.zeros(len(names), num_slots, dtype=torch.int32, device=self.device)
-            for layer, names in [(lay, self.modules) for lay in range(spec.num_layers)]
-            + ([(OUTER_LAYER, self.outer)] if self.outer else [])
-        }
+        self.ranks_of = SlabRanks(spec.num_layers, self.modules, self.outer, num_slots, self.device)
         shapes = ((key, fan_out) for key, (_, fan_out) in keys)
         self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
         vocab, hidden = spec.vocab_size, spec.hidden_size
@@ -135,14 +128,13 @@ class AdapterSlab:
         """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
         return self._b[layer, module]
 
+    def serves_outer(self, module: str) -> bool:
+        """Whether some slot's adapter has LoRA on module: a step skips its LoRA if none."""
+        return self.ranks_of.serves_outer(module)
+
     def module_ranks(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
-        """Each of modules' own rank per slot, [len(modules), num_slots] int32 (the kernels'
-        slice_ranks); a view when the modules are adjacent in the slab, as fused ones are."""
-        first = self._module_index[modules[0]]
-        table = self._ranks_of[layer]
-        if [self._module_index[m] for m in modules] == list(range(first, first + len(modules))):
-            return table[first : first + len(modules)]
-        return torch.stack([table[self._module_index[m]] for m in modules])
+        """Each module's own rank per slot, [len(modules), num_slots] (kernels' slice_ranks)."""
+        return self.ranks_of.of(layer, modules)
 
     def lora_bias(self, layer: int, module: str) -> torch.Tensor:
         """scale * lora_B's bias per slot for (layer, module): [num_slots, out]."""
@@ -282,6 +274,7 @@ class AdapterSlab:
         self.scales[slot] = 0.0
         self.vectors.mark(slot, None)
         self.tokens.write(slot, None)
+        self.ranks_of.clear(slot)
 
     # -- one load (outside the lock, into its reserved slot) -----------------------------
 
@@ -321,14 +314,13 @@ class AdapterSlab:
         for key, a_stack in self._a.items():
             b_stack = self._b[key]
             mod = adapter.modules.get(key)
-            ranks = self._ranks_of[key[0]][self._module_index[key[1]]]  # [num_slots]
             if mod is None:  # untargeted: its update must be exactly 0, not stale rows
                 a_stack[slot, :r].zero_()
                 b_stack[slot, :r].zero_()
-                ranks[slot] = 0
+                self.ranks_of.set(key, slot, 0)
                 continue
             rm = mod.a.shape[0]
-            ranks[slot] = rm
+            self.ranks_of.set(key, slot, rm)
             a_stack[slot, :rm].copy_(mod.a)  # [rm, in]
             if mod.scale == adapter.scale:
                 b_stack[slot, :rm].copy_(mod.b.T)  # [out, rm] -> [rm, out]

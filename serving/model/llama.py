@@ -135,7 +135,7 @@ class LlamaModel:
         step = step.to(self.embed.device)
         lora = self._step_lora(step, slab)
         h = self.embed[step.token_ids]  # [T, hidden]
-        if lora is not None and (OUTER_LAYER, "embed_tokens") in slab.keys:
+        if lora is not None and slab.serves_outer("embed_tokens"):
             embedding_lora(h, step.token_ids, slab, lora)
         if lora is not None and slab.tokens.count:
             own_token_rows(h, step.token_ids, step.adapter_slots, slab.tokens)
@@ -170,7 +170,7 @@ class LlamaModel:
             act = torch.nn.functional.silu(gate) * up
             h = h + lora_linear(act, layer.down, _stacks(slab, i, ("down_proj",), lora), lora)
         out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)  # [K, hidden]
-        if lora is not None and (OUTER_LAYER, "lm_head") in slab.keys:
+        if lora is not None and slab.serves_outer("lm_head"):
             slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
             head = _step_lora_of(slots, slab)
             stacks = _stacks(slab, OUTER_LAYER, ("lm_head",), head)

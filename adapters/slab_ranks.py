@@ -1,0 +1,58 @@
+"""Each module's own rank per slot, the kernels' `slice_ranks` (kernels/lora_ops.py).
+
+    table[layer]: [modules of the layer, num_slots] int32   rank_pattern's rank, 0 where the
+                                                           adapter leaves the module out
+
+Fused modules (q|k|v, gate|up) are adjacent rows, so a projection's table is a view. The
+embedding's and LM head's ranks sit under layer -1, with which slots use them, so a step
+where no slot does skips their LoRA altogether.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from adapters.tensor_names import OUTER_LAYER
+
+
+class SlabRanks:
+    """Module ranks per slot for every layer the slab holds."""
+
+    def __init__(
+        self, num_layers: int, modules: Sequence[str], outer: Sequence[str], num_slots: int, device
+    ) -> None:
+        self._index = {m: i for i, m in enumerate(modules)}
+        self._index.update({m: i for i, m in enumerate(outer)})
+        layers = [(layer, modules) for layer in range(num_layers)]
+        layers += [(OUTER_LAYER, outer)] if outer else []
+        self._table = {
+            layer: torch.zeros(len(names), num_slots, dtype=torch.int32, device=device)
+            for layer, names in layers
+        }
+        self._outer_slots: dict[str, set[int]] = {m: set() for m in outer}
+
+    def of(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
+        """[len(modules), num_slots] int32; a view when the modules are adjacent rows."""
+        first = self._index[modules[0]]
+        table = self._table[layer]
+        if [self._index[m] for m in modules] == list(range(first, first + len(modules))):
+            return table[first : first + len(modules)]
+        return torch.stack([table[self._index[m]] for m in modules])
+
+    def set(self, key: tuple[int, str], slot: int, rank: int) -> None:
+        """Record the rank of module key in slot (0: the adapter leaves it out)."""
+        layer, module = key
+        self._table[layer][self._index[module], slot] = rank
+        if layer == OUTER_LAYER:
+            (self._outer_slots[module].add if rank else self._outer_slots[module].discard)(slot)
+
+    def clear(self, slot: int) -> None:
+        """slot is empty: no outer module is used by it (its ranks are read by no token)."""
+        for slots in self._outer_slots.values():
+            slots.discard(slot)
+
+    def serves_outer(self, module: str) -> bool:
+        """Whether some slot's adapter has LoRA on module (embed_tokens or lm_head)."""
+        return bool(self._outer_slots.get(module))

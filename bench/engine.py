@@ -50,7 +50,7 @@ def workload(num_prompts: int, adapter_names: list[str], seed: int = 0) -> list[
     return items
 
 
-def loraserve_run(world: dict, items: list[dict], max_loras: int) -> dict:
+def loraserve_run(world: dict, items: list[dict], max_loras: int, embeddings: bool = False) -> dict:
     loaded = load_model(world["model"], quantization="none")
     spec = BaseModelSpec.from_dir(world["model"])
     adapters = {name: load_adapter(path, base=spec) for name, path in world["adapters"].items()}
@@ -58,7 +58,8 @@ def loraserve_run(world: dict, items: list[dict], max_loras: int) -> dict:
     by_version = {versions[n]: a for n, a in adapters.items()}
     slab = AdapterSlab(spec, num_slots=max(max_loras, 1), max_rank=16, max_cpu_loras=64,
                        loader=by_version.__getitem__,
-                       base_weight=loaded.model.served_weight)  # fmt: skip
+                       base_weight=loaded.model.served_weight,
+                       embeddings=embeddings)  # fmt: skip
     config = EngineConfig(block_size=16, num_blocks=2048, max_model_len=512,
                           scheduler=SchedulerConfig(max_num_seqs=128, max_num_batched_tokens=2048,
                                                     max_loras=max(max_loras, 1)))  # fmt: skip

@@ -19,6 +19,8 @@ VARIANTS = {  # name: LoraConfig fields besides target_modules
                  "alpha_pattern": {"v_proj": 8}},
     "dora_rslora": {"r": 8, "lora_alpha": 16, "use_dora": True, "use_rslora": True},
 }  # fmt: skip
+# LoRA on the embedding and the LM head only: its rows against base rows (lora.embeddings)
+OUTER = {"r": 8, "lora_alpha": 16, "target_modules": ["embed_tokens", "lm_head"]}
 ROUNDS = 3  # plain and mixed alternate, so both see the same machine; medians reported
 
 
@@ -28,13 +30,13 @@ def save_variants(world: dict) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    for i, (name, fields) in enumerate(VARIANTS.items()):
+    for i, (name, fields) in enumerate({**VARIANTS, "outer": OUTER}.items()):
         path = Path(world["model"]).parent / f"variant-{name}"
         world["adapters"][name] = path
         if path.exists():
             continue
         base = LlamaForCausalLM.from_pretrained(world["model"])
-        model = get_peft_model(base, LoraConfig(target_modules=ALL, **fields))
+        model = get_peft_model(base, LoraConfig(**{"target_modules": ALL, **fields}))
         gen = torch.Generator().manual_seed(2000 + i)
         with torch.no_grad():
             for pname, p in model.named_parameters():
@@ -59,6 +61,12 @@ def variant_rows(tmp: Path, num_prompts: int = 32) -> list[str]:
         for label, names in (("plain", plain), ("mixed", mixed)):
             runs[label].append(tok_s(loraserve_run(world, workload(num_prompts, names), 6)))
     p, m = statistics.median(runs["plain"]), statistics.median(runs["mixed"])
+    outer: dict[str, list[float]] = {"base": [], "outer": []}
+    for _ in range(ROUNDS):  # every row base-only, then every row with embedding + head LoRA
+        for label, names in (("base", [None]), ("outer", ["outer"])):
+            run = loraserve_run(world, workload(num_prompts, names), 6, embeddings=True)
+            outer[label].append(tok_s(run))
+    b, o = statistics.median(outer["base"]), statistics.median(outer["outer"])
     return [
         f"| LoRA variants (tiny model, {num_prompts} prompts, 6 adapters + base rows) "
         "| tok/s | vs plain |",
@@ -66,4 +74,9 @@ def variant_rows(tmp: Path, num_prompts: int = 32) -> list[str]:
         f"| plain LoRA, 6 adapters | {p:.0f} | 1.00x |",
         f"| DoRA, lora_bias, patterns, DoRA+rsLoRA + 2 plain | {m:.0f} | {m / p:.2f}x "
         "(target >= 0.8x) |",
+        "",
+        f"| embedding + LM-head LoRA rows (tiny model, {num_prompts} prompts) | tok/s | vs base |",
+        "|---|---:|---:|",
+        f"| base rows, lora.embeddings on | {b:.0f} | 1.00x |",
+        f"| every row: LoRA on embed_tokens and lm_head | {o:.0f} | {o / b:.2f}x |",
     ]

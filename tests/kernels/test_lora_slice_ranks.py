@@ -14,6 +14,7 @@ SLOT_RANKS = torch.tensor([8, 16, 4, 0], dtype=torch.int32)  # slot 3 is empty
 # [slices, slots]: each module's own rank, at most its slot's; 0 = the adapter leaves it out
 SLICE_RANKS = torch.tensor([[8, 2, 4, 0], [3, 16, 0, 0], [0, 7, 1, 0]], dtype=torch.int32)
 HIDDEN, WIDTHS, MAX_RANK = 24, (20, 8, 8), 16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
 
 
 def world(dtype, seed=0):
@@ -67,17 +68,21 @@ def test_cpu_path_matches_the_oracle(dtype, with_ranks):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton_kernels_stop_at_each_slices_rank(dtype):
     x, a, b, slots, scales, y = world(dtype, seed=1)
-    segments = build_segments(slots, SLOT_RANKS)
-    t = torch.full((len(WIDTHS), x.shape[0], MAX_RANK), float("nan"))
-    lora_shrink_triton(x, tuple(a), t, segments, SLICE_RANKS)
+    segments = build_segments(slots.to(DEVICE), SLOT_RANKS.to(DEVICE))
+    ranks = SLICE_RANKS.to(DEVICE)
+    t = torch.full((len(WIDTHS), x.shape[0], MAX_RANK), float("nan"), device=DEVICE)
+    lora_shrink_triton(x.to(DEVICE), tuple(t_.to(DEVICE) for t_ in a), t, segments, ranks)
+    t = t.cpu()
     for s in range(len(WIDTHS)):
         for tok, slot in enumerate(slots.tolist()):
             if slot >= 0:  # written up to the slice's own rank, never past it
                 r = int(SLICE_RANKS[s, slot])
                 assert not t[s, tok, :r].isnan().any()
                 assert t[s, tok, r:].isnan().all()
-    got = y.clone()
-    lora_expand_triton(t, tuple(b), got, segments, scales, SLICE_RANKS)
+    got = y.clone().to(DEVICE)
+    b_dev = tuple(t_.to(DEVICE) for t_ in b)
+    lora_expand_triton(t.to(DEVICE), b_dev, got, segments, scales.to(DEVICE), ranks)
+    got = got.cpu()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), oracle(x, a, b, slots, scales, y), rtol=tol, atol=tol)
 

@@ -26,6 +26,7 @@ NAMES = list(ADAPTERS)  # 6 adapters
 HOT = NAMES[0]
 MAX_NUM_SEQS = 16  # spread_at: 4 requests of one adapter in flight on each replica holding it
 STREAMS = 8
+STREAM_DEADLINE_S = 180  # one completion of a few dozen tokens takes seconds here
 ROUTING_UPDATE_S = 2.0  # Ray's routers learn a replica's loaded ids a moment after the load
 
 
@@ -75,9 +76,16 @@ def drive(url: str, models: list[str], max_tokens: int = 8, streams: int = STREA
     def one(model: str) -> None:
         body = {"model": model, "prompt": "hello there", "max_tokens": max_tokens,
                 "temperature": 0, "stream": True}  # fmt: skip
+        # A whole-answer deadline: the stream's keep-alive comments would outlast any read
+        # timeout, so a stalled request would otherwise hold the test forever.
+        deadline = time.monotonic() + STREAM_DEADLINE_S
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
             assert r.status_code == 200, r.read()
-            assert b"[DONE]" in r.read()
+            received = b""
+            for chunk in r.iter_bytes():
+                received += chunk
+                assert time.monotonic() < deadline, f"{model}: no end after {STREAM_DEADLINE_S} s"
+            assert b"[DONE]" in received
 
     with ThreadPoolExecutor(streams) as pool:
         list(pool.map(one, models))

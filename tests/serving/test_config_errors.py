@@ -23,7 +23,8 @@ def test_unknown_nested_keys_are_named(tmp_path):
     assert msg.startswith(f"{path}: ")
     assert (
         "lora.max_lora: unknown key 'max_lora'; allowed under lora: "
-        "max_loras, max_lora_rank, max_cpu_loras, registry, preload" in msg
+        "max_loras, max_lora_rank, max_cpu_loras, embeddings, max_trainable_tokens, registry, "
+        "preload" in msg
     )
     assert (
         "deploy.resources.gpus: unknown key 'gpus'; allowed under deploy.resources: "

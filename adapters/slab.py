@@ -1,18 +1,11 @@
 """The adapter slab: one model replica's device-resident LoRA weights, one slot per adapter.
 
 For every layer and targetable module the slab holds the stacks the LoRA kernels read
-(kernels/lora_ops.py), preallocated once:
-
-    A[num_slots, max_rank, in]    a rank-r adapter's lora_A ([r, in]) in rows :r of its slot
-    B[num_slots, max_rank, out]   its lora_B TRANSPOSED ([out, r] -> [r, out]) in rows :r
-    scales[num_slots] float32     ranks[num_slots] int32 (0: an empty slot)
-
-A module whose own scale differs from the adapter's (alpha_pattern, rank_pattern) has its
-B stored multiplied by the ratio, so the kernels keep one scale per slot; a module of a
-lower rank than its adapter's (rank_pattern) fills only its first rows, the rest zero.
-lora_B biases and DoRA's output scales live beside, in adapters/slab_vectors.py. With
-`embeddings`, the embedding's and the LM head's stacks are kept too, under layer -1;
-trainable tokens (up to `max_tokens` per slot) in adapters/slab_tokens.py.
+(kernels/lora_ops.py), preallocated once (adapters/slab_stacks.py), with a scale and a rank
+per slot (0: an empty slot); lora_B biases and DoRA's output scales beside them
+(adapters/slab_vectors.py), and trainable tokens, up to `max_tokens` per slot
+(adapters/slab_tokens.py). With `embeddings`, the embedding's and the LM head's stacks are
+kept too, under layer -1.
 
 Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
 `acquire` pins a version in a slot for as long as a request uses it and `release` unpins
@@ -35,13 +28,10 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
-from adapters.slab_ranks import SlabRanks
+from adapters.slab_stacks import SlabStacks
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_tokens import SlabTokens
 from adapters.slab_vectors import BaseWeight, SlabVectors
-from adapters.tensor_names import OUTER_LAYER
-
-Key = tuple[int, str]  # (layer, module)
 
 
 class AdapterSlab:
@@ -72,28 +62,13 @@ class AdapterSlab:
         if unknown:
             raise ValueError(f"modules {unknown} are not in the base model ({list(spec.shapes)})")
         like = {"dtype": dtype, "device": self.device}
-        self._a: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, in]
-        self._b: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, out]
         # The embedding's and LM head's stacks are vocabulary-wide: only when asked for.
         self.outer = tuple(spec.outer_shapes) if embeddings else ()
-        keys = [((layer, m), spec.shapes[m]) for layer in range(spec.num_layers)
-                for m in self.modules]  # fmt: skip
-        keys += [((OUTER_LAYER, m), spec.outer_shapes[m]) for m in self.outer]
-        for key, (fan_in, fan_out) in keys:
-            self._a[key] = torch.zeros(num_slots, max_rank, fan_in, **like)
-            self._b[key] = torch.zeros(num_slots, max_rank, fan_out, **like)
-        if "embed_tokens" in self.outer:
-            # The embedding's shrink gathers A[:, id] per token: kept [slots, vocab, rank] so
-            # that column is contiguous; the [slots, rank, vocab] view writes through to it.
-            vocab = spec.outer_shapes["embed_tokens"][0]
-            stored = torch.zeros(num_slots, vocab, max_rank, **like)
-            self._a[OUTER_LAYER, "embed_tokens"] = stored.transpose(1, 2)
-        self.keys = frozenset(self._a)  # every (layer, module) the slab holds
-        self.ranks_of = SlabRanks(spec.num_layers, self.modules, self.outer, num_slots, self.device)
-        shapes = ((key, fan_out) for key, (_, fan_out) in keys)
+        self.stacks = SlabStacks(spec, self.modules, self.outer, num_slots, max_rank, **like)
+        self.keys = frozenset(self.stacks.a)  # every (layer, module) the slab holds
+        shapes = ((key, fan_out) for key, (_, fan_out) in self.stacks.shapes.items())
         self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
-        vocab, hidden = spec.vocab_size, spec.hidden_size
-        self.tokens = SlabTokens(num_slots, vocab, hidden, max_tokens, **like)
+        self.tokens = SlabTokens(num_slots, spec.vocab_size, spec.hidden_size, max_tokens, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
         self._lock = threading.Lock()
@@ -122,19 +97,19 @@ class AdapterSlab:
 
     def lora_a(self, layer: int, module: str) -> torch.Tensor:
         """The A stack of (layer, module): [num_slots, max_rank, in]."""
-        return self._a[layer, module]
+        return self.stacks.a[layer, module]
 
     def lora_b(self, layer: int, module: str) -> torch.Tensor:
         """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
-        return self._b[layer, module]
+        return self.stacks.b[layer, module]
 
     def serves_outer(self, module: str) -> bool:
         """Whether some slot's adapter has LoRA on module: a step skips its LoRA if none."""
-        return self.ranks_of.serves_outer(module)
+        return self.stacks.ranks.serves_outer(module)
 
     def module_ranks(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
         """Each module's own rank per slot, [len(modules), num_slots] (kernels' slice_ranks)."""
-        return self.ranks_of.of(layer, modules)
+        return self.stacks.ranks.of(layer, modules)
 
     def lora_bias(self, layer: int, module: str) -> torch.Tensor:
         """scale * lora_B's bias per slot for (layer, module): [num_slots, out]."""
@@ -274,7 +249,7 @@ class AdapterSlab:
         self.scales[slot] = 0.0
         self.vectors.mark(slot, None)
         self.tokens.write(slot, None)
-        self.ranks_of.clear(slot)
+        self.stacks.ranks.clear(slot)
 
     # -- one load (outside the lock, into its reserved slot) -----------------------------
 
@@ -306,28 +281,8 @@ class AdapterSlab:
         load.set_result(slot)
 
     def _write(self, slot: int, adapter: Adapter) -> None:
-        """A[slot, :r_m] = a; B[slot, :r_m] = (s_m / s) * b.T; rows r_m: zeroed (and all
-        of them where the adapter has no module); then the slot's bias and DoRA vectors."""
-        r = adapter.rank
-        # Plain copies on the current stream: they queue behind kernels still reading this
-        # slot's previous tenant, so an eviction never races a step already launched.
-        for key, a_stack in self._a.items():
-            b_stack = self._b[key]
-            mod = adapter.modules.get(key)
-            if mod is None:  # untargeted: its update must be exactly 0, not stale rows
-                a_stack[slot, :r].zero_()
-                b_stack[slot, :r].zero_()
-                self.ranks_of.set(key, slot, 0)
-                continue
-            rm = mod.a.shape[0]
-            self.ranks_of.set(key, slot, rm)
-            a_stack[slot, :rm].copy_(mod.a)  # [rm, in]
-            if mod.scale == adapter.scale:
-                b_stack[slot, :rm].copy_(mod.b.T)  # [out, rm] -> [rm, out]
-            else:  # in float32, then once into the slab's dtype
-                b_stack[slot, :rm].copy_(mod.b.T.to(torch.float32) * (mod.scale / adapter.scale))
-            a_stack[slot, rm:r].zero_()
-            b_stack[slot, rm:r].zero_()
+        """Fill slot's stacks, bias and DoRA vectors, trainable tokens and scale."""
+        self.stacks.write(slot, adapter)
         self.vectors.write(slot, adapter)
         self.tokens.write(slot, adapter)
         self.scales[slot] = adapter.scale

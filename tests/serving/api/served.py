@@ -50,7 +50,7 @@ def chat_world(root: Path) -> World:
     return world
 
 
-def build_engine(world: World, loader, **config) -> Engine:
+def build_engine(world: World, loader, *, embeddings: bool = False, **config) -> Engine:
     model = LlamaModel(
         load_model_config(world.base_dir), load_state_dict(world.base_dir),
         fp8=False, dtype=torch.float32,
@@ -58,6 +58,7 @@ def build_engine(world: World, loader, **config) -> Engine:
     slab = AdapterSlab(
         BaseModelSpec.from_dir(world.base_dir), num_slots=4, max_rank=16, max_cpu_loras=2,
         loader=loader, base_weight=model.served_weight,  # DoRA's norms, as a replica's slab
+        embeddings=embeddings,
     )  # fmt: skip
     cfg = {"block_size": 4, "num_blocks": 256, "max_model_len": MAX_MODEL_LEN, **config}
     return Engine(model, world.tokenizer, EngineConfig(**cfg), slab=slab)
@@ -117,6 +118,7 @@ def serve(
     max_model_len: int = MAX_MODEL_LEN,
     generator_class: type[LocalGenerator] = LocalGenerator,
     tenancy=None,
+    embeddings: bool = False,
     **settings_fields,
 ) -> Iterator[Served]:
     """The world's model served over HTTP; `publish` names the world's adapters published
@@ -130,14 +132,16 @@ def serve(
     def loader(ref):
         return registry.load(ref, verify=False)  # as a replica loads: trusting publish's checks
 
-    engine = build_engine(world, loader, max_model_len=max_model_len)
+    engine = build_engine(world, loader, embeddings=embeddings, max_model_len=max_model_len)
+    # As settings.served_spec: uploads are checked against what the slab serves.
+    spec = BaseModelSpec.from_dir(world.base_dir)
     generator = generator_class(engine, max_queue)
     settings = AppSettings(
         model_id=MODEL_ID,
         max_model_len=engine.max_model_len,
         tokenizer=world.tokenizer,
         registry=registry,
-        base_spec=BaseModelSpec.from_dir(world.base_dir),
+        base_spec=spec if embeddings else spec.without_outer(),
         max_lora_rank=16,
         keys=keys,
         max_body_bytes=max_body_bytes,
@@ -157,7 +161,8 @@ def serve(
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
-    reference = build_engine(world, world.adapters.__getitem__, max_model_len=max_model_len)
+    reference = build_engine(world, world.adapters.__getitem__, embeddings=True,
+                             max_model_len=max_model_len)  # fmt: skip
     try:
         yield Served(f"http://127.0.0.1:{port}", world, registry, settings, generator, reference)
     finally:

@@ -66,9 +66,12 @@ async def stats(
     events_of = events_by_replica(figures, ctx.metrics.recent.events(), now, WINDOW_S)
     # An admin's per-adapter traffic and usage are every tenant's; a user key's, its own.
     scope = tenant if not caller.is_admin else None
-    hour, ever = await asyncio.gather(
-        _usage(ctx, start=now - HOUR_S, tenant=scope), _usage(ctx, start=None, tenant=scope)
+    hour, ever, minute = await asyncio.gather(
+        _usage(ctx, start=now - HOUR_S, tenant=scope),
+        _usage(ctx, start=None, tenant=scope),
+        _usage(ctx, start=now - MINUTE_S, tenant=tenant),
     )
+    own_hour = [row for row in hour if row["tenant"] == tenant]  # the rows carry their tenant
     everything = [e for events in events_of.values() for e in events]
     return {
         "object": "stats",
@@ -82,7 +85,7 @@ async def stats(
         "adapters": adapter_figures(
             figures, events_of, WINDOW_S, hour, ever, visible, counted=_counted(caller)
         ),
-        "usage": await _tenant_usage(ctx, tenant, now),
+        "usage": await _tenant_usage(ctx, tenant, minute, own_hour),
     }
 
 
@@ -114,11 +117,10 @@ async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) ->
         raise ApiError(503, "the usage store cannot be read now; try again") from None
 
 
-async def _tenant_usage(ctx: ApiContext, tenant: str, now: float) -> dict:
-    """tenant's recent usage beside its limits, and the adapters it holds."""
+async def _tenant_usage(ctx: ApiContext, tenant: str, minute: list, hour: list) -> dict:
+    """tenant's usage (its rows of the last minute and hour) beside its limits, and the
+    adapters it holds."""
     limits = ctx.settings.limits_of(tenant)
-    minute = await _usage(ctx, start=now - MINUTE_S, tenant=tenant)
-    hour = await _usage(ctx, start=now - HOUR_S, tenant=tenant)
     try:
         held = await run_in_threadpool(holdings, ctx.settings.registry, tenant)
     except AdapterError as exc:

@@ -117,6 +117,10 @@ class Engine:
         for _ in range(max_steps):
             if not self.step():
                 return
+            if not self.scheduler.running:
+                # Only adapter loads are pending: yield the core to the loader threads rather
+                # than spin (on 2 cores a spin can outlast the steps allowed before a load ends).
+                time.sleep(0.001)
         raise RuntimeError(f"still busy after {max_steps} steps")
 
     # ---- the step loop (one thread) ----

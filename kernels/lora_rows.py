@@ -24,8 +24,7 @@ def lora_bias_add(
     y: [num_tokens, sum(out_s)]; rows: [n] int64 token indices; slots: [n] their slots.
     """
     _check(y, biases, rows, slots, "biases")
-    table = torch.cat(list(biases), dim=1) if len(biases) > 1 else biases[0]  # [slots, width]
-    delta = table.index_select(0, slots).to(y.dtype)  # [n, width]
+    delta = _gather(biases, slots).to(y.dtype)  # [n, width]
     y.index_add_(0, rows, delta)
     return y
 
@@ -42,11 +41,10 @@ def dora_rescale(
     scales[s]: [num_slots, out_s]; base_bias: [sum(out_s)] or None. Returns y.
     """
     _check(y, scales, rows, slots, "scales")
-    table = torch.cat(list(scales), dim=1) if len(scales) > 1 else scales[0]  # [slots, width]
     every = rows.numel() == y.shape[0]  # rows is then a permutation of all the tokens
     if every:  # no gather and scatter of y: each token's own slot, in token order
         slots = torch.empty_like(slots).index_copy_(0, rows, slots)
-    g = table.index_select(0, slots).to(torch.float32)  # [n, width]
+    g = _gather(scales, slots).to(torch.float32)  # [n, width]
     sub = y.to(torch.float32) if every else y.index_select(0, rows).to(torch.float32)
     if base_bias is None:
         sub = sub * g
@@ -58,6 +56,13 @@ def dora_rescale(
     else:
         y.index_copy_(0, rows, sub.to(y.dtype))
     return y
+
+
+def _gather(tables: Sequence[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
+    """Each slot's rows of the slices' tables side by side: [n, sum(out_s)] (only the n rows
+    are copied, never a whole fused table)."""
+    rows = [t.index_select(0, slots) for t in tables]
+    return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 
 def _check(y, stacks, rows, slots, name: str) -> None:

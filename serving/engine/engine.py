@@ -18,6 +18,8 @@ import torch
 
 from serving.engine.admission import check_request
 from serving.engine.faults import blame_forward, sample_each
+from serving.engine.grammar.masks import grammar_masks, verify_masks
+from serving.engine.grammar.pending import PendingGrammars
 from serving.engine.kv_cache import BlockManager, prefix_key
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
@@ -77,6 +79,7 @@ class Engine:
         self._aborts: list[str] = []
         self._lock = threading.Lock()
         self._loop = StepLoop(self.step, self._fail_in_flight)
+        self.grammars = PendingGrammars(tokenizer, self.vocab_size, self._loop.wake)
 
     # ---- callers (any thread) ----
 
@@ -106,6 +109,7 @@ class Engine:
 
     def shutdown(self) -> None:
         self._loop.stop()
+        self.grammars.shutdown()
 
     @property
     def alive(self) -> bool:
@@ -115,7 +119,7 @@ class Engine:
     def run_until_idle(self, max_steps: int = 100_000) -> None:
         """Step in this thread until every request has finished (tests, batch jobs)."""
         for _ in range(max_steps):
-            if not self.step():
+            if not self.step() and not self.grammars:
                 return
             if not self.scheduler.running:
                 # Only adapter loads are pending: yield the core to the loader threads rather
@@ -133,6 +137,7 @@ class Engine:
     def step(self) -> bool:
         """One scheduling + forward + sampling step; False when there was nothing to do."""
         self._take_intake()
+        self._take_compiled()
         if not self.scheduler.has_work():
             return False
         schedule = self.scheduler.schedule()
@@ -172,10 +177,11 @@ class Engine:
         if plain:
             rows = logits if not proposals else logits[[row for _, row in plain]]
             states = [t.sampling for t, _ in plain]
+            masks = grammar_masks([t.grammar for t, _ in plain])
             try:
-                result = sample(rows, states)
+                result = sample(rows, states, masks=masks)
             except Exception:  # some row's data broke the batched draw: find which
-                result = sample_each(rows, states)
+                result = sample_each(rows, states, masks)
             for (t, _), token, logprob, error in zip(
                 plain, result.token_ids, result.logprobs, result.errors
             ):
@@ -224,7 +230,7 @@ class Engine:
     def _plan_speculation(self, schedule) -> dict[int, Proposal]:
         def lookup(seq: Sequence):
             t = self._tracked[seq.request.request_id]
-            return t.sampling, t.stop.max_tokens - seq.num_output_tokens
+            return t.sampling, t.stop.max_tokens - seq.num_output_tokens, t.grammar
 
         budget = self.config.scheduler.max_num_batched_tokens - schedule.num_tokens
         with torch.inference_mode():
@@ -233,7 +239,7 @@ class Engine:
     def _verify(self, t: Tracked, proposal: Proposal, logits: torch.Tensor) -> None:
         """Keep the accepted proposals and the target's token; stop exactly where a stop hits."""
         seq = t.seq
-        v = self.spec.verify(seq, t.sampling, proposal, logits)
+        v = self.spec.verify(seq, t.sampling, proposal, logits, verify_masks(t.grammar, proposal))
         for token, logprob in zip(v.token_ids, v.logprobs):
             self._emit_token(t, token, logprob)
             if seq.status is SeqStatus.FINISHED:
@@ -272,19 +278,36 @@ class Engine:
         )
         t = Tracked(seq, SamplingState.make(request.sampling, prompt), stop, sink)
         self._tracked[request.request_id] = t
-        self.scheduler.add(seq)
+        if request.response_format is not None:
+            self.grammars.add(t)  # scheduled once its grammar is compiled (_take_compiled)
+        else:
+            self.scheduler.add(seq)
+
+    def _take_compiled(self) -> None:
+        if not self.grammars:
+            return
+        ready, failed = self.grammars.ready()
+        for t in ready:
+            self.scheduler.add(t.seq)
+        for t, error, own in failed:
+            self._fail(t, error, own=own)
 
     def _emit_token(self, t: Tracked, token: int, logprob) -> None:
         seq = t.seq
+        if t.grammar is not None and not t.grammar.accept(token):
+            raise RuntimeError("the response format's grammar refused a sampled token")
         seq.token_ids.append(token)
         t.sampling.output_ids.append(token)
         text, reason = t.stop.add(token, seq.num_output_tokens)
+        if reason is None and t.grammar is not None and t.grammar.terminated:
+            text, reason = text + t.stop.end(), "stop"  # a stop token under ignore_eos
         out = t.output((token,), text, reason, (logprob,) if logprob else ())
         if reason is not None:
             self._finish(t, reason, emitted=True)
         t.sink(out)
 
     def _finish(self, t: Tracked, reason: str, *, emitted=False, error=None, own=False) -> None:
+        self.grammars.drop(t.seq.request.request_id)
         self.scheduler.remove(t.seq)
         if self.spec:
             self.spec.forget(t.seq)

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import torch
 
+from serving.engine.grammar.masks import TokenMasks
 from serving.engine.sampler import SampleResult, SamplingState, sample
 
 logger = logging.getLogger(__name__)
@@ -60,15 +61,17 @@ def blame_forward(scheduled, build_one, model, kv, slab) -> list[tuple[object, s
     ]
 
 
-def sample_each(logits: torch.Tensor, states: list[SamplingState]) -> SampleResult:
+def sample_each(
+    logits: torch.Tensor, states: list[SamplingState], masks: TokenMasks | None = None
+) -> SampleResult:
     """sample() one row at a time, after the batched call raised: a raising row gets an error.
 
     Each row's token is what the batched call gives it: every step of sample() is row-wise.
     """
     tokens, logprobs, errors = [], [], []
-    for row, state in zip(logits, states):
+    for i, (row, state) in enumerate(zip(logits, states)):
         try:
-            one = sample(row[None], [state])
+            one = sample(row[None], [state], masks=masks.row(i) if masks else None)
         except Exception as exc:
             logger.warning("sampling one row failed: %r", exc)
             one = SampleResult(

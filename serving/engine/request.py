@@ -40,6 +40,18 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ResponseFormat:
+    """What shape a request's output must have: "json_object" (any JSON object) or
+    "json_schema" (a JSON value that validates against `schema`)."""
+
+    kind: str  # "json_object" | "json_schema"
+    schema: str | None = None  # json_schema: the schema as JSON text (sorted keys, no spaces)
+    # json_schema: properties and items the schema does not name are refused, as OpenAI's
+    # strict mode refuses them (unevaluatedProperties/unevaluatedItems: false)
+    strict: bool = False
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """One generation: prompt token ids, sampling, the adapter version (name@digest) or None."""
 
@@ -51,6 +63,8 @@ class GenerateRequest:
     # Salts the prefix cache's root hash: hits are shared only between requests with the same
     # salt (the tenant, when keys are configured), so cached_tokens is no cross-tenant oracle.
     cache_salt: str | None = None
+    # Constrained decoding: every token is one the format's grammar allows; None: free text.
+    response_format: ResponseFormat | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from serving.engine.grammar.masks import TokenMasks
 from serving.engine.request import SamplingParams, TokenLogprob
 
 
@@ -67,10 +68,14 @@ def sample(
     states: list[SamplingState],
     *,
     default_generator: torch.Generator | None = None,
+    masks: TokenMasks | None = None,
 ) -> SampleResult:
     """Pick one token per row of logits [B, vocab] (float32) under each row's params.
 
     default_generator (a CPU generator; None: torch's global one) serves unseeded rows.
+    masks: the tokens constrained rows may pick (their grammars'); every other row is as
+    without it. Applied before every other processor, so a row's distribution is its
+    unconstrained one renormalized over what its grammar allows.
     """
     if logits.dim() != 2 or logits.shape[0] != len(states):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} states")
@@ -82,6 +87,9 @@ def sample(
         # A bad row is zeroed, so nothing downstream raises on it; the others are untouched.
         logits = logits.masked_fill(~torch.tensor(finite, device=logits.device)[:, None], 0.0)
         errors = [None if ok else NON_FINITE for ok in finite]
+    if masks is not None:  # after the finiteness check: a masked logit is -inf on purpose
+        logits = logits.clone()
+        masks.apply(logits)
     logits = apply_penalties(logits, states)
     token_ids = [0] * len(states)
 

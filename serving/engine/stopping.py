@@ -68,6 +68,12 @@ class StopChecker:
         self.finish_reason = reason
         return text, reason
 
+    def end(self) -> str:
+        """Finish with "stop" now (the output is complete): the text still held back."""
+        text = self._pending + self.stream.finish()
+        self._pending, self.finish_reason = "", "stop"
+        return text
+
     def _find_stop(self) -> int | None:
         """Where in the pending text the earliest complete stop string starts, or None."""
         hits = [i for i in (self._pending.find(s) for s in self._stops) if i >= 0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.request import RequestOutput
 from serving.engine.sampler import SamplingState
 from serving.engine.sequence import Sequence
@@ -21,6 +22,7 @@ class Tracked:
     sink: Sink
     cached_tokens: int = -1  # prefix-hit tokens at first admission (-1: not admitted yet)
     pinned: bool = False
+    grammar: RowGrammar | None = None  # a constrained request's, once compiled
 
     def output(self, tokens, text: str, reason: str | None, logprobs=()) -> RequestOutput:
         """One increment of this request's stream, with its usage so far."""

@@ -67,6 +67,22 @@ class Tokenizer:
         """Number of ids, added tokens included."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
+    def encoded_vocab(self) -> list[str]:
+        """Each id's token as tokenizer.json spells it (byte-level BPE: its byte alphabet)."""
+        vocab = [""] * self.vocab_size
+        for token, i in self._backend.get_vocab(with_added_tokens=True).items():
+            vocab[i] = token
+        return vocab
+
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids of added tokens marked special (never part of decoded text)."""
+        added = self._backend.get_added_tokens_decoder()
+        return frozenset(i for i, token in added.items() if token.special)
+
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (its model, pre-tokenizer and decoder)."""
+        return self._backend.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of text; add_special_tokens adds what the post-processor adds (e.g. BOS)."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids

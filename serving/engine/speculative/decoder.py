@@ -76,7 +76,8 @@ class SpecDecoder:
     ) -> dict[int, Proposal]:
         """Proposals by seq_id for this step; blocks for their extra positions are appended.
 
-        lookup(seq): its sampling state and the output tokens it may still emit;
+        lookup(seq): its sampling state, the output tokens it may still emit, and its
+        grammar (None: unconstrained); proposals stop at the first token the grammar refuses;
         budget: the step's spare tokens.
         """
         cfg = self.config
@@ -89,10 +90,13 @@ class SpecDecoder:
             seq = item.seq
             if item.num_new_tokens != 1 or seq.num_uncomputed != 1 or seq.num_output_tokens < 1:
                 continue
-            k = min(self._k_for(seq), lookup(seq)[1] - 1, budget)
+            _, remaining, grammar = lookup(seq)
+            k = min(self._k_for(seq), remaining - 1, budget)
             tokens = None
             if cfg.method == "ngram" and k > 0:  # only a match needs room in the KV cache
                 tokens = propose_ngram(seq.token_ids, k, cfg.ngram_min, cfg.ngram_max)
+                if grammar is not None:  # a refused token would be rejected anyway
+                    tokens = tokens[: grammar.valid_prefix(tokens)]
                 k = len(tokens)
             while k > 0 and not self.blocks.can_append(seq, 1 + k):
                 k -= 1
@@ -110,9 +114,12 @@ class SpecDecoder:
         self._measure_draft(time.perf_counter() - start, max(k for _, k in wanted))
         return proposals
 
-    def verify(self, seq: Sequence, state: SamplingState, proposal: Proposal, logits) -> Verified:
-        """Verify seq's proposal against its k + 1 rows of logits, and record the outcome."""
-        v = verify(logits, state, proposal.tokens, proposal.probs)
+    def verify(
+        self, seq: Sequence, state: SamplingState, proposal: Proposal, logits, masks=None
+    ) -> Verified:
+        """Verify seq's proposal against its k + 1 rows of logits (masks: its grammar's
+        along the proposal), and record the outcome."""
+        v = verify(logits, state, proposal.tokens, proposal.probs, masks=masks)
         self.after_verify(seq, proposal, v.num_accepted, len(v.token_ids))
         return v
 
@@ -148,7 +155,10 @@ class SpecDecoder:
 
     def _draft(self, wanted: list[tuple[Sequence, int]], lookup) -> dict[int, Proposal]:
         """The draft model's k proposals for each wanted sequence."""
-        requests = [DraftRequest(seq, lookup(seq)[0], k) for seq, k in wanted]
+        requests = []
+        for seq, k in wanted:
+            state, _, grammar = lookup(seq)
+            requests.append(DraftRequest(seq, state, k, grammar=grammar))
         self.draft.propose(requests)
         out: dict[int, Proposal] = {}
         for r in requests:

@@ -8,6 +8,10 @@ from `cached` to the sequence's last token, in the same forward as its first dra
 
 A request whose adapter was uploaded with a draft companion runs the draft under that
 companion (from the draft's own slab); every other request drafts base-only.
+
+A constrained request drafts under its grammar: each round's logits are masked with the
+grammar advanced along the drafts so far, and the grammar is rolled back once proposing ends
+(verification masks the target's rows the same way, and only emitted tokens advance it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from adapters.slab import SlabFull
+from serving.engine.grammar.masks import grammar_masks
+from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.sampler import RowFault, SamplingState, _sampling_probs, apply_penalties, draw
 from serving.engine.sequence import Sequence
 from serving.model.llama import StepInputs
@@ -32,6 +38,7 @@ class DraftRequest:
     k: int
     tokens: list[int] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)  # [V] each, sampled requests only
+    grammar: RowGrammar | None = None  # a constrained request drafts under its grammar
 
 
 class DraftModelProposer:
@@ -65,6 +72,9 @@ class DraftModelProposer:
         finally:
             for version in pinned:
                 self.slab.release(version)
+            for r in requests:  # the grammar holds committed tokens only
+                if r.grammar is not None:
+                    r.grammar.rollback(len(r.tokens))
         for r in requests:  # the committed tokens; `accepted` adds the kept drafts
             self._cached[r.seq.seq_id] = r.seq.num_tokens
         self.seconds += time.perf_counter() - start
@@ -111,10 +121,15 @@ class DraftModelProposer:
             )
             for r in active
         ]
-        penalized = apply_penalties(logits.float(), states)
+        logits = logits.float()
+        masks = grammar_masks([r.grammar for r in active])
+        if masks is not None:
+            logits = logits.clone()
+            masks.apply(logits)
+        penalized = apply_penalties(logits, states)
         for r, row, s in zip(active, penalized, states):
             if s.params.greedy:
-                r.tokens.append(int(row.argmax()))
+                self._propose(r, int(row.argmax()))
                 continue
             q = _sampling_probs(row[None].cpu(), [s.params])[0]  # the request's CPU generator
             try:
@@ -125,8 +140,20 @@ class DraftModelProposer:
                 token = int(row.nan_to_num(nan=float("-inf")).argmax())
                 q = torch.zeros_like(q)
                 q[token] = 1.0
-            r.tokens.append(token)
-            r.probs.append(q)
+            if self._propose(r, token):
+                r.probs.append(q)
+
+    @staticmethod
+    def _propose(r: DraftRequest, token: int) -> bool:
+        """Add a draft; a constrained request stops drafting at a token its grammar refuses
+        (only a fallback draw can pick one) or once its grammar has ended."""
+        if r.grammar is not None and not r.grammar.accept(token):
+            r.k = len(r.tokens)
+            return False
+        r.tokens.append(token)
+        if r.grammar is not None and r.grammar.terminated:
+            r.k = len(r.tokens)
+        return True
 
     def _companion_slots(self, requests: list[DraftRequest]) -> tuple[dict[int, int], list[str]]:
         """seq_id -> the draft slab slot of its adapter's companion; the versions pinned."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from serving.engine.grammar.masks import TokenMasks
 from serving.engine.request import TokenLogprob
 from serving.engine.sampler import (
     NON_FINITE,
@@ -64,10 +65,13 @@ def verify(
     draft_probs: torch.Tensor | None,
     *,
     default_generator: torch.Generator | None = None,
+    masks: TokenMasks | None = None,
 ) -> Verified:
     """Accept a prefix of drafts against the target's logits [k + 1, V] (see module doc).
 
     draft_probs [k, V]: the distribution each draft was drawn from; None: point masses.
+    masks: row j's grammar mask after d1..dj (a constrained request): p_j is then the
+    target's constrained distribution, and a draft the grammar refuses has p_j(d_j) = 0.
     RowFault: this sequence's rows cannot be verified (its caller fails this request only).
     """
     k = len(drafts)
@@ -78,6 +82,9 @@ def verify(
     rows = logits.float().cpu()  # [k + 1, V]
     if not bool(torch.isfinite(rows).all()):
         raise RowFault(NON_FINITE)
+    if masks is not None:  # after the finiteness check: a masked logit is -inf on purpose
+        rows = rows.clone()
+        masks.apply(rows)
     states = row_states(state, drafts)
     penalized = apply_penalties(rows, states)  # [k + 1, V]
     if state.params.greedy:

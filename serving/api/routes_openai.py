@@ -32,6 +32,7 @@ from serving.api.resolve import (
     pick_adapter,
     resolve_version,
 )
+from serving.api.response_format import engine_format
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.sse import event_stream
 from serving.engine.request import GenerateRequest
@@ -52,7 +53,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     salt = cache_salt(ctx, caller)
     gen = await start(
         ctx,
-        GenerateRequest(rid, tuple(ids), params, version and version.qualified, cache_salt=salt),
+        GenerateRequest(
+            rid,
+            tuple(ids),
+            params,
+            version and version.qualified,
+            cache_salt=salt,
+            response_format=engine_format(body.response_format),
+        ),
         caller=caller,
         **_who(request, t0, version),
     )
@@ -74,7 +82,14 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     salt = cache_salt(ctx, caller)
     gen = await start(
         ctx,
-        GenerateRequest(rid, tuple(ids), params, version and version.qualified, cache_salt=salt),
+        GenerateRequest(
+            rid,
+            tuple(ids),
+            params,
+            version and version.qualified,
+            cache_salt=salt,
+            response_format=engine_format(body.response_format),
+        ),
         caller=caller,
         **_who(request, t0, version),
     )

@@ -26,6 +26,7 @@ from serving.api.generation import Generation, answer, cache_salt, start, stream
 from serving.api.openai_format import new_id
 from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
+from serving.api.response_format import engine_format
 from serving.api.schemas import ChatMessage, WorkersAIRequest
 from serving.api.sse import event_stream
 from serving.batch.records import WORKERS_AI, NewItem
@@ -79,6 +80,7 @@ async def run(
             params,
             version and version.qualified,
             cache_salt=cache_salt(ctx, caller),
+            response_format=engine_format(body.response_format),
         ),
         caller=caller,
         session=request.headers.get(SESSION_HEADER),

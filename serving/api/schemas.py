@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.api.response_format import OpenAIResponseFormat, WorkersResponseFormat
+
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_BATCH_ITEMS = 50_000  # requests in one batch; a larger job is split by its sender
@@ -91,6 +93,9 @@ class _WorkersBody(_Sampling):
     messages: list[ChatMessage] | None = Field(None, description="A chat (instead of prompt).")
     raw: bool = Field(False, description="Send prompt as is, without the chat template.")
     stream: bool = Field(False, description="Answer with server-sent events.")
+    response_format: WorkersResponseFormat | None = Field(
+        None, description="JSON output: json_object, or json_schema with the schema itself."
+    )
 
     def _other_form(self) -> bool:
         """Whether the body is a batch submission or poll rather than a generation."""
@@ -140,7 +145,8 @@ class WorkersAIRequest(_WorkersBody):
     @model_validator(mode="after")
     def _one_form(self) -> WorkersAIRequest:
         given = [k for k in ("prompt", "messages", "requests") if getattr(self, k) is not None]
-        if self.request_id is not None and (given or self.lora or self.stream):
+        asks = given or self.lora or self.stream or self.response_format
+        if self.request_id is not None and asks:
             raise ValueError("request_id polls a queued batch: send it alone")
         if self.requests is not None:
             if len(given) > 1:
@@ -149,6 +155,8 @@ class WorkersAIRequest(_WorkersBody):
                 raise ValueError("the batch has no requests")
             if self.stream:
                 raise ValueError("stream is not supported for a queued batch")
+            if self.response_format is not None:
+                raise ValueError("response_format applies to one request: set it in each item")
         return self
 
 
@@ -165,6 +173,9 @@ class _OpenAIBody(_Sampling):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
+    response_format: OpenAIResponseFormat | None = Field(
+        None, description="Output as text (default), any JSON object, or JSON fitting a schema."
+    )
 
     @field_validator("n")
     @classmethod

@@ -1,0 +1,227 @@
+"""Which JSON schemas the engine enforces whole: the checks behind a response_format's 400s.
+
+A schema is refused unless it is a valid JSON schema (jsonschema's metaschema check), small
+and shallow enough to check and compile at once, and made only of keywords the engine's
+grammar compiler was seen to enforce, each where it enforces it (the table below). Every
+refusal names the keyword and where it is, as a JSON pointer into the schema.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from jsonschema.validators import validator_for
+
+MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
+MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
+
+# What xgrammar 0.2.9 enforces, found by compiling a small schema per keyword as the engine
+# does (serving.engine.grammar.compiler) and checking, with jsonschema, the outputs of random
+# walks through its grammar (strict mode on and off):
+#   enforced      type properties required additionalProperties patternProperties
+#                 propertyNames minProperties maxProperties items prefixItems unevaluatedItems
+#                 minItems maxItems enum const anyOf $ref $defs definitions minimum maximum
+#                 exclusiveMinimum exclusiveMaximum minLength maxLength pattern
+#                 format (FORMATS); multipleOf on integers; allOf of one schema
+#   not enforced  uniqueItems contains minContains maxContains not if/then/else
+#                 dependentRequired dependentSchemas unevaluatedProperties (without strict)
+#                 oneOf (overlapping branches become anyOf) allOf of several, $anchor,
+#                 multipleOf on numbers, nullable and unknown keywords: ignored
+#   broken JSON   a pattern naming ", \ or a control character emits them unescaped
+#                 (minLength/maxLength did too until the engine took control characters
+#                 out of the grammar's negated classes)
+#   conditional   string keywords need `type` string, bounds need integer or number (ignored
+#                 otherwise); enum/const, anyOf, allOf and $ref drop sibling assertions; a
+#                 `required` name that properties lacks is ignored
+#   formats       date and date-time allow days a month lacks (02-31); ipv4 allows 01.2.3.4;
+#                 iri, idn-email, idn-hostname, regex ignored; the others not verified
+# Annotations (ANNOTATIONS) are always accepted: they assert nothing.
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
+                         "$comment", "deprecated", "readOnly", "writeOnly"})  # fmt: skip
+KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "patternProperties",
+    "propertyNames", "minProperties", "maxProperties", "items", "prefixItems",
+    "unevaluatedItems", "minItems", "maxItems", "enum", "const", "anyOf", "allOf", "$ref",
+    "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "minLength", "maxLength", "pattern", "format",
+})  # fmt: skip
+FORMATS = frozenset({"time", "duration", "email", "hostname", "ipv6", "uri", "uri-reference",
+                     "uuid", "json-pointer"})  # fmt: skip
+NOT_ENFORCED = "not enforced by the grammar compiler"
+WHY = {  # refused keywords whose reason says more than NOT_ENFORCED
+    "oneOf": "the grammar compiler treats overlapping branches as anyOf; use anyOf",
+    "nullable": 'not JSON Schema; use "type": [..., "null"]',
+    "unevaluatedProperties": 'not enforced without strict; use "additionalProperties": false',
+}
+STRING_ONLY = frozenset({"minLength", "maxLength", "pattern", "format"})
+NUMBER_ONLY = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+ALONE = ("$ref", "anyOf", "allOf")  # each beside annotations and definitions only
+VALUES = ("const", "enum")  # each beside annotations, definitions and type only
+DEFINITIONS = frozenset({"$defs", "definitions"})
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+SCHEMA_LISTS = ("prefixItems", "anyOf", "allOf")
+SCHEMA_ONE = ("additionalProperties", "items", "unevaluatedItems", "propertyNames")
+# ", \\ (an escaped backslash), a control character or an escape for one
+UNSAFE_PATTERN = re.compile(r'"|\\\\|\\[nrtfv0c]|\\x[01]|\\u00[01]|[\x00-\x1f]')
+
+
+def check_schema(schema: object) -> dict:
+    """schema if it is a JSON schema the engine enforces whole; ValueError naming why not."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"the schema must be a JSON object, got {_kind(schema)}")
+    depth = _depth(schema)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"the schema nests {depth} levels deep, more than the "
+                         f"{MAX_SCHEMA_DEPTH} allowed")  # fmt: skip
+    text = canonical(schema)
+    if not is_unicode(json.dumps(schema, ensure_ascii=False)):  # canonical() escapes them
+        raise ValueError("the schema holds a lone surrogate, which is not Unicode text")
+    size = len(text.encode())
+    if size > MAX_SCHEMA_BYTES:
+        raise ValueError(f"the schema is {size} bytes as compact JSON, more than the "
+                         f"{MAX_SCHEMA_BYTES} allowed")  # fmt: skip
+    problem = _problem(text)
+    if problem:
+        raise ValueError(problem)
+    return schema
+
+
+def canonical(schema: dict) -> str:
+    """The schema as the engine takes it: JSON with sorted keys and no spaces."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=256)  # clients resend one schema with every request
+def _problem(text: str) -> str | None:
+    schema = json.loads(text)
+    try:
+        validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as exc:
+        message = exc.message if len(exc.message) <= 200 else exc.message[:200] + "..."
+        return f"the schema is not a valid JSON schema: at {_where(exc.path)}: {message}"
+    try:
+        _walk(schema, (), schema, ())
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> None:
+    """Refuse the first keyword under node that the grammar compiler does not enforce."""
+    if not isinstance(node, dict):
+        return  # true, false: any value, no value
+    assertions = set(node) - ANNOTATIONS
+    for key in node:
+        if key not in ANNOTATIONS and key not in KEYWORDS:
+            raise _refuse(path, key, WHY.get(key, NOT_ENFORCED))
+    types = node.get("type", implied)
+    types = (types,) if isinstance(types, str) else tuple(types)
+    for key in assertions & STRING_ONLY:
+        if "string" not in types:
+            raise _refuse(path, key, 'it needs "type": "string" beside it')
+    for key in assertions & NUMBER_ONLY:
+        if not {"integer", "number"} & set(types):
+            raise _refuse(path, key, 'it needs "type": "integer" or "number" beside it')
+    if "multipleOf" in node and (types != ("integer",) or node["multipleOf"] % 1):
+        raise _refuse(
+            path, "multipleOf", 'only a whole multipleOf with "type": "integer" is enforced'
+        )
+    if "format" in node and node["format"] not in FORMATS:
+        why = f"format {node['format']!r} is not enforced; these are: {', '.join(sorted(FORMATS))}"
+        raise _refuse(path, "format", why)
+    if "pattern" in node and UNSAFE_PATTERN.search(node["pattern"]):
+        raise _refuse(path, "pattern", 'a pattern may not name ", \\ or a control character')
+    for key in ALONE:
+        others = assertions - DEFINITIONS - {key}
+        if key in node and others:
+            raise _refuse(path, key, f"it ignores {sorted(others)[0]} beside it")
+    for key in VALUES:
+        others = assertions - DEFINITIONS - {key, "type"}
+        if key in node and others:
+            raise _refuse(path, key, f"it ignores {sorted(others)[0]} beside it")
+        values = node.get("enum", []) if key == "enum" else [node.get("const")]
+        if key in node and "type" in node:
+            for value in values:
+                if not Draft202012Validator({"type": node["type"]}).is_valid(value):
+                    raise _refuse(path, key, f"{json.dumps(value)} is not of its type")
+    if "allOf" in node and len(node["allOf"]) != 1:
+        raise _refuse(path, "allOf", "only an allOf of one schema is enforced; merge them")
+    if "$ref" in node:
+        _resolve(node["$ref"], root, path)
+    if isinstance(node.get("items"), list):
+        raise _refuse(path, "items", "a list of items is not enforced; use prefixItems")
+    missing = [n for n in node.get("required", []) if n not in node.get("properties", {})]
+    if missing:
+        raise _refuse(path, "required", f"{missing[0]!r} is not in properties")
+    for key in SCHEMA_MAPS:
+        for name, sub in node.get(key, {}).items():
+            _walk(sub, (*path, key, name), root, ())
+    for key in SCHEMA_LISTS:
+        for i, sub in enumerate(node.get(key, [])):
+            _walk(sub, (*path, key, i), root, ())
+    for key in SCHEMA_ONE:
+        if key in node:
+            _walk(node[key], (*path, key), root, ("string",) if key == "propertyNames" else ())
+
+
+def _resolve(ref: str, root: dict, path: tuple) -> None:
+    """Refuse a $ref that does not name a schema inside this one ("#", "#/$defs/...")."""
+    if ref != "#" and not ref.startswith("#/"):
+        raise _refuse(path, "$ref", f"{ref!r} is not a JSON pointer into this schema (#/...)")
+    node: object = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise _refuse(path, "$ref", f"{ref!r} names nothing in this schema")
+    if not isinstance(node, dict | bool):
+        raise _refuse(path, "$ref", f"{ref!r} names no schema")
+
+
+def _refuse(path: tuple, keyword: str, why: str) -> ValueError:
+    return ValueError(f"the schema's {keyword} at {_where((*path, keyword))} is not supported: "
+                      f"{why}")  # fmt: skip
+
+
+def _where(path) -> str:
+    """A JSON pointer to path in the schema (RFC 6901); "/" for the schema itself."""
+    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
+    return "/" + "/".join(parts) if parts else "/"
+
+
+def _depth(value: object) -> int:
+    """Levels of objects and arrays in value, counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_SCHEMA_DEPTH:
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def is_unicode(text: str) -> bool:
+    """Whether text is encodable: JSON may escape a lone surrogate, which is no character."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return {list: "an array", str: "a string", type(None): "null"}.get(type(value), "a number")

@@ -220,6 +220,7 @@ def _logprobs(
     top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
     for j, i in enumerate(rows):
         n = states[i].params.logprobs or 0
-        top = tuple(zip(top_ids[j][:n], top_lp[j][:n]))
+        # a token its grammar masks out (-inf) is no alternative: it could not have come
+        top = tuple((t, v) for t, v in zip(top_ids[j][:n], top_lp[j][:n]) if v != -math.inf)
         out[i] = TokenLogprob(token_ids[i], chosen_lp[j], top)
     return out

@@ -87,3 +87,19 @@ def test_kernels_bench_variants_quick():
     out = _run("bench.kernels", "--variants", "--quick")
     row = next(line for line in out.splitlines() if line.startswith("| 64 | 2048 |"))
     assert row.count("x |") == 2 and row.endswith("% |"), out  # DoRA and bias ratios, rows share
+
+
+@pytest.mark.slow
+def test_structured_bench_quick():
+    # The demo engine free and constrained at batch 1 and 8, then the compile table.
+    out = _run("bench.structured", "--quick")
+    rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 8 |"))]
+    assert len(rows) == 2 and all(line.endswith("% |") for line in rows), out
+    assert "| record |" in out and "| json_object |" in out
+
+
+@pytest.mark.slow
+def test_structured_bench_libraries_quick():
+    pytest.importorskip("llguidance")
+    out = _run("bench.structured", "--libraries", "--quick")
+    assert out.count("| demo (4096) | ") == 2 + 4, out  # 2 batches, 4 formats

@@ -156,6 +156,13 @@ class Engine:
         drafts = {seq_id: p.tokens for seq_id, p in proposals.items()}
         slot_of = self.residency.slot_of if self.residency else None
         batch = build_batch(schedule.scheduled, self.config.block_size, slot_of, drafts)
+        plain = [
+            (self._tracked[s.seq.request.request_id], row)
+            for s, row in zip(batch.sampled, batch.first_rows)
+            if s.seq.seq_id not in proposals
+        ]
+        # Filled before the forward: on a GPU the host does this while the kernels run.
+        masks = grammar_masks([t.grammar for t, _ in plain])
         start = time.perf_counter()
         try:
             with torch.inference_mode():
@@ -169,15 +176,9 @@ class Engine:
             if item.seq.seq_id not in proposals:  # verified sequences are marked once verified
                 self.blocks.mark_computed(item.seq, item.num_new_tokens)
                 self.num_computed_tokens += item.num_new_tokens
-        plain = [
-            (self._tracked[s.seq.request.request_id], row)
-            for s, row in zip(batch.sampled, batch.first_rows)
-            if s.seq.seq_id not in proposals
-        ]
         if plain:
             rows = logits if not proposals else logits[[row for _, row in plain]]
             states = [t.sampling for t, _ in plain]
-            masks = grammar_masks([t.grammar for t, _ in plain])
             try:
                 result = sample(rows, states, masks=masks)
             except Exception:  # some row's data broke the batched draw: find which

@@ -91,8 +91,12 @@ def check_schema(schema: object) -> dict:
 
 
 def canonical(schema: dict) -> str:
-    """The schema as the engine takes it: JSON with sorted keys and no spaces."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    """The schema as the engine takes it: JSON with no spaces, keys in the order sent.
+
+    Not sorted: the grammar writes properties in the schema's order, and callers choose it
+    (a "reasoning" field before its "answer", say).
+    """
+    return json.dumps(schema, separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=256)  # clients resend one schema with every request

@@ -45,7 +45,7 @@ class ResponseFormat:
     "json_schema" (a JSON value that validates against `schema`)."""
 
     kind: str  # "json_object" | "json_schema"
-    schema: str | None = None  # json_schema: the schema as JSON text (sorted keys, no spaces)
+    schema: str | None = None  # json_schema: the schema as JSON text (keys in the order sent)
     # json_schema: properties and items the schema does not name are refused, as OpenAI's
     # strict mode refuses them (unevaluatedProperties/unevaluatedItems: false)
     strict: bool = False

@@ -23,9 +23,10 @@ SCHEMA = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
+# keys keep their order: the grammar writes properties in the schema's order
 CANONICAL = (
-    '{"additionalProperties":false,"properties":{"age":{"minimum":0,"type":"integer"},'
-    '"name":{"type":"string"}},"required":["name","age"],"type":"object"}'
+    '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer",'
+    '"minimum":0}},"required":["name","age"],"additionalProperties":false}'
 )
 TURN = [{"role": "user", "content": "hi"}]
 BIG = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(2000)}}

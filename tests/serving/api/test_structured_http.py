@@ -42,6 +42,7 @@ def test_chat_answer_validates_and_its_logprobs_are_numbers(client, model):
     choice = out.choices[0]
     assert choice.finish_reason == "stop"
     jsonschema.validate(json.loads(choice.message.content), LABEL)
+    assert list(json.loads(choice.message.content)) == ["label", "n"]  # the schema's order
     entries = choice.logprobs.content
     assert entries and all(math.isfinite(e.logprob) for e in entries)
     tops = [t.logprob for e in entries for t in e.top_logprobs]

@@ -51,19 +51,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     rid = fmt.new_id("chatcmpl")
     ids = await chat_ids(s, body.messages)
     salt = cache_salt(ctx, caller)
-    gen = await start(
-        ctx,
-        GenerateRequest(
-            rid,
-            tuple(ids),
-            params,
-            version and version.qualified,
-            cache_salt=salt,
-            response_format=engine_format(body.response_format),
-        ),
-        caller=caller,
-        **_who(request, t0, version),
-    )
+    request_ = GenerateRequest(
+        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
+        response_format=engine_format(body.response_format),
+    )  # fmt: skip
+    gen = await start(ctx, request_, caller=caller, **_who(request, t0, version))
     if body.stream:
         return event_stream(gen, _chat_events(ctx, gen, rid, body), s.send_timeout_s)
     outcome = await gen.collect(request)
@@ -80,19 +72,11 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     prompt = body.prompt
     ids = await text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
     salt = cache_salt(ctx, caller)
-    gen = await start(
-        ctx,
-        GenerateRequest(
-            rid,
-            tuple(ids),
-            params,
-            version and version.qualified,
-            cache_salt=salt,
-            response_format=engine_format(body.response_format),
-        ),
-        caller=caller,
-        **_who(request, t0, version),
-    )
+    request_ = GenerateRequest(
+        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
+        response_format=engine_format(body.response_format),
+    )  # fmt: skip
+    gen = await start(ctx, request_, caller=caller, **_who(request, t0, version))
     if body.stream:
         return event_stream(gen, _completion_events(ctx, gen, rid, body), s.send_timeout_s)
     outcome = await gen.collect(request)

@@ -27,7 +27,9 @@ def decoding(tokens: list[int]):
 
 
 def plan(decoder, seq, lookup):
-    return decoder.plan([Scheduled(seq, 1)], 1, lambda s: (*lookup(s), None), budget=100).get(seq.seq_id)
+    return decoder.plan([Scheduled(seq, 1)], 1, lambda s: (*lookup(s), None), budget=100).get(
+        seq.seq_id
+    )
 
 
 def test_k_grows_with_acceptance_and_stops_after_rejections():

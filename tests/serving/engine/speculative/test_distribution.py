@@ -31,10 +31,10 @@ PROMPT = (1, 2, 3, 1)
 PARAMS = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.3)
 
 
-def tiny(seed: int, layers: int) -> LlamaForCausalLM:
+def tiny(seed: int, layers: int, vocab: int = VOCAB) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     # a wide init makes the distributions peaked, so a wrong rule shows
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3,
                       max_position_embeddings=64)  # fmt: skip
     return LlamaForCausalLM(cfg).eval()

@@ -20,8 +20,6 @@ import pytest
 import torch
 import xgrammar
 from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopPLogitsWarper,
@@ -35,7 +33,7 @@ from serving.engine.scheduler import SchedulerConfig
 from serving.engine.speculative.config import SpecConfig
 from serving.model.tokenizer import load_tokenizer
 from tests.serving.engine.speculative.spec_world import runtime_model, spec_engine
-from tests.serving.engine.speculative.test_distribution import chi_square_p
+from tests.serving.engine.speculative.test_distribution import chi_square_p, tiny
 from tests.serving.engine.speculative.test_greedy_equality import run_staggered
 from tests.serving.engine.test_engine_peft import Collector, greedy
 from tests.serving.engine.test_structured import FORMATS, fmt
@@ -117,23 +115,14 @@ PARAMS = dict(temperature=1.2, top_p=0.95, repetition_penalty=1.3)
 SAMPLES, FEW, ALPHA, VOCAB = 1000, 100, 1e-3, 512
 
 
-def tiny(seed: int, layers: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    # a wide init makes the distributions peaked, so a wrong rule shows
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3,
-                      max_position_embeddings=64)  # fmt: skip
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """(folder, tokenizer, prompt, the exact distribution): a peaked 2-layer target and a
     1-layer draft over the engine world's tokenizer."""
     root = tmp_path_factory.mktemp("tiny-structured")
-    target = tiny(0, 2)
+    target = tiny(0, 2, VOCAB)
     target.save_pretrained(root / "target")
-    tiny(1, 1).save_pretrained(root / "draft")
+    tiny(1, 1, VOCAB).save_pretrained(root / "draft")
     save_tokenizer(root / "target", "byte_level_bpe")
     tokenizer = load_tokenizer(root / "target")
     grammar = GrammarCompiler(tokenizer, VOCAB).compile_now(fmt(ENUM))

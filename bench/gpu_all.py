@@ -12,6 +12,7 @@ Rows:
   decode step  an 8B-shaped model (random weights), FP8 against bf16, batch 1-32 (target <= 0.65x)
   speculative  verifying k + 1 rows against one decode step, and the 1B draft's cost ratio c
   engine       the demo kit served by the engine on CUDA equals the CPU's greedy tokens
+  structured   constrained decoding on the device against free (batch 32), outputs validated
   pytest -m gpu   the test suite's CUDA tests
 """
 
@@ -51,13 +52,15 @@ def main() -> None:
     from bench.gpu_engine import engine_rows
     from bench.gpu_model import model_rows
     from bench.gpu_spec import spec_rows
+    from bench.gpu_structured import structured_rows
 
     print(
         f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; torch {torch.__version__}\n"
     )
     print("| check | shape | result | ratio | target | ok |")
     print("|---|---|---|---:|---|:-:|")
-    sections = [correctness_rows, lora_rows, fp8_rows, model_rows, spec_rows, engine_rows]
+    sections = [correctness_rows, lora_rows, fp8_rows, model_rows, spec_rows, engine_rows,
+                structured_rows]  # fmt: skip
     failed = total = 0
     for section in sections:
         # Print each section as it lands: a timeout or a crash later keeps what ran before.

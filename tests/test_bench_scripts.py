@@ -22,6 +22,7 @@ def test_gpu_all_dry_run_checks_the_triton_kernels():
     rows = [line for line in out.splitlines() if line.startswith("| lora vs float64")]
     assert len(rows) == 2 and all(line.endswith("| yes |") for line in rows), out
     assert "fp8 linear vs float64" in out
+    assert "| structured output |" in out and "2/2 outputs validate" in out, out
 
 
 @pytest.mark.slow

@@ -1,0 +1,56 @@
+"""The structured-output check of bench/gpu_all.py: constrained decoding on the GPU.
+
+The demo kit's base (FP8 where the device has it) serves a batch of 32 under bench/structured's
+RECORD schema and free, alternated (bench.structured.decode_row): the masks are filled on
+the host and applied to logits on the device (xgrammar's CUDA kernel). Rows: constrained
+tokens/s against the matched free run (target >= 0.9x at batch 32), and every constrained
+output validating against its schema (jsonschema).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from bench.structured import RECORD, TimedModel, decode_row, prompts, response_format, serve
+from serving.engine.engine import Engine, EngineConfig
+from serving.engine.scheduler import SchedulerConfig
+from serving.model.loader import load_model
+
+DEMO = Path(__file__).resolve().parents[1] / "models" / "demo"
+
+
+def structured_rows(device: str, dry_run: bool):
+    batch, rounds = (2, 1) if dry_run else (32, 3)
+    quantization, dtype = ("none", "float32") if dry_run else ("auto", "auto")
+    loaded = load_model(DEMO / "base", quantization=quantization, dtype=dtype, device=device)
+    config = EngineConfig(max_model_len=2048, num_blocks=2048, block_size=16,
+                          scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096))  # fmt: skip
+    engine = Engine(TimedModel(loaded.model), loaded.tokenizer, config)
+    try:
+        fmt, ps = response_format(RECORD), prompts(loaded.tokenizer)
+        rows = [ps[i % len(ps)] for i in range(batch)]
+        out = serve(engine, rows, fmt, [224] * batch)["outputs"]  # warm-up, and the outputs
+        valid = sum(_validates(loaded.tokenizer.decode(tokens)) for tokens in out)
+        r = decode_row(engine, rows, fmt, rounds)
+    finally:
+        engine.shutdown()
+    ratio = r["constrained"] / r["matched"]
+    shape = f"demo kit ({quantization}), batch {batch}, RECORD"
+    return [
+        ("structured decode", shape,
+         f"{r['constrained']:.0f} vs {r['matched']:.0f} tok/s; masks {1e3 * r['masks']:.3f} ms/step",
+         f"{ratio:.2f}x", ">= 0.9x", "yes" if ratio >= 0.9 else "no"),
+        ("structured output", shape, f"{valid}/{batch} outputs validate", f"{valid / batch:.2f}",
+         "all valid", "yes" if valid == batch else "no"),
+    ]  # fmt: skip
+
+
+def _validates(text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), RECORD)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True

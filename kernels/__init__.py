@@ -1,20 +1,35 @@
 """Compute kernels: segmented-gather LoRA ops, FP8 linears and paged attention. Imports nothing else of loraserve."""
 
+from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_ops import lora_expand, lora_shrink
 from kernels.lora_rows import dora_rescale, lora_bias_add
-from kernels.paged_attention import paged_attention, write_kv
+from kernels.paged_attention import (
+    HostIndex,
+    check_paged_attention,
+    check_write_kv,
+    checked_plan,
+    paged_attention,
+    write_kv,
+)
 from kernels.segments import Segments, build_segments
 
 __all__ = [
+    "AttentionPlan",
+    "HostIndex",
     "Segments",
     "build_segments",
+    "check_paged_attention",
+    "check_write_kv",
+    "checked_plan",
     "dora_rescale",
     "fp8_linear",
     "lora_bias_add",
     "lora_expand",
     "lora_shrink",
     "paged_attention",
+    "paged_attention_planned",
     "quantize_fp8",
     "write_kv",
+    "write_kv_planned",
 ]

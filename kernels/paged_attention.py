@@ -14,19 +14,26 @@ Example, block_size 4: seq 0 has 3 cached tokens and 3 new ones, seq 1 decodes i
 
 Prefill (n_s == context_len), prefill on top of cached prefix blocks, chunked
 prefill and decode (n_s == 1) all mix in one batch. The checks read the small
-index tensors on the host, so on CUDA they cost a device sync per call.
+index tensors on the host, so on CUDA they cost a device sync per call: a model checks a
+step once and runs every layer through the unchecked entries with one AttentionPlan
+(kernels.attention_plan).
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
-from itertools import pairwise
+from dataclasses import dataclass
 from numbers import Real
 
 import torch
-import torch.nn.functional as F
 
+from kernels.attention_plan import (
+    AttentionPlan,
+    paged_attention_planned,
+    plan_attention,
+    plan_writes,
+    write_kv_planned,
+)
 from kernels.lora_checks import ACTIVATION_DTYPES, check_shape, check_tensor
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -48,6 +55,12 @@ def write_kv(
     [num_tokens] int, slot = block_id * block_size + offset, -1 for padding tokens.
     Plain torch indexing on every device.
     """
+    check_write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_planned(k, v, k_cache, v_cache, plan_writes(slot_mapping))
+
+
+def check_write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """ValueError naming the argument when write_kv's arguments are not as it documents."""
     check_tensor("k", k, dim=3, dtypes=ACTIVATION_DTYPES)
     check_tensor("v", v, dim=3, dtypes=(k.dtype,), device=k.device)
     check_shape("v", v, tuple(k.shape))
@@ -66,10 +79,6 @@ def write_kv(
     num_slots = num_blocks * block_size
     if k.shape[0] and bool(((slot_mapping < -1) | (slot_mapping >= num_slots)).any()):
         raise ValueError(f"slot_mapping: expected slots in [-1, {num_slots}) (-1 = skip)")
-    live = slot_mapping >= 0
-    slots = slot_mapping[live].long()
-    k_cache.view(num_slots, num_kv_heads, head_dim).index_copy_(0, slots, k[live])
-    v_cache.view(num_slots, num_kv_heads, head_dim).index_copy_(0, slots, v[live])
 
 
 def paged_attention(
@@ -96,6 +105,16 @@ def paged_attention(
     q[query_start_loc[s]:query_start_loc[s + 1]]. Returns a new tensor shaped
     and typed like q.
     """
+    args = (block_tables, context_lens, query_start_loc)
+    starts, lens = check_paged_attention(q, k_cache, v_cache, *args, scale)
+    plan = plan_attention(*args, k_cache.shape[1], k_cache.shape[0], starts, lens)
+    return paged_attention_planned(q, k_cache, v_cache, plan, float(scale))
+
+
+def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+                          scale) -> tuple[list[int], list[int]]:  # fmt: skip
+    """ValueError naming the argument when paged_attention's arguments are not as it
+    documents; else the host copies of query_start_loc and context_lens."""
     check_tensor("q", q, dim=3, dtypes=ACTIVATION_DTYPES)
     _check_caches(k_cache, v_cache, dtype=q.dtype, device=q.device)
     num_tokens, num_heads, head_dim = q.shape
@@ -108,22 +127,46 @@ def paged_attention(
         )
     if not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite float, got {scale!r}")
-    starts, lens = _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens)
-    if q.is_cuda:
-        from kernels.paged_attention_triton import paged_attention_triton
+    return _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens)
 
-        max_query_len = max((b - a for a, b in pairwise(starts)), default=0)
-        return paged_attention_triton(
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            context_lens,
-            query_start_loc,
-            float(scale),
-            max_query_len=max_query_len,
-        )
-    return _paged_attention_torch(q, k_cache, v_cache, block_tables, starts, lens, float(scale))
+
+def checked_plan(
+    k_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    host: HostIndex | None = None,
+) -> AttentionPlan:
+    """A step's AttentionPlan (with its KV writes), once its batch is checked as
+    paged_attention and write_kv check theirs: for a model that runs every layer unchecked.
+
+    k_cache: one layer's cache (every layer's has its shape). host: the same index tensors
+    as Python lists, when the caller built them from lists: then nothing is read back from
+    the device (no sync on CUDA).
+    """
+    num_blocks, block_size = k_cache.shape[:2]
+    num_tokens = slot_mapping.shape[0] if slot_mapping.dim() == 1 else -1
+    check_tensor("slot_mapping", slot_mapping, dim=1, dtypes=INDEX_DTYPES, device=k_cache.device)
+    starts, lens = _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens,
+                                host)  # fmt: skip
+    slots = list(host.slots) if host is not None else slot_mapping.tolist()
+    num_slots = num_blocks * block_size
+    if any(not -1 <= x < num_slots for x in slots):
+        raise ValueError(f"slot_mapping: expected slots in [-1, {num_slots}) (-1 = skip)")
+    writes = plan_writes(slot_mapping, slots)
+    return plan_attention(block_tables, context_lens, query_start_loc, block_size, num_blocks,
+                          starts, lens, writes)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostIndex:
+    """A step's index tensors as the Python lists they were built from (read with no sync)."""
+
+    query_starts: tuple[int, ...]  # query_start_loc
+    context_lens: tuple[int, ...]
+    slots: tuple[int, ...]  # slot_mapping
+    block_tables: tuple[tuple[int, ...], ...]  # each row as long as the tensor's
 
 
 def _check_caches(k_cache, v_cache, *, dtype, device) -> None:
@@ -134,8 +177,9 @@ def _check_caches(k_cache, v_cache, *, dtype, device) -> None:
         raise ValueError("k_cache: expected a block_size (dimension 1) of at least 1, got 0")
 
 
-def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens):
-    """The host copies of query_start_loc and context_lens, once they describe a valid batch."""
+def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens, host=None):
+    """The host copies of query_start_loc and context_lens, once they describe a valid batch
+    (read from host, a HostIndex, when given)."""
     device = k_cache.device
     num_blocks, block_size = k_cache.shape[:2]
     check_tensor("block_tables", block_tables, dim=2, dtypes=INDEX_DTYPES, device=device)
@@ -144,7 +188,10 @@ def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_token
     check_shape("context_lens", context_lens, (num_seqs,))
     check_tensor("query_start_loc", query_start_loc, dim=1, dtypes=INDEX_DTYPES, device=device)
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
-    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    if host is not None:
+        starts, lens = list(host.query_starts), list(host.context_lens)
+    else:
+        starts, lens = query_start_loc.tolist(), context_lens.tolist()
     if starts[0] != 0 or starts[-1] != num_tokens:
         raise ValueError(
             f"query_start_loc: expected to run from 0 to num_tokens {num_tokens}, "
@@ -167,6 +214,12 @@ def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_token
                 f"{lens[s]} tokens, but a row holds {max_blocks}"
             )
     # Only the entries a context covers must name real blocks; the rest may be anything.
+    if host is not None:
+        for s, (row, ctx) in enumerate(zip(host.block_tables, lens)):
+            if any(not 0 <= b < num_blocks for b in row[: -(-ctx // block_size)]):
+                raise ValueError(f"block_tables: seq {s} names a block outside [0, "
+                                 f"{num_blocks}) within its context")  # fmt: skip
+        return starts, lens
     needed = torch.tensor([-(-c // block_size) for c in lens], device=device)
     used = torch.arange(max_blocks, device=device)[None, :] < needed[:, None]
     bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
@@ -176,75 +229,3 @@ def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_token
             f"block_tables: seq {s} names a block outside [0, {num_blocks}) within its context"
         )
     return starts, lens
-
-
-SHORT_QUERY = 17  # queries per sequence up to which the batched path runs (k + 1 for k <= 16)
-
-
-def _paged_attention_torch(q, k_cache, v_cache, block_tables, starts, lens, scale):
-    """The torch path: short queries in one batched SDPA call, every longer query on its own.
-
-    GQA goes to SDPA (enable_gqa) rather than through copies of K/V per query head: a batch of
-    decodes is bound by reading K/V, and the copies made it ~20x slower.
-    """
-    # float32 compute: fp16/bf16 softmax sums over thousands of keys drift, and the CPU is no
-    # faster in half precision anyway.
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    out = torch.empty_like(q)
-    block_size = k_cache.shape[1]
-    attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
-    # Decodes and speculative verifications (a few queries each) go in one padded, batched
-    # SDPA call; only longer queries (prefill chunks) run one sequence at a time.
-    short = [s for s in range(len(lens)) if 1 <= starts[s + 1] - starts[s] <= SHORT_QUERY]
-    if short:
-        n = torch.tensor([starts[s + 1] - starts[s] for s in short], device=q.device)  # [S]
-        ctx = torch.tensor([lens[s] for s in short], device=q.device)  # [S]
-        width = int(n.max())
-        num_blocks = -(-max(lens[s] for s in short) // block_size)
-        # Entries past a context may be -1 or stale: clamp for the gather, zero after it.
-        table = block_tables[short, :num_blocks].long().clamp(0, k_cache.shape[0] - 1)
-        keys = torch.arange(num_blocks * block_size, device=q.device)  # [L]
-        live = keys[None, :] < ctx[:, None]  # [S, L]
-        k = _gather_padded(k_cache, table, live, compute)  # (S, Hkv, L, D)
-        v = _gather_padded(v_cache, table, live, compute)
-        # query i of seq s (i < n_s) sits at position ctx_s - n_s + i; padded queries are
-        # dropped below but still need one live key, so they see position 0
-        i = torch.arange(width, device=q.device)  # [W]
-        valid = i[None, :] < n[:, None]  # [S, W]
-        pos = torch.where(valid, ctx[:, None] - n[:, None] + i[None, :], 0)  # [S, W]
-        rows = torch.tensor([starts[s] for s in short], device=q.device)[:, None] + i  # [S, W]
-        rows = torch.where(valid, rows, rows[:, :1])
-        qs = q[rows].to(compute).transpose(1, 2)  # (S, H, W, D)
-        mask = keys[None, None, :] <= pos[:, :, None]  # (S, W, L)
-        o = attend(qs, k, v, attn_mask=mask[:, None]).transpose(1, 2)  # (S, W, H, D)
-        out[rows[valid]] = o[valid].to(q.dtype)
-    for s in range(len(lens)):
-        a, b, ctx = starts[s], starts[s + 1], lens[s]
-        if b - a <= SHORT_QUERY:
-            continue
-        blocks = block_tables[s, : -(-ctx // block_size)].long()
-        k = _gather_one(k_cache, blocks, ctx, compute)  # (Hkv, ctx, D)
-        v = _gather_one(v_cache, blocks, ctx, compute)
-        qs = q[a:b].transpose(0, 1).to(compute)  # (H, n, D)
-        if b - a == ctx:  # nothing cached before: the usual top-left causal mask
-            o = attend(qs, k, v, is_causal=True)
-        else:  # query i sits at position ctx - n + i, after the cached prefix
-            pos = torch.arange(ctx - (b - a), ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]  # (n, ctx)
-            o = attend(qs, k, v, attn_mask=mask)
-        out[a:b] = o.transpose(0, 1).to(q.dtype)
-    return out
-
-
-def _gather_one(cache, blocks, ctx, compute):
-    """One sequence's first ctx tokens, contiguous: (Hkv, ctx, D)."""
-    kv = cache.index_select(0, blocks).flatten(0, 1)[:ctx].to(compute)  # (ctx, Hkv, D)
-    return kv.transpose(0, 1)
-
-
-def _gather_padded(cache, table, live, compute):
-    """Padded contexts of several sequences, zero past each one: (S, Hkv, L, D)."""
-    kv = cache[table].flatten(1, 2).to(compute)  # (S, L, Hkv, D), a fresh copy
-    # Zeroed, not just masked: a NaN in a stale slot would reach the output as 0 * NaN.
-    kv.masked_fill_(~live[:, :, None, None], 0.0)
-    return kv.transpose(1, 2)

@@ -1,9 +1,14 @@
-"""Test-wide setup: Triton kernels run in the interpreter where there is no GPU."""
+"""Test-wide setup: Triton kernels run in the interpreter where there is no GPU; models check
+every layer's attention arguments."""
 
 import os
 
 import pytest
 import torch
+
+# Every layer of a model checks its attention arguments as well (a step is otherwise checked
+# once, not per layer): a bad step fails at the layer that gets it.
+os.environ.setdefault("LORASERVE_CHECKS", "1")
 
 if not torch.cuda.is_available():
     # Must be set before any @triton.jit function is defined.

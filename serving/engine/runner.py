@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from serving.engine.scheduler import Scheduled
+from serving.engine.step_plan import StepSeq, build_step
 from serving.model.llama import StepInputs
 
 
@@ -39,37 +38,18 @@ def build_batch(
     proposals: seq_id -> proposed tokens, for decoding sequences whose blocks have room.
     """
     proposals = proposals or {}
-    ids, pos, slots, adapters, qsl, rows, sampled, first_rows = [], [], [], [], [0], [], [], []
-    width = max(len(s.seq.block_table) for s in scheduled)
-    tables = []
+    seqs, sampled, first_rows, num_rows = [], [], [], 0
     for item in scheduled:
         seq, start = item.seq, item.seq.num_cached_tokens
         drafts = proposals.get(seq.seq_id, [])
-        tokens = seq.token_ids[start : start + item.num_new_tokens] + drafts
-        n = len(tokens)
-        adapter_slot = slot_of(seq.request.adapter) if seq.request.adapter else -1
-        table = seq.block_table
-        for p, token in enumerate(tokens, start):
-            ids.append(token)
-            pos.append(p)
-            slots.append(table[p // block_size] * block_size + p % block_size)
-        adapters += [adapter_slot] * n
-        qsl.append(qsl[-1] + n)
-        tables.append(table + [0] * (width - len(table)))
-        if start + item.num_new_tokens == seq.num_tokens:  # all in: sample the next token
-            first_rows.append(len(rows))
-            rows.extend(range(qsl[-1] - 1 - len(drafts), qsl[-1]))
+        complete = start + item.num_new_tokens == seq.num_tokens  # all in: sample the next
+        logits = len(drafts) + 1 if complete else 0
+        seqs.append(StepSeq(
+            seq.token_ids[start : start + item.num_new_tokens] + drafts, start,
+            seq.block_table, slot_of(seq.request.adapter) if seq.request.adapter else -1, logits,
+        ))  # fmt: skip
+        if complete:
+            first_rows.append(num_rows)
             sampled.append(item)
-    inputs = StepInputs(
-        token_ids=torch.tensor(ids, dtype=torch.int64),
-        positions=torch.tensor(pos, dtype=torch.int64),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
-        block_tables=torch.tensor(tables, dtype=torch.int32),
-        context_lens=torch.tensor(qsl[1:], dtype=torch.int32)
-        - torch.tensor(qsl[:-1], dtype=torch.int32)
-        + torch.tensor([s.seq.num_cached_tokens for s in scheduled], dtype=torch.int32),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-        logits_indices=torch.tensor(rows, dtype=torch.int64),
-        adapter_slots=torch.tensor(adapters, dtype=torch.int32),
-    )
-    return Batch(inputs=inputs, sampled=sampled, first_rows=first_rows)
+        num_rows += logits
+    return Batch(build_step(seqs, block_size), sampled, first_rows)

@@ -9,12 +9,21 @@ the embedding/LM-head rows are where quantization error shows most in the logits
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from adapters.tensor_names import OUTER_LAYER
-from kernels import build_segments, paged_attention, write_kv
+from kernels import (
+    HostIndex,
+    build_segments,
+    check_paged_attention,
+    check_write_kv,
+    checked_plan,
+    paged_attention_planned,
+    write_kv_planned,
+)
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
@@ -46,6 +55,7 @@ class StepInputs:
     query_start_loc: torch.Tensor  # [S + 1] int32, cumulative new-token counts
     logits_indices: torch.Tensor  # [K] int64, the rows whose logits are wanted
     adapter_slots: torch.Tensor | None = None  # [T] int32 slab slot per token, -1 = base only
+    host: HostIndex | None = None  # the index tensors' Python lists (serving.engine.step_plan)
 
     def to(self, device: torch.device) -> StepInputs:
         """The same step with every tensor on device (built on the CPU, run where the weights are)."""
@@ -142,6 +152,11 @@ class LlamaModel:
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        # The step's batch is checked once and its attention metadata derived once, not in
+        # every layer (each check reads index tensors back from the device).
+        plan = checked_plan(kv_caches[0][0], step.block_tables, step.context_lens,
+                            step.query_start_loc, step.slot_mapping, step.host)  # fmt: skip
+        checks = os.environ.get("LORASERVE_CHECKS") == "1"
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             qkv = lora_linear(x, layer.qkv, _stacks(slab, i, ATTN_MODULES, lora), lora)
@@ -150,16 +165,12 @@ class LlamaModel:
             k = apply_rope(k.reshape(-1, c.num_kv_heads, c.head_dim), cos, sin)
             v = v.reshape(-1, c.num_kv_heads, c.head_dim)
             k_cache, v_cache = kv_caches[i]
-            write_kv(k, v, k_cache, v_cache, step.slot_mapping)
-            attn = paged_attention(
-                q,
-                k_cache,
-                v_cache,
-                step.block_tables,
-                step.context_lens,
-                step.query_start_loc,
-                self.scale,
-            )  # [T, heads, head_dim]
+            if checks:  # LORASERVE_CHECKS=1: every layer checks its arguments too
+                check_write_kv(k, v, k_cache, v_cache, step.slot_mapping)
+                check_paged_attention(q, k_cache, v_cache, step.block_tables,
+                                      step.context_lens, step.query_start_loc, self.scale)  # fmt: skip
+            write_kv_planned(k, v, k_cache, v_cache, plan.writes)
+            attn = paged_attention_planned(q, k_cache, v_cache, plan, self.scale)  # [T, H, D]
             o = lora_linear(
                 attn.reshape(-1, q_size), layer.o, _stacks(slab, i, ("o_proj",), lora), lora
             )

@@ -26,6 +26,7 @@ from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.sampler import RowFault, SamplingState, _sampling_probs, apply_penalties, draw
 from serving.engine.sequence import Sequence
+from serving.engine.step_plan import StepSeq, build_step
 from serving.model.llama import StepInputs
 
 
@@ -81,36 +82,16 @@ class DraftModelProposer:
 
     def _inputs(self, active: list[DraftRequest], rnd: int, slots: dict[int, int]) -> StepInputs:
         """Round 0: every token from the draft's cached count to the last one; then one draft."""
-        bs = self.block_size
-        ids, pos, slot_map, adapters, qsl, tables, ctx = [], [], [], [], [0], [], []
-        width = max(len(r.seq.block_table) for r in active)
+        seqs = []
         for r in active:
             seq = r.seq
             if rnd == 0:
                 first = min(self._cached.get(seq.seq_id, 0), seq.num_tokens - 1)
-                new = list(range(first, seq.num_tokens))
-                toks = seq.token_ids[first:]
+                toks, start = seq.token_ids[first:], first
             else:
-                new = [seq.num_tokens + rnd - 1]
-                toks = [r.tokens[-1]]
-            table = seq.block_table
-            ids += toks
-            pos += new
-            slot_map += [table[p // bs] * bs + p % bs for p in new]
-            adapters += [slots.get(seq.seq_id, -1)] * len(new)
-            qsl.append(qsl[-1] + len(new))
-            tables.append(table + [0] * (width - len(table)))
-            ctx.append(new[-1] + 1)
-        return StepInputs(
-            token_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
-            slot_mapping=torch.tensor(slot_map, dtype=torch.int64),
-            block_tables=torch.tensor(tables, dtype=torch.int32),
-            context_lens=torch.tensor(ctx, dtype=torch.int32),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-            logits_indices=torch.tensor(qsl[1:], dtype=torch.int64) - 1,
-            adapter_slots=torch.tensor(adapters, dtype=torch.int32) if self.slab else None,
-        )
+                toks, start = [r.tokens[-1]], seq.num_tokens + rnd - 1
+            seqs.append(StepSeq(toks, start, seq.block_table, slots.get(seq.seq_id, -1)))
+        return build_step(seqs, self.block_size, adapters=self.slab is not None)
 
     def _choose(self, active: list[DraftRequest], logits: torch.Tensor) -> None:
         """Each request's next draft: the penalized argmax, or a draw from its own sampling

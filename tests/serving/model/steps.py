@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from serving.engine.step_plan import StepSeq, build_step
 from serving.model.llama import StepInputs
 
 
@@ -34,32 +35,12 @@ def step_for(
     seqs: list[Seq], block_size: int, pool: BlockPool, all_logits: bool = True
 ) -> StepInputs:
     """A step computing every uncached token of every seq; logits for all new rows (or last)."""
-    ids, pos, slots, adapters, qsl, logits = [], [], [], [], [0], []
+    parts = []
     for s in seqs:
         pool.grow(s, block_size)
-        new = range(s.cached, len(s.tokens))
-        for p in new:
-            ids.append(s.tokens[p])
-            pos.append(p)
-            slots.append(s.blocks[p // block_size] * block_size + p % block_size)
-            adapters.append(s.slot)
-        start = qsl[-1]
-        qsl.append(start + len(new))
-        logits += list(range(start, qsl[-1])) if all_logits else [qsl[-1] - 1]
-    width = max(len(s.blocks) for s in seqs)
-    tables = torch.tensor(
-        [s.blocks + [0] * (width - len(s.blocks)) for s in seqs], dtype=torch.int32
-    )
-    step = StepInputs(
-        token_ids=torch.tensor(ids),
-        positions=torch.tensor(pos),
-        slot_mapping=torch.tensor(slots),
-        block_tables=tables,
-        context_lens=torch.tensor([len(s.tokens) for s in seqs], dtype=torch.int32),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32),
-        logits_indices=torch.tensor(logits),
-        adapter_slots=torch.tensor(adapters, dtype=torch.int32),
-    )
+        new = s.tokens[s.cached :]
+        parts.append(StepSeq(new, s.cached, s.blocks, s.slot, len(new) if all_logits else 1))
+    step = build_step(parts, block_size)
     for s in seqs:
         s.cached = len(s.tokens)
     return step

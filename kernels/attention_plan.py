@@ -1,0 +1,185 @@
+"""One step's attention metadata, derived once and shared by every layer's attention.
+
+Which sequences are short queries (decodes, verifications) and how they pad, which cache
+slots the step writes, the longest query: none of it depends on the layer, and all of it
+comes from small index tensors whose host values a caller usually has already (the engine
+builds them from Python lists). plan_attention derives it once per step; write_kv_planned
+and paged_attention_planned then run each layer without checks and without reading anything
+back from the device. kernels.paged_attention's public functions check their arguments,
+plan, and call these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+
+SHORT_QUERY = 17  # queries per sequence up to which the batched path runs (k + 1 for k <= 16)
+
+
+@dataclass(frozen=True)
+class KVWrites:
+    """Where write_kv_planned stores the step's tokens: rows[i] goes to slot slots[i]."""
+
+    rows: torch.Tensor | None  # [W] int64 token rows with a slot; None: every row, in order
+    slots: torch.Tensor  # [W] int64
+
+
+@dataclass(frozen=True)
+class ShortBatch:
+    """The short queries' padded batch (torch path): S sequences, W queries, L keys each."""
+
+    table: torch.Tensor  # [S, L / block_size] int64 block ids, clamped into the cache
+    live: torch.Tensor  # [S, L] bool, keys inside each context
+    rows: torch.Tensor  # [S, W] int64 query rows (padding repeats a sequence's first row)
+    valid: torch.Tensor  # [S, W] bool, real queries
+    mask: torch.Tensor  # [S, 1, W, L] bool, causal: query i of seq s sees keys <= its position
+    out_rows: torch.Tensor  # [sum n_s] int64, rows[valid]
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """A step's batch: host copies of query starts and context lengths, and what follows."""
+
+    starts: tuple[int, ...]  # query_start_loc
+    lens: tuple[int, ...]  # context_lens
+    block_tables: torch.Tensor  # [S, max_blocks] int
+    context_lens: torch.Tensor  # [S] int
+    query_start_loc: torch.Tensor  # [S + 1] int
+    max_query_len: int
+    short: ShortBatch | None  # None on CUDA (the Triton kernel takes the tables) or when none
+    long: tuple[int, ...]  # sequences with more than SHORT_QUERY queries (torch path)
+    writes: KVWrites | None = None  # the step's KV writes (plan_writes), when planned with it
+
+
+def plan_writes(slot_mapping: torch.Tensor, slots: list[int] | None = None) -> KVWrites:
+    """KVWrites of slot_mapping ([T] int, -1 = skip); slots: its host copy, when known."""
+    if slots is not None and min(slots, default=0) >= 0:  # no padding: every row, in order
+        return KVWrites(None, slot_mapping.long())
+    live = slot_mapping >= 0
+    return KVWrites(live.nonzero()[:, 0], slot_mapping[live].long())
+
+
+def plan_attention(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_size: int,
+    num_blocks: int,
+    starts: list[int] | None = None,
+    lens: list[int] | None = None,
+    writes: KVWrites | None = None,
+) -> AttentionPlan:
+    """The plan of a batch already known to be valid (see paged_attention's checks).
+
+    starts, lens: host copies of query_start_loc and context_lens (read back when omitted).
+    """
+    starts = tuple(query_start_loc.tolist() if starts is None else starts)
+    lens = tuple(context_lens.tolist() if lens is None else lens)
+    counts = [b - a for a, b in pairwise(starts)]
+    device = block_tables.device
+    short = None
+    long_ = ()
+    if device.type != "cuda":
+        picked = [s for s, n in enumerate(counts) if 1 <= n <= SHORT_QUERY]
+        long_ = tuple(s for s, n in enumerate(counts) if n > SHORT_QUERY)
+        if picked:
+            short = _short_batch(block_tables, starts, lens, picked, block_size, num_blocks)
+    return AttentionPlan(starts, lens, block_tables, context_lens, query_start_loc,
+                         max(counts, default=0), short, long_, writes)  # fmt: skip
+
+
+def _short_batch(block_tables, starts, lens, picked, block_size, num_blocks) -> ShortBatch:
+    device = block_tables.device
+    n = torch.tensor([starts[s + 1] - starts[s] for s in picked], device=device)  # [S]
+    ctx = torch.tensor([lens[s] for s in picked], device=device)  # [S]
+    width = max(starts[s + 1] - starts[s] for s in picked)
+    blocks = -(-max(lens[s] for s in picked) // block_size)
+    # Entries past a context may be -1 or stale: clamp for the gather, zero after it.
+    table = block_tables[picked, :blocks].long().clamp(0, num_blocks - 1)
+    keys = torch.arange(blocks * block_size, device=device)  # [L]
+    live = keys[None, :] < ctx[:, None]  # [S, L]
+    # query i of seq s (i < n_s) sits at position ctx_s - n_s + i; padded queries are
+    # dropped but still need one live key, so they see position 0
+    i = torch.arange(width, device=device)  # [W]
+    valid = i[None, :] < n[:, None]  # [S, W]
+    pos = torch.where(valid, ctx[:, None] - n[:, None] + i[None, :], 0)  # [S, W]
+    rows = torch.tensor([starts[s] for s in picked], device=device)[:, None] + i  # [S, W]
+    rows = torch.where(valid, rows, rows[:, :1])
+    mask = keys[None, None, :] <= pos[:, :, None]  # [S, W, L]
+    return ShortBatch(table, live, rows, valid, mask[:, None], rows[valid])
+
+
+def write_kv_planned(k, v, k_cache, v_cache, writes: KVWrites) -> None:
+    """write_kv without checks: k_cache.view(-1, Hkv, D)[writes.slots] = k[writes.rows]."""
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    if writes.rows is not None:
+        k, v = k.index_select(0, writes.rows), v.index_select(0, writes.rows)
+    k_cache.view(num_slots, *k_cache.shape[2:]).index_copy_(0, writes.slots, k)
+    v_cache.view(num_slots, *v_cache.shape[2:]).index_copy_(0, writes.slots, v)
+
+
+def paged_attention_planned(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
+    """paged_attention without checks, on a batch plan_attention derived."""
+    if q.is_cuda:
+        from kernels.paged_attention_triton import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k_cache, v_cache, plan.block_tables, plan.context_lens, plan.query_start_loc,
+            scale, max_query_len=plan.max_query_len,
+        )  # fmt: skip
+    return _attention_torch(q, k_cache, v_cache, plan, scale)
+
+
+def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
+    """The torch path: short queries in one batched SDPA call, every longer query on its own.
+
+    GQA goes to SDPA (enable_gqa) rather than through copies of K/V per query head: a batch of
+    decodes is bound by reading K/V, and the copies made it ~20x slower.
+    """
+    # float32 compute: fp16/bf16 softmax sums over thousands of keys drift, and the CPU is no
+    # faster in half precision anyway.
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
+    b = plan.short
+    if b is not None:  # decodes and verifications: one padded, batched SDPA call
+        k = _gather_padded(k_cache, b.table, b.live, compute)  # (S, Hkv, L, D)
+        v = _gather_padded(v_cache, b.table, b.live, compute)
+        qs = q[b.rows].to(compute).transpose(1, 2)  # (S, H, W, D)
+        o = attend(qs, k, v, attn_mask=b.mask).transpose(1, 2)  # (S, W, H, D)
+        out[b.out_rows] = o[b.valid].to(q.dtype)
+    starts, lens = plan.starts, plan.lens
+    for s in plan.long:  # prefill chunks, one sequence at a time
+        a, e, ctx = starts[s], starts[s + 1], lens[s]
+        blocks = plan.block_tables[s, : -(-ctx // block_size)].long()
+        k = _gather_one(k_cache, blocks, ctx, compute)  # (Hkv, ctx, D)
+        v = _gather_one(v_cache, blocks, ctx, compute)
+        qs = q[a:e].transpose(0, 1).to(compute)  # (H, n, D)
+        if e - a == ctx:  # nothing cached before: the usual top-left causal mask
+            o = attend(qs, k, v, is_causal=True)
+        else:  # query i sits at position ctx - n + i, after the cached prefix
+            pos = torch.arange(ctx - (e - a), ctx, device=q.device)
+            mask = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]  # (n, ctx)
+            o = attend(qs, k, v, attn_mask=mask)
+        out[a:e] = o.transpose(0, 1).to(q.dtype)
+    return out
+
+
+def _gather_one(cache, blocks, ctx, compute):
+    """One sequence's first ctx tokens, contiguous: (Hkv, ctx, D)."""
+    kv = cache.index_select(0, blocks).flatten(0, 1)[:ctx].to(compute)  # (ctx, Hkv, D)
+    return kv.transpose(0, 1)
+
+
+def _gather_padded(cache, table, live, compute):
+    """Padded contexts of several sequences, zero past each one: (S, Hkv, L, D)."""
+    kv = cache[table].flatten(1, 2).to(compute)  # (S, L, Hkv, D), a fresh copy
+    # Zeroed, not just masked: a NaN in a stale slot would reach the output as 0 * NaN.
+    kv.masked_fill_(~live[:, :, None, None], 0.0)
+    return kv.transpose(1, 2)

@@ -102,7 +102,7 @@ def sample(
 
     rows = [i for i, s in enumerate(states) if not s.params.greedy]
     if rows:
-        probs = _sampling_probs(logits[rows], [states[i].params for i in rows]).cpu()
+        probs = sampling_probs(logits[rows], [states[i].params for i in rows]).cpu()
         for j, i in enumerate(rows):
             if errors[i] is not None:
                 continue
@@ -113,7 +113,7 @@ def sample(
             except RowFault as exc:
                 errors[i] = str(exc)
 
-    return SampleResult(token_ids, _logprobs(logits, states, token_ids), errors)
+    return SampleResult(token_ids, token_logprobs(logits, states, token_ids), errors)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -173,7 +173,7 @@ def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> t
     return counts[:, :vocab]
 
 
-def _sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """softmax(logits / T) restricted to the top-k, then to the top-p nucleus: [R, V]."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
@@ -203,7 +203,7 @@ def _sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return filtered.softmax(dim=-1)
 
 
-def _logprobs(
+def token_logprobs(
     logits: torch.Tensor, states: list[SamplingState], token_ids: list[int]
 ) -> list[TokenLogprob | None]:
     """The sampled token's and the top-n log-probabilities under the penalized logits."""

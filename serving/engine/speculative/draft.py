@@ -24,7 +24,7 @@ import torch
 from adapters.slab import SlabFull
 from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
-from serving.engine.sampler import RowFault, SamplingState, _sampling_probs, apply_penalties, draw
+from serving.engine.sampler import RowFault, SamplingState, apply_penalties, draw, sampling_probs
 from serving.engine.sequence import Sequence
 from serving.engine.step_plan import StepSeq, build_step
 from serving.model.llama import StepInputs
@@ -112,7 +112,7 @@ class DraftModelProposer:
             if s.params.greedy:
                 self._propose(r, int(row.argmax()))
                 continue
-            q = _sampling_probs(row[None].cpu(), [s.params])[0]  # the request's CPU generator
+            q = sampling_probs(row[None].cpu(), [s.params])[0]  # the request's CPU generator
             try:
                 token = draw(q, s.generator)
             except RowFault:

@@ -26,10 +26,10 @@ from serving.engine.sampler import (
     NON_FINITE,
     RowFault,
     SamplingState,
-    _logprobs,
-    _sampling_probs,
     apply_penalties,
     draw,
+    sampling_probs,
+    token_logprobs,
 )
 
 
@@ -95,12 +95,14 @@ def verify(
         tokens = [*drafts[:a], target[a]]
     else:
         a, tokens = _speculative_sample(penalized, states, drafts, draft_probs, default_generator)
-    return Verified(tokens, a, _logprobs(penalized[: len(tokens)], states[: len(tokens)], tokens))
+    return Verified(
+        tokens, a, token_logprobs(penalized[: len(tokens)], states[: len(tokens)], tokens)
+    )
 
 
 def _speculative_sample(penalized, states, drafts, draft_probs, default_generator):
     gen = states[0].generator if states[0].generator is not None else default_generator
-    p = _sampling_probs(penalized, [s.params for s in states])  # [k + 1, V]
+    p = sampling_probs(penalized, [s.params for s in states])  # [k + 1, V]
     for j, d in enumerate(drafts):
         q_d = float(draft_probs[j, d]) if draft_probs is not None else 1.0
         p_d = float(p[j, d])

@@ -71,6 +71,8 @@ class AdapterSlab:
         self.tokens = SlabTokens(num_slots, spec.vocab_size, spec.hidden_size, max_tokens, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
+        # The same ranks on the host: a step groups its tokens from them, reading nothing back.
+        self.host_ranks = [0] * num_slots
         self._lock = threading.Lock()
         check = partial(
             check_fits, spec=spec, modules=self.modules, max_rank=max_rank, outer=self.outer
@@ -246,6 +248,7 @@ class AdapterSlab:
         self._slot_version[slot] = None
         self._pins[slot] = 0
         self.ranks[slot] = 0
+        self.host_ranks[slot] = 0
         self.scales[slot] = 0.0
         self.vectors.mark(slot, None)
         self.tokens.write(slot, None)
@@ -273,6 +276,7 @@ class AdapterSlab:
         with self._lock:
             del self._loading[version]
             self.vectors.mark(slot, adapter)
+            self.host_ranks[slot] = adapter.rank
             self.ranks[slot] = adapter.rank  # last: the kernels read the slot from here on
             self._resident[version] = slot
             self._counts["loads"] += 1

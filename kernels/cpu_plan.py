@@ -118,18 +118,24 @@ class CpuPlan:
 
 
 def plan_cpu(
-    token_order, token_slots, seg_starts, seg_slots, seg_ranks, num_threads: int
+    token_order, token_slots, seg_starts, seg_slots, seg_ranks, num_threads: int, host=None
 ) -> CpuPlan:
-    """The plan for one step, from build_segments' tensors (all on the CPU)."""
-    starts = seg_starts.tolist()
-    slots = seg_slots.tolist()
+    """The plan for one step, from build_segments' tensors (all on the CPU).
+
+    host: (token_order, seg_starts, seg_slots, seg_ranks) as lists, when the caller has them.
+    """
+    if host is not None:
+        order, starts, slots, ranks = host
+    else:
+        order, starts = token_order.tolist(), seg_starts.tolist()
+        slots, ranks = seg_slots.tolist(), seg_ranks.tolist()
     counts = [b - a for a, b in itertools.pairwise(starts)]
-    firsts = token_order[seg_starts[:-1].long()].tolist() if slots else []
-    lasts = token_order[seg_starts[1:].long() - 1].tolist() if slots else []
-    group_ranks, group_sizes = torch.unique_consecutive(seg_ranks, return_counts=True)
+    firsts = [order[a] for a in starts[:-1]]
+    lasts = [order[b - 1] for b in starts[1:]]
     groups = []
     lo = 0
-    for rank, size in zip(group_ranks.tolist(), group_sizes.tolist()):
+    for rank, run in itertools.groupby(ranks):
+        size = len(list(run))
         hi = lo + size
         g_slots, g_counts, g_bounds = slots[lo:hi], counts[lo:hi], starts[lo : hi + 1]
         start, end = g_bounds[0], g_bounds[-1]
@@ -195,6 +201,7 @@ def _bags(token_order, token_slots, groups) -> Bags | None:
     picked = [(g.start, g.end, g.rank) for g in groups if not g.in_place]
     if not picked:
         return None
+    num_elems = sum((b - a) * r for a, b, r in picked)
     sorted_slots = token_slots.long()
     tokens = torch.cat([token_order[a:b] for a, b, _ in picked])
     slots = torch.cat([sorted_slots[a:b] for a, b, _ in picked])
@@ -207,5 +214,5 @@ def _bags(token_order, token_slots, groups) -> Bags | None:
         offsets=offsets,
         elem_token=tokens[elem_bag],
         elem_slot=slots[elem_bag],
-        elem_row=torch.arange(int(ends[-1])) - offsets[elem_bag],
+        elem_row=torch.arange(num_elems) - offsets[elem_bag],
     )

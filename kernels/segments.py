@@ -20,7 +20,10 @@ costs what rank 8 costs.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -52,15 +55,23 @@ class Segments:
         return self.token_order.numel()
 
 
-def build_segments(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> Segments:
+def build_segments(
+    slot_ids: torch.Tensor,
+    slot_ranks: torch.Tensor,
+    host: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> Segments:
     """Group tokens by adapter slot: segment i = tokens whose slot is seg_slots[i].
 
     slot_ids: [num_tokens] integer, -1 (base only) or a slot in [0, num_slots).
     slot_ranks: [num_slots] integer, the rank of the adapter in each slot
         (0 for an empty slot, which no token may use).
+    host: (slot_ids, slot_ranks) as Python lists, when the caller has them: then the
+        grouping runs on the host and nothing is read back from the device.
     The result lives on slot_ids' device, apart from the host-side ints.
     """
-    _check(slot_ids, slot_ranks)
+    _check(slot_ids, slot_ranks, host)
+    if host is not None:
+        return _from_host(*host, slot_ids.device)
     device = slot_ids.device
     num_slots = slot_ranks.numel()
     slots = slot_ids.to(torch.int64)
@@ -104,7 +115,40 @@ def build_segments(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> Segments
     )
 
 
-def _check(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> None:
+def _from_host(slots: Sequence[int], ranks: Sequence[int], device) -> Segments:
+    """build_segments from the host lists: the same tensors, made on device."""
+    active = [t for t, slot in enumerate(slots) if slot >= 0]
+    empty = next((slots[t] for t in active if ranks[slots[t]] < 1), None)
+    if empty is not None:
+        raise ValueError(
+            f"slot_ids: slot {empty} is used but slot_ranks[{empty}] is 0 (an empty slot)"
+        )
+    order = sorted(active, key=lambda t: (ranks[slots[t]], slots[t]))  # stable, as the sort
+    token_slots = [slots[t] for t in order]
+    seg_slots, seg_starts = [], [0]
+    for slot, run in itertools.groupby(token_slots):
+        seg_slots.append(slot)
+        seg_starts.append(seg_starts[-1] + len(list(run)))
+    seg_ranks = [ranks[slot] for slot in seg_slots]
+    counts = [b - a for a, b in itertools.pairwise(seg_starts)]
+    tensor = partial(torch.tensor, device=device)
+    token_order = tensor(order, dtype=torch.int64)
+    as_int32 = [
+        tensor(x, dtype=torch.int32) for x in (token_slots, seg_starts, seg_slots, seg_ranks)
+    ]
+    cpu_plan = None
+    if device.type == "cpu":
+        cpu_plan = plan_cpu(token_order, as_int32[0], as_int32[1], as_int32[2], as_int32[3],
+                            torch.get_num_threads(), host=(order, seg_starts, seg_slots, seg_ranks))  # fmt: skip
+    return Segments(
+        num_tokens=len(slots), num_slots=len(ranks), token_order=token_order,
+        token_slots=as_int32[0], seg_starts=as_int32[1], seg_slots=as_int32[2],
+        seg_ranks=as_int32[3], max_segment_len=max(counts, default=0),
+        max_rank=max(seg_ranks, default=0), cpu_plan=cpu_plan,
+    )  # fmt: skip
+
+
+def _check(slot_ids: torch.Tensor, slot_ranks: torch.Tensor, host=None) -> None:
     for name, t in (("slot_ids", slot_ids), ("slot_ranks", slot_ranks)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -113,6 +157,19 @@ def _check(slot_ids: torch.Tensor, slot_ranks: torch.Tensor) -> None:
         if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
             raise ValueError(f"{name}: expected an integer dtype, got {t.dtype}")
     num_slots = slot_ranks.numel()
+    if host is not None:
+        slots, ranks = host
+        if len(slots) != slot_ids.numel() or len(ranks) != num_slots:
+            raise ValueError("host: expected the lists of slot_ids and slot_ranks")
+        lo, hi = min(slots, default=-1), max(slots, default=-1)
+        if lo < -1 or hi >= num_slots:
+            bad = lo if lo < -1 else hi
+            raise ValueError(
+                f"slot_ids: slot {bad} is out of range; expected -1 or 0..{num_slots - 1}"
+            )
+        if min(ranks, default=0) < 0:
+            raise ValueError("slot_ranks: ranks must be >= 0")
+        return
     if slot_ids.numel():
         lo, hi = int(slot_ids.min()), int(slot_ids.max())
         if lo < -1 or hi >= num_slots:

@@ -54,6 +54,8 @@ def build_step(seqs: Sequence[StepSeq], block_size: int, *, adapters: bool = Tru
         lens.append(s.start + n)
         rows += range(qsl[-1] - s.logits, qsl[-1])
         tables.append((*table, *[0] * (width - len(table))))
+    host_slots = tuple(slot_ids) if adapters else None
+    host = HostIndex(tuple(qsl), tuple(lens), tuple(slots), tuple(tables), host_slots)
     return StepInputs(
         token_ids=torch.tensor(ids, dtype=torch.int64),
         positions=torch.tensor(pos, dtype=torch.int64),
@@ -63,5 +65,5 @@ def build_step(seqs: Sequence[StepSeq], block_size: int, *, adapters: bool = Tru
         query_start_loc=torch.tensor(qsl, dtype=torch.int32),
         logits_indices=torch.tensor(rows, dtype=torch.int64),
         adapter_slots=torch.tensor(slot_ids, dtype=torch.int32) if adapters else None,
-        host=HostIndex(tuple(qsl), tuple(lens), tuple(slots), tuple(tables)),
+        host=host,
     )

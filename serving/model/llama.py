@@ -209,7 +209,8 @@ class LlamaModel:
     def _step_lora(self, step: StepInputs, slab) -> StepLora | None:
         if slab is None or step.adapter_slots is None:
             return None
-        return _step_lora_of(step.adapter_slots, slab)
+        host = step.host.adapter_slots if step.host is not None else None
+        return _step_lora_of(step.adapter_slots, slab, host)
 
     def served_weight(self, layer: int, module: str) -> torch.Tensor:
         """W [out, in] of (layer, module) as this model computes with it (FP8 dequantized)."""
@@ -234,11 +235,14 @@ class LlamaModel:
         }[module]  # fmt: skip
 
 
-def _step_lora_of(slots: torch.Tensor, slab) -> StepLora:
-    """The segments of tokens in `slots` ([n], -1 = base only) and the rows needing extras."""
+def _step_lora_of(slots: torch.Tensor, slab, host: tuple[int, ...] | None = None) -> StepLora:
+    """The segments of tokens in `slots` ([n], -1 = base only) and the rows needing extras;
+    host: slots as a list (grouped on the host then, with the slab's host ranks)."""
     vectors = slab.vectors
+    ranks = (host, slab.host_ranks) if host is not None else None
     return StepLora(
-        segments=build_segments(slots, slab.ranks), scales=slab.scales, max_rank=slab.max_rank,
+        segments=build_segments(slots, slab.ranks, ranks), scales=slab.scales,
+        max_rank=slab.max_rank,
         bias_rows=_rows(slots, vectors.has_bias) if vectors.num_bias else None,
         dora_rows=_rows(slots, vectors.has_dora) if vectors.num_dora else None,
     )  # fmt: skip

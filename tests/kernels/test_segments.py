@@ -1,6 +1,7 @@
 """Table tests for build_segments: a pure function from per-token slots to segment metadata."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -44,19 +45,19 @@ def test_stable_within_segment():
     assert order[: len(ones)] == ones
 
 
-@pytest.mark.parametrize(
-    ("slots", "ranks", "message"),
-    [
-        ([0, 4], [8] * 4, "slot_ids: slot 4 is out of range"),
-        ([-2, 0], [8] * 4, "slot_ids: slot -2 is out of range"),
-        ([[0, 1]], [8] * 4, "slot_ids: expected a 1-D tensor"),
-        ([0.0, 1.0], [8] * 4, "slot_ids: expected an integer dtype"),
-        ([0, 1], [8, 0], "slot 1 is used but slot_ranks[1] is 0"),
-        ([0], [-1], "slot_ranks: ranks must be >= 0"),
-    ],
-)
+BAD = [
+    ([0, 4], [8] * 4, "slot_ids: slot 4 is out of range"),
+    ([-2, 0], [8] * 4, "slot_ids: slot -2 is out of range"),
+    ([[0, 1]], [8] * 4, "slot_ids: expected a 1-D tensor"),
+    ([0.0, 1.0], [8] * 4, "slot_ids: expected an integer dtype"),
+    ([0, 1], [8, 0], "slot 1 is used but slot_ranks[1] is 0"),
+    ([0], [-1], "slot_ranks: ranks must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(("slots", "ranks", "message"), BAD)
 def test_bad_arguments(slots, ranks, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         build_segments(torch.tensor(slots), torch.tensor(ranks))
 
 
@@ -68,3 +69,29 @@ def test_not_a_tensor():
 def test_max_rank_is_the_largest_rank_in_use():
     seg = build_segments(torch.tensor([0, 2, -1]), torch.tensor([8, 64, 4]))
     assert seg.max_rank == 8 and seg.seg_ranks.tolist() == [4, 8]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_host_lists_group_exactly_as_the_tensors(seed):
+    """build_segments from the step's host lists equals the tensor path, field by field."""
+    gen = torch.Generator().manual_seed(seed)
+    ranks = torch.randint(0, 4, (6,), generator=gen) * 8  # some slots empty (rank 0)
+    usable = [s for s in range(6) if ranks[s] > 0] or [-1]
+    picks = torch.randint(-1, len(usable), (int(torch.randint(0, 40, (1,), generator=gen)),),
+                          generator=gen)  # fmt: skip
+    slots = torch.tensor([usable[p] if p >= 0 else -1 for p in picks.tolist()], dtype=torch.int32)
+    want = build_segments(slots, ranks)
+    got = build_segments(slots, ranks, (slots.tolist(), ranks.tolist()))
+    for field in ("token_order", "token_slots", "seg_starts", "seg_slots", "seg_ranks"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+        assert getattr(got, field).dtype == getattr(want, field).dtype, field
+    assert (got.max_segment_len, got.max_rank) == (want.max_segment_len, want.max_rank)
+    shape = lambda plan: [(g.rank, g.start, g.end, g.runs, g.padded is None, len(g.parts))  # noqa: E731
+                          for g in plan.groups]  # fmt: skip
+    assert shape(got.cpu_plan) == shape(want.cpu_plan)
+
+
+@pytest.mark.parametrize(("slots", "ranks", "message"), BAD)
+def test_bad_host_lists_are_refused_alike(slots, ranks, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_segments(torch.tensor(slots), torch.tensor(ranks), (slots, ranks))

@@ -16,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from serving.api.errors import ApiError, describe_validation
-from serving.api.schemas import MAX_BATCH_ITEMS, ChatCompletionRequest, CompletionRequest, unicode
+from serving.api.schemas import MAX_BATCH_ITEMS, ChatCompletionRequest, CompletionRequest
+from serving.api.text import unicode
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,

@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from serving.api.schema_rules import canonical, check_schema, is_unicode
+from serving.api.schema_rules import canonical, check_schema
+from serving.api.text import Text
 from serving.engine.request import ResponseFormat
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
@@ -36,7 +37,7 @@ class JsonSchema(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(..., description="1-64 characters of a-z, A-Z, 0-9, _ and -.")
-    description: str | None = Field(None, description="Accepted; the model is not shown it.")
+    description: Text | None = Field(None, description="Accepted; the model is not shown it.")
     schema_: Any = Field(..., alias="schema", description="The JSON schema (an object).",
                          json_schema_extra={"type": "object"})  # fmt: skip
     strict: bool | None = Field(None, description="Refuse properties the schema does not name.")
@@ -46,13 +47,6 @@ class JsonSchema(BaseModel):
     def _name(cls, value: str) -> str:
         if not NAME.fullmatch(value):
             raise ValueError("name must be 1-64 characters of a-z, A-Z, 0-9, _ and -")
-        return value
-
-    @field_validator("description")
-    @classmethod
-    def _text(cls, value: str | None) -> str | None:
-        if value is not None and not is_unicode(value):
-            raise ValueError("description holds a lone surrogate, which is not Unicode text")
         return value
 
     @field_validator("schema_")
@@ -76,7 +70,8 @@ class _Format(BaseModel):
         return self
 
     def _schema(self) -> tuple[dict, bool]:
-        raise NotImplementedError
+        """(the schema, strict): each shape of json_schema keeps them in its own place."""
+        raise NotImplementedError  # each subclass defines it
 
     def engine_format(self) -> ResponseFormat | None:
         """What the engine constrains the output to; None: free text."""

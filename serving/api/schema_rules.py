@@ -16,6 +16,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
+from serving.api.text import unicode
+
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
 
@@ -78,8 +80,7 @@ def check_schema(schema: object) -> dict:
         raise ValueError(f"the schema nests {depth} levels deep, more than the "
                          f"{MAX_SCHEMA_DEPTH} allowed")  # fmt: skip
     text = canonical(schema)
-    if not is_unicode(json.dumps(schema, ensure_ascii=False)):  # canonical() escapes them
-        raise ValueError("the schema holds a lone surrogate, which is not Unicode text")
+    unicode(json.dumps(schema, ensure_ascii=False))  # canonical() would escape a surrogate
     size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
         raise ValueError(f"the schema is {size} bytes as compact JSON, more than the "
@@ -214,15 +215,6 @@ def _depth(value: object) -> int:
         if level <= MAX_SCHEMA_DEPTH:
             stack.extend((child, level + 1) for child in children)
     return deepest
-
-
-def is_unicode(text: str) -> bool:
-    """Whether text is encodable: JSON may escape a lone surrogate, which is no character."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _kind(value: object) -> str:

@@ -10,28 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from serving.api.response_format import OpenAIResponseFormat, WorkersResponseFormat
+from serving.api.text import Text
 
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_BATCH_ITEMS = 50_000  # requests in one batch; a larger job is split by its sender
 
 
-def unicode(text: str) -> str:
-    # JSON may escape a lone surrogate ("\ud800"), which no tokenizer, file or log can encode.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"the text holds a lone surrogate (U+{ord(text[exc.start]):04X}) at character "
-            f"{exc.start}, which is not Unicode text"
-        ) from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(unicode)]  # every string a body may carry
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=0)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -43,6 +44,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
         self._compiler = None  # built on the first compile (the vocabulary's trie)
+        self._started: dict[str, float] = {}  # key -> when its compile began (running ones)
         self._tokenizer_digest = hashlib.sha256(tokenizer.to_json().encode()).hexdigest()
         self.hits = self.misses = 0
 
@@ -61,11 +63,16 @@ class GrammarCompiler:
                 self.hits += 1
                 return future
             self.misses += 1
-            future = self._pool.submit(self._compile, fmt)
+            future = self._pool.submit(self._timed, key, fmt)
             self._cache[key] = future
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
             return future
+
+    def compile_seconds(self, fmt: ResponseFormat) -> float:
+        """How long fmt's compile has run (0 while it waits for a worker, or once done)."""
+        start = self._started.get(self.key(fmt))
+        return 0.0 if start is None else time.monotonic() - start
 
     def compile_now(self, fmt: ResponseFormat):
         """The compiled grammar of fmt, waiting for it (tests and benchmarks)."""
@@ -73,6 +80,15 @@ class GrammarCompiler:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _timed(self, key: str, fmt: ResponseFormat):
+        # Timed from here, not from submit: a compile queued behind another tenant's slow one
+        # has not used any of its time yet.
+        self._started[key] = time.monotonic()
+        try:
+            return self._compile(fmt)
+        finally:
+            self._started.pop(key, None)
 
     def _compile(self, fmt: ResponseFormat):
         compiler = self._xgrammar_compiler()

@@ -13,6 +13,7 @@ import itertools
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
@@ -248,6 +249,31 @@ def test_a_compile_past_the_time_limit_fails_its_request_alone(world, monkeypatc
     assert done.finish_reason == "error" and done.own_fault
     assert "did not compile within 0.05 s" in done.error
     assert_unharmed(world, got, others)
+
+
+def test_the_time_limit_counts_from_the_compile_not_the_queue(world, monkeypatch):
+    """One worker, busy with a slow schema past the limit: the schema queued behind it has
+    waited longer than the limit too, but compiles quickly once it starts, and is served."""
+    engine = world.engine()
+    compiler = engine.grammars.compiler
+    compiler.compile_now(fmt(CHOICES))
+    monkeypatch.setattr(compiler, "_pool", ThreadPoolExecutor(1))
+    compiler.time_limit_s = 0.3
+    gate = hold_compile(monkeypatch, compiler, ORDER)
+    slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
+    queued = req(world, "queued", (4, 5, 6), params(0), None, fmt(PERSON))
+    got = Run(engine)
+    engine.submit(slow, got.sink)
+    engine.submit(queued, got.sink)
+    engine.step()  # both taken in: slow's compile runs, queued's waits for the worker
+    time.sleep(0.5)
+    engine.step()  # slow is past its limit now: it fails, and its held compile ends
+    gate.set()
+    engine.run_until_idle()
+    assert got.done["slow"].finish_reason == "error"
+    assert "did not compile within" in got.done["slow"].error
+    assert got.done["queued"].finish_reason != "error", got.done["queued"].error
+    jsonschema.validate(json.loads(world.tokenizer.decode(got.tokens["queued"])), PERSON)
 
 
 def test_a_grammar_still_compiling_holds_up_no_one(world, monkeypatch):

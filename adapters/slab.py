@@ -71,8 +71,7 @@ class AdapterSlab:
         self.tokens = SlabTokens(num_slots, spec.vocab_size, spec.hidden_size, max_tokens, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
-        # The same ranks on the host: a step groups its tokens from them, reading nothing back.
-        self.host_ranks = [0] * num_slots
+        self.host_ranks = [0] * num_slots  # the same, for steps to group tokens on the host
         self._lock = threading.Lock()
         check = partial(
             check_fits, spec=spec, modules=self.modules, max_rank=max_rank, outer=self.outer

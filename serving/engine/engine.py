@@ -2,14 +2,13 @@
 
 add_request() may be called from an asyncio server (it returns an async stream) or
 submit() from any thread with a callback; the step loop owns every Sequence, so the
-only shared state is the intake and abort queues behind one lock.
+only shared state is the Intake of new requests and aborts.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from serving.engine.admission import check_request
 from serving.engine.faults import blame_forward, sample_each
 from serving.engine.grammar.masks import grammar_masks, verify_masks
 from serving.engine.grammar.pending import PendingGrammars
+from serving.engine.intake import Intake
 from serving.engine.kv_cache import BlockManager, prefix_key
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
@@ -75,10 +75,8 @@ class Engine:
         self.spec = SpecDecoder.create(config.speculative, self.blocks, draft_model, draft_slab)
         self.num_computed_tokens = 0  # prefill + decode tokens run through the model (for tests)
         self._tracked: dict[str, Tracked] = {}
-        self._intake: list[tuple[GenerateRequest, Sink]] = []
-        self._aborts: list[str] = []
-        self._lock = threading.Lock()
         self._loop = StepLoop(self.step, self._fail_in_flight)
+        self._intake = Intake(self._loop.wake)
         self.grammars = PendingGrammars(tokenizer, self.vocab_size, self._loop.wake)
 
     # ---- callers (any thread) ----
@@ -90,18 +88,14 @@ class Engine:
     def submit(self, request: GenerateRequest, sink: Sink) -> None:
         """Queue a request; sink(output) is called from the step thread for each increment."""
         self.validate(request)
-        with self._lock:
-            self._intake.append((request, sink))
-        self._loop.wake()
+        self._intake.put(request, sink)
 
     def add_request(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they come; leaving the stream early aborts it."""
         return stream_outputs(self, request)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._aborts.append(request_id)
-        self._loop.wake()
+        self._intake.abort(request_id)
 
     def start(self) -> None:
         """Run the step loop on a daemon thread until shutdown()."""
@@ -251,9 +245,7 @@ class Engine:
         self.num_computed_tokens += v.num_accepted + 1
 
     def _take_intake(self) -> None:
-        with self._lock:
-            intake, aborts = self._intake, self._aborts
-            self._intake, self._aborts = [], []
+        intake, aborts = self._intake.take()
         for request, sink in intake:
             try:
                 self._start(request, sink)

@@ -92,15 +92,18 @@ def lora_expand_torch(
     segments: Segments,
     scales: torch.Tensor,
     slice_ranks: list[list[int]] | None = None,
+    host_scales: list[float] | None = None,
 ) -> None:
     """y[t, slice s] += scales[slot(t)] * t[s, t, :rank] @ lora_b[s][slot(t), :rank] for active t.
 
     t: [num_slices, num_tokens, max_rank]; lora_b[s]: [num_slots, max_rank, out_s];
     y: [num_tokens, sum(out_s)], the slices side by side (fused qkv / gate_up).
+    host_scales: scales as a list, when the caller has it.
     """
     plan = segments.cpu_plan
     columns = _slice_columns(lora_b)
-    host_scales = scales.tolist() if any(g.in_place for g in plan.groups) else []
+    if host_scales is None and any(g.in_place for g in plan.groups):
+        host_scales = scales.tolist()
     for group in plan.groups:
         if not group.in_place:
             continue

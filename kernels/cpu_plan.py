@@ -167,7 +167,7 @@ def _parts(start: int, end: int, slots: list[int], counts: list[int]) -> tuple[P
     n = end - start
     num_parts = -(-n // PART_TOKENS)
     bounds = [start + n * i // num_parts for i in range(num_parts + 1)]
-    seg_ends = torch.tensor(counts).cumsum(0).tolist()  # relative to start
+    seg_ends = list(itertools.accumulate(counts))  # relative to start
     parts = []
     for p0, p1 in itertools.pairwise(bounds):
         lo, hi = p0 - start, p1 - start

@@ -71,7 +71,8 @@ class AdapterSlab:
         self.tokens = SlabTokens(num_slots, spec.vocab_size, spec.hidden_size, max_tokens, **like)
         self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
         self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
-        self.host_ranks = [0] * num_slots  # the same, for steps to group tokens on the host
+        # The same as lists, for steps to group tokens and scale runs on the host
+        self.host_ranks, self.host_scales = [0] * num_slots, [0.0] * num_slots
         self._lock = threading.Lock()
         check = partial(
             check_fits, spec=spec, modules=self.modules, max_rank=max_rank, outer=self.outer
@@ -111,6 +112,10 @@ class AdapterSlab:
     def module_ranks(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
         """Each module's own rank per slot, [len(modules), num_slots] (kernels' slice_ranks)."""
         return self.stacks.ranks.of(layer, modules)
+
+    def module_host_ranks(self, layer: int, modules: Sequence[str]) -> list[list[int]]:
+        """module_ranks as lists, read with no device sync."""
+        return self.stacks.ranks.host_of(layer, modules)
 
     def lora_bias(self, layer: int, module: str) -> torch.Tensor:
         """scale * lora_B's bias per slot for (layer, module): [num_slots, out]."""
@@ -249,6 +254,7 @@ class AdapterSlab:
         self.ranks[slot] = 0
         self.host_ranks[slot] = 0
         self.scales[slot] = 0.0
+        self.host_scales[slot] = 0.0
         self.vectors.mark(slot, None)
         self.tokens.write(slot, None)
         self.stacks.ranks.clear(slot)
@@ -289,6 +295,7 @@ class AdapterSlab:
         self.vectors.write(slot, adapter)
         self.tokens.write(slot, adapter)
         self.scales[slot] = adapter.scale
+        self.host_scales[slot] = adapter.scale
 
 
 def _settled(*, result: int | None = None, error: BaseException | None = None) -> Future[int]:

@@ -31,6 +31,8 @@ class SlabRanks:
             layer: torch.zeros(len(names), num_slots, dtype=torch.int32, device=device)
             for layer, names in layers
         }
+        # The same tables as lists, for the CPU path's loops (read with no device sync).
+        self._host = {layer: [[0] * num_slots for _ in names] for layer, names in layers}
         self._outer_slots: dict[str, set[int]] = {m: set() for m in outer}
 
     def of(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
@@ -41,10 +43,15 @@ class SlabRanks:
             return table[first : first + len(modules)]
         return torch.stack([table[self._index[m]] for m in modules])
 
+    def host_of(self, layer: int, modules: Sequence[str]) -> list[list[int]]:
+        """of(layer, modules) as lists: [len(modules)][num_slots]."""
+        return [self._host[layer][self._index[m]] for m in modules]
+
     def set(self, key: tuple[int, str], slot: int, rank: int) -> None:
         """Record the rank of module key in slot (0: the adapter leaves it out)."""
         layer, module = key
         self._table[layer][self._index[module], slot] = rank
+        self._host[layer][self._index[module]][slot] = rank
         if layer == OUTER_LAYER:
             (self._outer_slots[module].add if rank else self._outer_slots[module].discard)(slot)
 

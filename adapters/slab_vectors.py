@@ -47,6 +47,8 @@ class SlabVectors:
         self.has_bias = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.has_dora = torch.zeros(num_slots, dtype=torch.bool, device=device)
         self.num_bias = self.num_dora = 0  # slots set in each, read on the host per step
+        # The same flags as lists: a step picks its rows on the host, with no read-back.
+        self.host_bias, self.host_dora = [False] * num_slots, [False] * num_slots
 
     def check(self, version: str, adapter: Adapter) -> None:
         """AdapterError if the slab cannot serve the adapter's DoRA (no base weights)."""
@@ -75,13 +77,12 @@ class SlabVectors:
     def mark(self, slot: int, adapter: Adapter | None) -> None:
         """Record whether slot's adapter (None: an empty slot) has biases or DoRA."""
         modules = adapter.modules.values() if adapter is not None else ()
-        for flags, wanted in (
-            (self.has_bias, any(m.bias is not None for m in modules)),
-            (self.has_dora, any(m.magnitude is not None for m in modules)),
+        for flags, host, wanted in (
+            (self.has_bias, self.host_bias, any(m.bias is not None for m in modules)),
+            (self.has_dora, self.host_dora, any(m.magnitude is not None for m in modules)),
         ):
-            flags[slot] = wanted
-        self.num_bias = int(self.has_bias.sum())
-        self.num_dora = int(self.has_dora.sum())
+            flags[slot] = host[slot] = wanted
+        self.num_bias, self.num_dora = sum(self.host_bias), sum(self.host_dora)
 
     def _output_scale(self, key: Key, mod: LoraModule) -> torch.Tensor:
         """g = m / ||W + scale * B @ A|| per output row, in float32: [out]."""

@@ -2,7 +2,7 @@
 
 from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
 from kernels.fp8 import fp8_linear, quantize_fp8
-from kernels.lora_ops import lora_expand, lora_shrink
+from kernels.lora_ops import lora_expand, lora_expand_planned, lora_shrink, lora_shrink_planned
 from kernels.lora_rows import dora_rescale, lora_bias_add
 from kernels.paged_attention import (
     HostIndex,
@@ -26,7 +26,9 @@ __all__ = [
     "fp8_linear",
     "lora_bias_add",
     "lora_expand",
+    "lora_expand_planned",
     "lora_shrink",
+    "lora_shrink_planned",
     "paged_attention",
     "paged_attention_planned",
     "quantize_fp8",

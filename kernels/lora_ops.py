@@ -70,15 +70,23 @@ def lora_shrink(
         segments, num_tokens=num_tokens, num_slots=num_slots, max_rank=max_rank, device=x.device
     )
     _check_slice_ranks(slice_ranks, len(slices), num_slots, x.device)
+    lora_shrink_planned(x, slices, out3, segments, slice_ranks, _host(x, slice_ranks))
+    return out
+
+
+def lora_shrink_planned(x, lora_a, out, segments, slice_ranks=None, host_ranks=None) -> None:
+    """lora_shrink without checks: lora_a a tuple of stacks, out [num_slices, T, max_rank].
+
+    host_ranks: slice_ranks as lists (the CPU path loops over them; unused on CUDA).
+    """
     if x.is_cuda:
         from kernels.lora_shrink_triton import lora_shrink_triton
 
-        lora_shrink_triton(x, slices, out3, segments, slice_ranks)
+        lora_shrink_triton(x, lora_a, out, segments, slice_ranks)
     else:
         from kernels.lora_torch import lora_shrink_torch
 
-        lora_shrink_torch(x, slices, out3, segments, _host(slice_ranks))
-    return out
+        lora_shrink_torch(x, lora_a, out, segments, host_ranks)
 
 
 def lora_expand(
@@ -121,15 +129,25 @@ def lora_expand(
         segments, num_tokens=num_tokens, num_slots=num_slots, max_rank=max_rank, device=y.device
     )
     _check_slice_ranks(slice_ranks, len(slices), num_slots, y.device)
+    lora_expand_planned(t3, slices, y, segments, scales, slice_ranks, _host(y, slice_ranks))
+    return y
+
+
+def lora_expand_planned(
+    t, lora_b, y, segments, scales, slice_ranks=None, host_ranks=None, host_scales=None
+) -> None:
+    """lora_expand without checks: lora_b a tuple of stacks, t [num_slices, T, max_rank].
+
+    host_ranks, host_scales: slice_ranks and scales as lists, for the CPU path.
+    """
     if y.is_cuda:
         from kernels.lora_expand_triton import lora_expand_triton
 
-        lora_expand_triton(t3, slices, y, segments, scales, slice_ranks)
+        lora_expand_triton(t, lora_b, y, segments, scales, slice_ranks)
     else:
         from kernels.lora_torch import lora_expand_torch
 
-        lora_expand_torch(t3, slices, y, segments, scales, _host(slice_ranks))
-    return y
+        lora_expand_torch(t, lora_b, y, segments, scales, host_ranks, host_scales)
 
 
 def _check_rank_buffer(name, buf, slices, given, num_tokens, max_rank, device) -> torch.Tensor:
@@ -152,6 +170,7 @@ def _check_slice_ranks(ranks, num_slices: int, num_slots: int, device) -> None:
         raise ValueError("slice_ranks: expected a contiguous tensor (the kernels index it flat)")
 
 
-def _host(ranks: torch.Tensor | None) -> list[list[int]] | None:
-    """The table as lists, for the CPU path's per-run loops (a few dozen ints)."""
-    return None if ranks is None else ranks.tolist()
+def _host(x: torch.Tensor, ranks: torch.Tensor | None) -> list[list[int]] | None:
+    """The table as lists, for the CPU path's per-run loops (a few dozen ints); CUDA reads
+    it on the device."""
+    return None if ranks is None or x.is_cuda else ranks.tolist()

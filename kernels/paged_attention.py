@@ -168,6 +168,7 @@ class HostIndex:
     slots: tuple[int, ...]  # slot_mapping
     block_tables: tuple[tuple[int, ...], ...]  # each row as long as the tensor's
     adapter_slots: tuple[int, ...] | None = None  # per token; None: the step has no slab
+    logits_rows: tuple[int, ...] | None = None  # logits_indices
 
 
 def _check_caches(k_cache, v_cache, *, dtype, device) -> None:

@@ -55,7 +55,7 @@ def build_step(seqs: Sequence[StepSeq], block_size: int, *, adapters: bool = Tru
         rows += range(qsl[-1] - s.logits, qsl[-1])
         tables.append((*table, *[0] * (width - len(table))))
     host_slots = tuple(slot_ids) if adapters else None
-    host = HostIndex(tuple(qsl), tuple(lens), tuple(slots), tuple(tables), host_slots)
+    host = HostIndex(tuple(qsl), tuple(lens), tuple(slots), tuple(tables), host_slots, tuple(rows))
     return StepInputs(
         token_ids=torch.tensor(ids, dtype=torch.int64),
         positions=torch.tensor(pos, dtype=torch.int64),

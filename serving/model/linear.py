@@ -18,7 +18,9 @@ from kernels import (
     fp8_linear,
     lora_bias_add,
     lora_expand,
+    lora_expand_planned,
     lora_shrink,
+    lora_shrink_planned,
     quantize_fp8,
 )
 
@@ -58,6 +60,7 @@ class LoraStacks:
     bias: tuple[torch.Tensor, ...] = ()
     dora: tuple[torch.Tensor, ...] = ()
     ranks: torch.Tensor | None = None  # [slices, slots] int32: each module's own rank
+    host_ranks: list[list[int]] | None = None  # the same as lists (the CPU path's loops)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ class StepLora:
     max_rank: int
     bias_rows: RowSet | None = None
     dora_rows: RowSet | None = None
+    host_scales: list[float] | None = None  # scales as floats (the CPU path's runs)
+    checked: bool = False  # LORASERVE_CHECKS=1: every layer checks its arguments as well
 
 
 def lora_linear(
@@ -91,10 +96,14 @@ def lora_linear(
     num = len(stacks.a)
     # Uninitialised: the expand reads only active rows and columns below each rank.
     t = torch.empty(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
-    a = list(stacks.a) if num > 1 else stacks.a[0]
-    lora_shrink(x, a, t if num > 1 else t[0], lora.segments, stacks.ranks)
-    b = list(stacks.b) if num > 1 else stacks.b[0]
-    lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales, stacks.ranks)
+    if lora.checked:  # the public ops: every argument checked, in every layer
+        a, b = (list(s) if num > 1 else s[0] for s in (stacks.a, stacks.b))
+        lora_shrink(x, a, t if num > 1 else t[0], lora.segments, stacks.ranks)
+        lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales, stacks.ranks)
+    else:  # checked once for the step (the segments' builder): nothing read back here
+        lora_shrink_planned(x, stacks.a, t, lora.segments, stacks.ranks, stacks.host_ranks)
+        lora_expand_planned(t, stacks.b, y, lora.segments, lora.scales, stacks.ranks,
+                            stacks.host_ranks, lora.host_scales)  # fmt: skip
     # lora_B's bias is part of the LoRA term, so DoRA's output scale covers it too.
     if lora.bias_rows is not None and stacks.bias:
         lora_bias_add(y, stacks.bias, lora.bias_rows.rows, lora.bias_rows.slots)

@@ -16,8 +16,8 @@ import torch
 
 from adapters.tensor_names import OUTER_LAYER
 from kernels import (
+    AttentionPlan,
     HostIndex,
-    build_segments,
     check_paged_attention,
     check_write_kv,
     checked_plan,
@@ -29,8 +29,6 @@ from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
     Linear,
     LinearPart,
-    LoraStacks,
-    RowSet,
     StepLora,
     concat_linears,
     lora_linear,
@@ -38,6 +36,7 @@ from serving.model.linear import (
 )
 from serving.model.outer import embedding_lora, own_token_logits, own_token_rows
 from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from serving.model.step_lora import layer_stacks, step_lora
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj")
 MLP_MODULES = ("gate_proj", "up_proj")
@@ -141,9 +140,22 @@ class LlamaModel:
         kv_caches: per layer (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
         slab: the adapter slab (lora_a/lora_b/scales/ranks), when any token has an adapter.
         """
-        c = self.config
         step = step.to(self.embed.device)
-        lora = self._step_lora(step, slab)
+        checks = os.environ.get("LORASERVE_CHECKS") == "1"
+        lora = self._step_lora(step, slab, checks)
+        # The step's batch is checked once and its attention metadata derived once, not in
+        # every layer (each check reads index tensors back from the device).
+        plan = checked_plan(kv_caches[0][0], step.block_tables, step.context_lens,
+                            step.query_start_loc, step.slot_mapping, step.host)  # fmt: skip
+        return self.forward_planned(step, kv_caches, slab, lora, plan, checks=checks)
+
+    def forward_planned(
+        self, step: StepInputs, kv_caches, slab, lora: StepLora | None, plan: AttentionPlan,
+        *, checks: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
+        """forward with the step's LoRA segments and attention plan given, already checked:
+        it reads nothing back from the device, so a CUDA graph can capture it."""
+        c = self.config
         h = self.embed[step.token_ids]  # [T, hidden]
         if lora is not None and slab.serves_outer("embed_tokens"):
             embedding_lora(h, step.token_ids, slab, lora)
@@ -152,14 +164,9 @@ class LlamaModel:
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        # The step's batch is checked once and its attention metadata derived once, not in
-        # every layer (each check reads index tensors back from the device).
-        plan = checked_plan(kv_caches[0][0], step.block_tables, step.context_lens,
-                            step.query_start_loc, step.slot_mapping, step.host)  # fmt: skip
-        checks = os.environ.get("LORASERVE_CHECKS") == "1"
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
-            qkv = lora_linear(x, layer.qkv, _stacks(slab, i, ATTN_MODULES, lora), lora)
+            qkv = lora_linear(x, layer.qkv, layer_stacks(slab, i, ATTN_MODULES, lora), lora)
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = apply_rope(q.reshape(-1, c.num_heads, c.head_dim), cos, sin)
             k = apply_rope(k.reshape(-1, c.num_kv_heads, c.head_dim), cos, sin)
@@ -172,19 +179,18 @@ class LlamaModel:
             write_kv_planned(k, v, k_cache, v_cache, plan.writes)
             attn = paged_attention_planned(q, k_cache, v_cache, plan, self.scale)  # [T, H, D]
             o = lora_linear(
-                attn.reshape(-1, q_size), layer.o, _stacks(slab, i, ("o_proj",), lora), lora
+                attn.reshape(-1, q_size), layer.o, layer_stacks(slab, i, ("o_proj",), lora), lora
             )
             h = h + o
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
-            gu = lora_linear(x, layer.gate_up, _stacks(slab, i, MLP_MODULES, lora), lora)
+            gu = lora_linear(x, layer.gate_up, layer_stacks(slab, i, MLP_MODULES, lora), lora)
             gate, up = gu.chunk(2, dim=-1)
             act = torch.nn.functional.silu(gate) * up
-            h = h + lora_linear(act, layer.down, _stacks(slab, i, ("down_proj",), lora), lora)
+            h = h + lora_linear(act, layer.down, layer_stacks(slab, i, ("down_proj",), lora), lora)
         out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)  # [K, hidden]
         if lora is not None and slab.serves_outer("lm_head"):
-            slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
-            head = _step_lora_of(slots, slab)
-            stacks = _stacks(slab, OUTER_LAYER, ("lm_head",), head)
+            head = self._head_lora(step, slab, lora.checked)
+            stacks = layer_stacks(slab, OUTER_LAYER, ("lm_head",), head)
             logits = lora_linear(out, self._head, stacks, head)
         else:
             logits = out @ self.lm_head.T  # [K, vocab]
@@ -206,11 +212,19 @@ class LlamaModel:
             for _ in self.layers
         ]
 
-    def _step_lora(self, step: StepInputs, slab) -> StepLora | None:
+    def _step_lora(self, step: StepInputs, slab, checked: bool) -> StepLora | None:
         if slab is None or step.adapter_slots is None:
             return None
         host = step.host.adapter_slots if step.host is not None else None
-        return _step_lora_of(step.adapter_slots, slab, host)
+        return step_lora(step.adapter_slots, slab, host, checked)
+
+    def _head_lora(self, step: StepInputs, slab, checked: bool) -> StepLora:
+        """The LoRA segments of the logits rows alone, which are all the LM head sees."""
+        slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
+        host = step.host
+        listed = host is not None and None not in (host.adapter_slots, host.logits_rows)
+        host_slots = [host.adapter_slots[r] for r in host.logits_rows] if listed else None
+        return step_lora(slots, slab, host_slots, checked)
 
     def served_weight(self, layer: int, module: str) -> torch.Tensor:
         """W [out, in] of (layer, module) as this model computes with it (FP8 dequantized)."""
@@ -233,40 +247,6 @@ class LlamaModel:
             "o_proj": ("o", 0, c.hidden_size), "gate_proj": ("gate_up", 0, inter),
             "up_proj": ("gate_up", inter, inter), "down_proj": ("down", 0, c.hidden_size),
         }[module]  # fmt: skip
-
-
-def _step_lora_of(slots: torch.Tensor, slab, host: tuple[int, ...] | None = None) -> StepLora:
-    """The segments of tokens in `slots` ([n], -1 = base only) and the rows needing extras;
-    host: slots as a list (grouped on the host then, with the slab's host ranks)."""
-    vectors = slab.vectors
-    ranks = (host, slab.host_ranks) if host is not None else None
-    return StepLora(
-        segments=build_segments(slots, slab.ranks, ranks), scales=slab.scales,
-        max_rank=slab.max_rank,
-        bias_rows=_rows(slots, vectors.has_bias) if vectors.num_bias else None,
-        dora_rows=_rows(slots, vectors.has_dora) if vectors.num_dora else None,
-    )  # fmt: skip
-
-
-def _rows(slots: torch.Tensor, flags: torch.Tensor) -> RowSet | None:
-    """The tokens whose slot is flagged; None when there is none (one host sync per step)."""
-    used = flags.index_select(0, slots.clamp(min=0).to(torch.int64)) & (slots >= 0)
-    rows = used.nonzero().squeeze(1)
-    if rows.numel() == 0:
-        return None
-    return RowSet(rows=rows, slots=slots.index_select(0, rows).to(torch.int64))
-
-
-def _stacks(slab, layer: int, modules, lora: StepLora | None) -> LoraStacks | None:
-    if lora is None:
-        return None
-    return LoraStacks(
-        a=tuple(slab.lora_a(layer, m) for m in modules),
-        b=tuple(slab.lora_b(layer, m) for m in modules),
-        bias=tuple(slab.lora_bias(layer, m) for m in modules) if lora.bias_rows else (),
-        dora=tuple(slab.lora_dora(layer, m) for m in modules) if lora.dora_rows else (),
-        ranks=slab.module_ranks(layer, modules),
-    )
 
 
 class _Weights:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from adapters.tensor_names import OUTER_LAYER
-from kernels import lora_expand
+from kernels import lora_expand, lora_expand_planned
 from serving.model.linear import StepLora
 
 
@@ -28,7 +28,12 @@ def embedding_lora(h: torch.Tensor, token_ids: torch.Tensor, slab, lora: StepLor
     tokens = lora.segments.token_order  # [num_active]
     t = torch.zeros(h.shape[0], slab.max_rank, dtype=torch.float32, device=h.device)
     t[tokens] = a[slots, :, token_ids.index_select(0, tokens)].to(torch.float32)
-    lora_expand(t, slab.lora_b(OUTER_LAYER, "embed_tokens"), h, lora.segments, lora.scales)
+    b = slab.lora_b(OUTER_LAYER, "embed_tokens")  # [slots, max_rank, hidden]
+    if lora.checked:
+        lora_expand(t, b, h, lora.segments, lora.scales)
+    else:
+        lora_expand_planned(t[None], (b,), h, lora.segments, lora.scales,
+                            host_scales=lora.host_scales)  # fmt: skip
 
 
 def own_token_rows(h: torch.Tensor, token_ids: torch.Tensor, slots: torch.Tensor, tokens) -> None:

@@ -39,7 +39,7 @@ def mixed_step(vocab: int):
     ], BLOCK)  # fmt: skip
 
 
-def reads_back(model, step, kv) -> int:
+def reads_back(model, step, kv, slab=None) -> int:
     counts = []
     saved = {name: getattr(torch.Tensor, name) for name in READS}
 
@@ -54,7 +54,7 @@ def reads_back(model, step, kv) -> int:
         setattr(torch.Tensor, name, counted(name))
     try:
         with torch.inference_mode():
-            model.forward(step, kv)
+            model.forward(step, kv, slab)
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)

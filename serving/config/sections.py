@@ -100,6 +100,9 @@ class ModelSection(_Section):
     quantization: Quant = Field("auto", description="auto = as the checkpoint is stored.")
     dtype: DType = Field("auto", description="auto = the checkpoint's torch_dtype.")
     max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens.")
+    cuda_graphs: bool = Field(
+        True, description="On a GPU, replay decode steps from CUDA graphs (no effect on a CPU)."
+    )
 
     @field_validator("id")
     @classmethod

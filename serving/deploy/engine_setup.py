@@ -90,6 +90,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
         block_size=cfg.cache.block_size,
         num_blocks=num_kv_blocks(cfg, models, device),
         enable_prefix_caching=cfg.cache.prefix_caching,
+        cuda_graphs=cfg.model.cuda_graphs,
         scheduler=SchedulerConfig(
             max_num_seqs=cfg.scheduler.max_num_seqs,
             max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,

@@ -23,7 +23,7 @@ from serving.engine.intake import Intake
 from serving.engine.kv_cache import BlockManager, prefix_key
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
-from serving.engine.runner import build_batch
+from serving.engine.runner import Forward, build_batch
 from serving.engine.sampler import RowFault, SamplingState, sample
 from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import SeqStatus, Sequence
@@ -43,6 +43,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int = 512
     enable_prefix_caching: bool = True
+    cuda_graphs: bool = True  # decode steps replay CUDA graphs when the model is on a GPU
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: SpecConfig = field(default_factory=SpecConfig)
 
@@ -64,7 +65,11 @@ class Engine:
         self.max_model_len = min(
             config.max_model_len, getattr(model, "max_context", config.max_model_len)
         )
-        self.kv = model.allocate_kv(config.num_blocks, config.block_size)
+        self.forward = Forward(
+            model, config.num_blocks, config.block_size, slab, cuda_graphs=config.cuda_graphs,
+            max_context=self.max_model_len, max_batch=config.scheduler.max_num_seqs,
+        )  # fmt: skip
+        self.kv = self.forward.kv
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
@@ -160,7 +165,7 @@ class Engine:
         start = time.perf_counter()
         try:
             with torch.inference_mode():
-                logits = self.model.forward(batch.inputs, self.kv, self.slab)
+                logits = self.forward(batch.inputs)
         except Exception:
             self._forward_failed(schedule.scheduled, drafts)
             return True

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from serving.engine.scheduler import Scheduled
 from serving.engine.step_plan import StepSeq, build_step
+from serving.model.decode_graphs import DecodeGraphs
 from serving.model.llama import StepInputs
 
 
@@ -53,3 +56,25 @@ def build_batch(
             sampled.append(item)
         num_rows += logits
     return Batch(build_step(seqs, block_size), sampled, first_rows)
+
+
+class Forward:
+    """The engine's forward: decode steps by CUDA graph replay where the graphs cover them
+    (on a GPU, with cuda_graphs), every other step eagerly."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, slab, *, cuda_graphs: bool,
+                 max_context: int, max_batch: int) -> None:  # fmt: skip
+        embed = getattr(model, "embed", None)
+        on_gpu = cuda_graphs and isinstance(embed, torch.Tensor) and embed.is_cuda
+        # The graphs' padding rows write their keys to one spare block past the managed ones.
+        self.kv = model.allocate_kv(num_blocks + int(on_gpu), block_size)
+        self.model, self.slab, self.graphs = model, slab, None
+        if on_gpu:
+            self.graphs = DecodeGraphs(model, self.kv, slab, scratch_block=num_blocks,
+                                       block_size=block_size, max_context=max_context,
+                                       max_batch=max_batch)  # fmt: skip
+
+    def __call__(self, inputs: StepInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.covers(inputs):
+            return self.graphs.forward(inputs)
+        return self.model.forward(inputs, self.kv, self.slab)

@@ -1,6 +1,7 @@
 """Compute kernels: segmented-gather LoRA ops, FP8 linears and paged attention. Imports nothing else of loraserve."""
 
 from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
+from kernels.device_tables import upload
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_ops import lora_expand, lora_expand_planned, lora_shrink, lora_shrink_planned
 from kernels.lora_rows import dora_rescale, lora_bias_add
@@ -32,6 +33,7 @@ __all__ = [
     "paged_attention",
     "paged_attention_planned",
     "quantize_fp8",
+    "upload",
     "write_kv",
     "write_kv_planned",
 ]

@@ -13,6 +13,13 @@ from functools import lru_cache
 import torch
 
 
+def upload(t: torch.Tensor, device) -> torch.Tensor:
+    """t (a CPU tensor) on device; onto a GPU from pinned memory, so the host does not wait."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def device_table(values: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.tensor(values, dtype, device), cached by content."""
     return _cached(values, dtype, str(device))
@@ -20,4 +27,4 @@ def device_table(values: tuple[int, ...], dtype: torch.dtype, device: torch.devi
 
 @lru_cache(maxsize=1024)
 def _cached(values: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
+    return upload(torch.tensor(values, dtype=dtype), device)

@@ -23,11 +23,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
 from kernels.cpu_plan import CpuPlan, plan_cpu
+from kernels.device_tables import upload
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _from_host(slots: Sequence[int], ranks: Sequence[int], device) -> Segments:
         seg_starts.append(seg_starts[-1] + len(list(run)))
     seg_ranks = [ranks[slot] for slot in seg_slots]
     counts = [b - a for a, b in itertools.pairwise(seg_starts)]
-    tensor = partial(torch.tensor, device=device)
+    tensor = lambda values, dtype: upload(torch.tensor(values, dtype=dtype), device)  # noqa: E731
     token_order = tensor(order, dtype=torch.int64)
     as_int32 = [
         tensor(x, dtype=torch.int32) for x in (token_slots, seg_starts, seg_slots, seg_ranks)

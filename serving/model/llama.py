@@ -22,6 +22,7 @@ from kernels import (
     check_write_kv,
     checked_plan,
     paged_attention_planned,
+    upload,
     write_kv_planned,
 )
 from serving.model.errors import ModelLoadError
@@ -60,9 +61,8 @@ class StepInputs:
         """The same step with every tensor on device (built on the CPU, run where the weights are)."""
         if self.token_ids.device == device:
             return self
-        moved = {
-            k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()
-        }
+        moved = {k: upload(v, device) if isinstance(v, torch.Tensor) else v
+                 for k, v in vars(self).items()}  # fmt: skip
         return StepInputs(**moved)
 
 

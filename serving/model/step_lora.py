@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from kernels import build_segments
+from kernels import build_segments, upload
 from serving.model.linear import LoraStacks, RowSet, StepLora
 
 
@@ -40,8 +40,8 @@ def _rows(slots: torch.Tensor, host, flags: torch.Tensor, host_flags) -> RowSet 
         picked = [t for t, s in enumerate(host) if s >= 0 and host_flags[s]]
         if not picked:
             return None
-        rows = torch.tensor(picked, dtype=torch.int64).to(slots.device)
-        return RowSet(rows=rows, slots=torch.tensor([host[t] for t in picked]).to(slots.device))
+        as_long = lambda values: upload(torch.tensor(values, dtype=torch.int64), slots.device)  # noqa: E731
+        return RowSet(rows=as_long(picked), slots=as_long([host[t] for t in picked]))
     used = flags.index_select(0, slots.clamp(min=0).to(torch.int64)) & (slots >= 0)
     rows = used.nonzero().squeeze(1)
     if rows.numel() == 0:

@@ -78,4 +78,4 @@ def test_the_planned_ops_give_what_the_checked_ops_give(setup, monkeypatch, vari
             out.append(run(model, slab, step, kv))
         logits[label] = out
     for got, want in zip(logits["planned"], logits[variant]):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -10,6 +10,8 @@ Rows:
                and against a dense bf16 matmul of the same FLOPs (target: <= 1.5x floor on decode)
   fp8 linear   torch._scaled_mm FP8 against a bf16 matmul of the same shape
   decode step  an 8B-shaped model (random weights), FP8 against bf16, batch 1-32 (target <= 0.65x)
+  cuda graphs  a 1B-shaped FP8 decode step replayed from CUDA graphs against eager, batch 1-32,
+               and 32 adapters against base-only with graphs (target >= 0.85x throughput)
   speculative  verifying k + 1 rows against one decode step, and the 1B draft's cost ratio c
   engine       the demo kit served by the engine on CUDA equals the CPU's greedy tokens
   structured   constrained decoding on the device against free (batch 32), outputs validated
@@ -32,6 +34,7 @@ GPU_TESTS = (
     "tests/kernels/test_lora_triton.py",
     "tests/kernels/test_paged_attention.py",
     "tests/kernels/test_fp8.py",
+    "tests/serving/model/test_graphs_gpu.py",
 )
 
 
@@ -50,6 +53,7 @@ def main() -> None:
 
     from bench.gpu_checks import correctness_rows, fp8_rows, lora_rows
     from bench.gpu_engine import engine_rows
+    from bench.gpu_graphs import graph_rows
     from bench.gpu_model import model_rows
     from bench.gpu_spec import spec_rows
     from bench.gpu_structured import structured_rows
@@ -59,8 +63,8 @@ def main() -> None:
     )
     print("| check | shape | result | ratio | target | ok |")
     print("|---|---|---|---:|---|:-:|")
-    sections = [correctness_rows, lora_rows, fp8_rows, model_rows, spec_rows, engine_rows,
-                structured_rows]  # fmt: skip
+    sections = [correctness_rows, lora_rows, fp8_rows, model_rows, graph_rows, spec_rows,
+                engine_rows, structured_rows]  # fmt: skip
     failed = total = 0
     for section in sections:
         # Print each section as it lands: a timeout or a crash later keeps what ran before.

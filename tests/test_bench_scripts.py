@@ -23,6 +23,7 @@ def test_gpu_all_dry_run_checks_the_triton_kernels():
     assert len(rows) == 2 and all(line.endswith("| yes |") for line in rows), out
     assert "fp8 linear vs float64" in out
     assert "| structured output |" in out and "2/2 outputs validate" in out, out
+    assert out.count("| decode step graphs / eager |") == 2, out
 
 
 @pytest.mark.slow

@@ -7,13 +7,14 @@ Per distinct rank, one `RankGroup`, run in one of three ways:
     out to the CPU threads, since MKL runs such thin matmuls on one core;
   - padded (decode, adapters about equally busy): the group's slots are one
     range of the slab and each gets a bucket of `bucket` tokens, so the
-    shrink is one batched matmul over that slab range (`bmm`, all cores);
+    shrink and the expand are each one batched matmul per slice over that
+    slab range (`bmm`), with one gather and one scatter for all slices;
   - grouped (anything else): `grouped_mm` over `Part`s of at most
     PART_TOKENS sorted tokens; parts keep temporaries small, so they come
     from the allocator's heap instead of being page-faulted in on each call.
-Outside the in-place groups the expand is one `embedding_bag` over the whole
-step: token t's bag is rows slot*max_rank + [0, rank) of B viewed as a table,
-weighted by t's shrink output (see `Bags`).
+The grouped groups' expand is one `embedding_bag` over the whole step: token
+t's bag is rows slot*max_rank + [0, rank) of B viewed as a table, weighted by
+t's shrink output (see `Bags`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class Padded:
     bucket: int
     positions: torch.Tensor  # [group tokens] int64
     dense: bool
+    rows: torch.Tensor  # [group tokens] int64: the tokens, in sorted order
+    slots: tuple[int, ...]  # the group's distinct slots
+    row_slots: torch.Tensor  # [(end_slot - first_slot) * bucket] int64: the slot of each row
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class RankGroup:
 
 @dataclass(frozen=True)
 class Bags:
-    """The expand of every token outside the in-place groups, as one embedding_bag.
+    """The expand of every token of the grouped groups, as one embedding_bag.
 
     Element e of the flat bag list is row elem_row[e] of slot elem_slot[e],
     weighted by t[elem_token[e], elem_row[e]]; bag i starts at offsets[i].
@@ -114,7 +118,7 @@ class Bags:
 @dataclass(frozen=True)
 class CpuPlan:
     groups: tuple[RankGroup, ...]
-    bags: Bags | None  # None when every group runs in place
+    bags: Bags | None  # None when no group runs grouped
 
 
 def plan_cpu(
@@ -145,7 +149,7 @@ def plan_cpu(
         if runs_ok and end - start >= MIN_RUN_FOR_IN_PLACE * size:
             runs = _deal_runs(g_slots, firsts[lo:hi], g_bounds, num_threads)
         else:
-            padded = _padded(g_slots, g_counts)
+            padded = _padded(g_slots, g_counts, token_order[start:end])
             if padded is None:
                 parts = _parts(start, end, g_slots, g_counts)
         groups.append(RankGroup(rank, start, end, runs, padded, parts))
@@ -153,14 +157,15 @@ def plan_cpu(
     return CpuPlan(groups=tuple(groups), bags=_bags(token_order, token_slots, groups))
 
 
-def _padded(slots: list[int], counts: list[int]) -> Padded | None:
+def _padded(slots: list[int], counts: list[int], rows: torch.Tensor) -> Padded | None:
     first, end = slots[0], slots[-1] + 1
     bucket = max(counts)
     if sum(counts) > MAX_PADDED_TOKENS or bucket * (end - first) > MAX_PADDING * sum(counts):
         return None
     positions = [(s - first) * bucket + k for s, c in zip(slots, counts) for k in range(c)]
     dense = len(positions) == bucket * (end - first)
-    return Padded(first, end, bucket, torch.tensor(positions), dense)
+    row_slots = torch.arange(first, end).repeat_interleave(bucket)
+    return Padded(first, end, bucket, torch.tensor(positions), dense, rows, tuple(slots), row_slots)
 
 
 def _parts(start: int, end: int, slots: list[int], counts: list[int]) -> tuple[Part, ...]:
@@ -198,7 +203,7 @@ def _deal_runs(slots, firsts, bounds, num_threads) -> tuple[tuple[Run, ...], ...
 
 
 def _bags(token_order, token_slots, groups) -> Bags | None:
-    picked = [(g.start, g.end, g.rank) for g in groups if not g.in_place]
+    picked = [(g.start, g.end, g.rank) for g in groups if g.parts]
     if not picked:
         return None
     num_elems = sum((b - a) * r for a, b, r in picked)

@@ -1,11 +1,11 @@
 """The LoRA ops in plain torch: the path the CPU (and the CPU demo) runs.
 
 A rank group (see kernels/cpu_plan.py for which way when) runs in place, one
-matmul per long run of adjacent tokens; or its shrink is one `bmm` over a
-range of the slab (padded buckets) or `grouped_mm` over the slab, and its
-expand one `embedding_bag` with B as the table. There is never a copy of
-adapter weights, and a rank-r adapter reads only the first r rows of its slot
-(`A[:, :r]` is a strided view).
+matmul per long run of adjacent tokens; or padded, its shrink and expand each
+one `bmm` per slice over a range of the slab; or grouped, its shrink
+`grouped_mm` over the slab and its expand one `embedding_bag` with B as the
+table. There is never a copy of adapter weights, and a rank-r adapter reads
+only the first r rows of its slot (`A[:, :r]` is a strided view).
 
 `grouped_mm` needs 16-byte aligned strides. Real models' widths are multiples
 of 64; for any other width the same arithmetic runs as a loop over segments.
@@ -56,7 +56,7 @@ def lora_shrink_torch(
 
             _run_parts(runs_shrink, group.runs)
         elif group.padded is not None:
-            _shrink_padded(x, lora_a, out, order[group.start : group.end], group.padded, r)
+            _shrink_padded(x, lora_a, out, group.padded, r)
         else:
             for part in group.parts:
                 rows = order[part.start : part.end]
@@ -68,21 +68,25 @@ def lora_shrink_torch(
                     out[s, :, :r].index_copy_(0, rows, t.to(out.dtype))
 
 
-def _shrink_padded(x, lora_a, out, rows, padded: Padded, r: int) -> None:
-    """One bmm over slab[first_slot:end_slot]: slot i multiplies bucket i of the padded tokens."""
+def _shrink_padded(x, lora_a, out, padded: Padded, r: int) -> None:
+    """One bmm per slice over slab[first_slot:end_slot]: slot i multiplies bucket i of the rows."""
     num = padded.end_slot - padded.first_slot
+    rows = padded.rows
     if padded.dense:  # no padding: the rows are the sorted tokens
         xp = x.index_select(0, rows)
     else:
         xp = x.new_zeros(num * padded.bucket, x.shape[1])
         xp.index_copy_(0, padded.positions, x.index_select(0, rows))
     xp = xp.view(num, padded.bucket, x.shape[1])  # [slots in range, bucket, hidden]
+    # Every slice into one buffer, so the scatter into `out` is one op for all of them.
+    t = x.new_empty(len(lora_a), num, padded.bucket, r)
     for s, a in enumerate(lora_a):
         a_t = a[padded.first_slot : padded.end_slot, :r].transpose(1, 2)  # [slots, hidden, r]
-        t = torch.bmm(xp, a_t).view(num * padded.bucket, r)
-        if not padded.dense:
-            t = t.index_select(0, padded.positions)
-        out[s, :, :r].index_copy_(0, rows, t.to(out.dtype))
+        torch.bmm(xp, a_t, out=t[s])
+    t = t.view(len(lora_a), num * padded.bucket, r)
+    if not padded.dense:
+        t = t.index_select(1, padded.positions)
+    out[:, :, :r].index_copy_(1, rows, t if t.dtype == out.dtype else t.to(out.dtype))
 
 
 def lora_expand_torch(
@@ -117,8 +121,41 @@ def lora_expand_torch(
                     y[rows, columns[s]].addmm_(ts, b[run.slot, :rs], alpha=host_scales[run.slot])
 
         _run_parts(runs_expand, group.runs)
+    for group in plan.groups:
+        if group.padded is not None:
+            _expand_padded(t, lora_b, y, group.padded, group.rank, scales, host_scales)
     if plan.bags is not None:
         _expand_bags(t, lora_b, y, plan.bags, scales, columns)
+
+
+def _expand_padded(t, lora_b, y, padded: Padded, r: int, scales, host_scales) -> None:
+    """The shrink's layout again: one bmm per slice, then one index_add_ of every slice."""
+    num, bucket = padded.end_slot - padded.first_slot, padded.bucket
+    rows = padded.rows
+    ts = t[:, :, :r].index_select(1, rows)  # [slices, group tokens, r]
+    if not padded.dense:
+        tp = ts.new_zeros(len(lora_b), num * bucket, r)
+        ts = tp.index_copy_(1, padded.positions, ts)
+    # One scale for every slot of the group (the common case): applied by index_add_.
+    alpha = 1.0
+    picked = None if host_scales is None else {host_scales[s] for s in padded.slots}
+    if picked is not None and len(picked) == 1:
+        alpha = picked.pop()
+    else:  # padding rows read slots with no token; their rows of ts are 0
+        ts = ts * scales.to(ts.dtype).index_select(0, padded.row_slots).view(1, -1, 1)
+    b_dtype = lora_b[0].dtype
+    if ts.dtype != b_dtype:
+        ts = ts.to(b_dtype)
+    deltas = []
+    for s, b in enumerate(lora_b):
+        d = torch.bmm(ts[s].view(num, bucket, r), b[padded.first_slot : padded.end_slot, :r])
+        deltas.append(d.view(num * bucket, b.shape[2]))
+    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 1)  # [rows, sum(out_s)]
+    if not padded.dense:
+        delta = delta.index_select(0, padded.positions)
+    if delta.dtype != y.dtype:
+        delta = delta.to(y.dtype)
+    y.index_add_(0, rows, delta, alpha=alpha)
 
 
 def _expand_bags(t, lora_b, y, bags: Bags, scales, columns) -> None:

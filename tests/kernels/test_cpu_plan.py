@@ -30,13 +30,25 @@ def test_decode_groups_are_padded_per_rank():
 
 
 def test_bags_table():
-    p = plan([1, -1, 0, 1], [3, 2])  # slot 1 has rank 2, slot 0 rank 3
+    """Only the grouped ways expand through the bags; the padded ones expand by bmm."""
+    # rank 3: slot 0 (padded); rank 2: slots 1 (5 tokens) and 3 (1), too uneven to pad
+    p = plan([1, -1, 0, 1, 1, 3, 1, 1], [3, 2, 3, 2])
+    assert [bool(g.parts) for g in p.groups] == [True, False]
     b = p.bags
-    assert b.tokens.tolist() == [0, 3, 2]
-    assert b.offsets.tolist() == [0, 2, 4]
-    assert b.elem_token.tolist() == [0, 0, 3, 3, 2, 2, 2]
-    assert b.elem_slot.tolist() == [1, 1, 1, 1, 0, 0, 0]
-    assert b.elem_row.tolist() == [0, 1, 0, 1, 0, 1, 2]
+    assert b.tokens.tolist() == [0, 3, 4, 6, 7, 5]
+    assert b.offsets.tolist() == [0, 2, 4, 6, 8, 10]
+    assert b.elem_token.tolist() == [0, 0, 3, 3, 4, 4, 6, 6, 7, 7, 5, 5]
+    assert b.elem_slot.tolist() == [1] * 10 + [3, 3]
+    assert b.elem_row.tolist() == [0, 1] * 6
+
+
+def test_padded_rows_and_slots():
+    p = plan([2, 0, 2, -1, 0], [4, 4, 4])
+    (group,) = p.groups
+    assert p.bags is None
+    assert group.padded.rows.tolist() == [1, 4, 0, 2]  # sorted by slot, stable
+    assert group.padded.slots == (0, 2)
+    assert group.padded.row_slots.tolist() == [0, 0, 1, 1, 2, 2]  # slot of each padded row
 
 
 def test_unbalanced_groups_take_grouped_parts():

@@ -10,12 +10,15 @@ Given the step's host lists, both are built without reading anything back from t
 
 from __future__ import annotations
 
+import weakref
 from functools import partial
 
 import torch
 
 from kernels import build_segments, upload
 from serving.model.linear import LoraStacks, RowSet, StepLora
+
+_made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # slab -> {key: LoraStacks}
 
 
 def step_lora(slots: torch.Tensor, slab, host=None, checked=False) -> StepLora:
@@ -50,8 +53,22 @@ def _rows(slots: torch.Tensor, host, flags: torch.Tensor, host_flags) -> RowSet 
 
 
 def layer_stacks(slab, layer: int, modules, lora: StepLora | None) -> LoraStacks | None:
+    """The stacks of (layer, modules) in slab, made once: the slab's tensors never move, its
+    module ranks are views of tables updated in place, and its host ranks are lists
+    updated in place, so one LoraStacks serves every step."""
     if lora is None:
         return None
+    key = (layer, tuple(modules), lora.bias_rows is not None, lora.dora_rows is not None)
+    made = _made.setdefault(slab, {})
+    stacks = made.get(key)
+    if stacks is None:
+        stacks = _stacks(slab, layer, modules, lora)
+        if stacks.ranks is None or stacks.ranks._base is not None:  # a copy would go stale
+            made[key] = stacks
+    return stacks
+
+
+def _stacks(slab, layer: int, modules, lora: StepLora) -> LoraStacks:
     return LoraStacks(
         a=tuple(slab.lora_a(layer, m) for m in modules),
         b=tuple(slab.lora_b(layer, m) for m in modules),

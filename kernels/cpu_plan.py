@@ -62,6 +62,7 @@ class Padded:
     rows: torch.Tensor  # [group tokens] int64: the tokens, in sorted order
     slots: tuple[int, ...]  # the group's distinct slots
     row_slots: torch.Tensor  # [(end_slot - first_slot) * bucket] int64: the slot of each row
+    bucket_rows: torch.Tensor | None  # rows viewed [slots in range, bucket], when dense
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,10 @@ def _padded(slots: list[int], counts: list[int], rows: torch.Tensor) -> Padded |
     positions = [(s - first) * bucket + k for s, c in zip(slots, counts) for k in range(c)]
     dense = len(positions) == bucket * (end - first)
     row_slots = torch.arange(first, end).repeat_interleave(bucket)
-    return Padded(first, end, bucket, torch.tensor(positions), dense, rows, tuple(slots), row_slots)
+    grid = rows.view(end - first, bucket) if dense else None
+    return Padded(
+        first, end, bucket, torch.tensor(positions), dense, rows, tuple(slots), row_slots, grid
+    )
 
 
 def _parts(start: int, end: int, slots: list[int], counts: list[int]) -> tuple[Part, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from operator import itemgetter
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +73,7 @@ def _shrink_padded(x, lora_a, out, padded: Padded, r: int) -> None:
     """One bmm per slice over slab[first_slot:end_slot]: slot i multiplies bucket i of the rows."""
     num, bucket = padded.end_slot - padded.first_slot, padded.bucket
     if padded.dense:  # no padding: the rows are the sorted tokens, gathered in one op
-        xp = torch.embedding(x, padded.rows.view(num, bucket))
+        xp = torch.embedding(x, padded.bucket_rows)
     else:
         xp = x.new_zeros(num * bucket, x.shape[1])
         xp.index_copy_(0, padded.positions, x.index_select(0, padded.rows))
@@ -136,31 +137,39 @@ def lora_expand_torch(
 
 def _expand_padded(t, lora_b, y, padded: Padded, r: int, scales, host_scales) -> None:
     """The shrink's layout again: one bmm per slice, then one index_add_ of every slice."""
-    num, bucket = padded.end_slot - padded.first_slot, padded.bucket
-    ts = t[:, :, :r].index_select(1, padded.rows)  # [slices, group tokens, r]
-    if not padded.dense:
-        tp = ts.new_zeros(len(lora_b), num * bucket, r)
-        ts = tp.index_copy_(1, padded.positions, ts)
+    num, bucket, n = padded.end_slot - padded.first_slot, padded.bucket, len(lora_b)
+    if padded.dense:  # [slices, slots in range, bucket, r] in one gather
+        ts = t[:, padded.bucket_rows, :r]
+    else:
+        tg = t[:, :, :r].index_select(1, padded.rows)  # [slices, group tokens, r]
+        ts = tg.new_zeros(n, num * bucket, r).index_copy_(1, padded.positions, tg)
+        ts = ts.view(n, num, bucket, r)
     # One scale for every slot of the group (the common case): applied by index_add_.
-    alpha = 1.0
-    picked = None if host_scales is None else {host_scales[s] for s in padded.slots}
-    if picked is not None and len(picked) == 1:
-        alpha = picked.pop()
-    else:  # padding rows read slots with no token; their rows of ts are 0
-        ts = ts * scales.to(ts.dtype).index_select(0, padded.row_slots).view(1, -1, 1)
+    alpha = _one_scale(padded.slots, host_scales)
+    if alpha is None:  # padding rows read slots with no token; their rows of ts are 0
+        alpha = 1.0
+        ts = ts * scales.to(ts.dtype).index_select(0, padded.row_slots).view(1, num, bucket, 1)
     if ts.dtype != lora_b[0].dtype:
         ts = ts.to(lora_b[0].dtype)
     deltas = [
         torch.bmm(tb, _slab_range(b, padded, r, transpose=False))  # [slots, bucket, out_s]
-        for b, tb in zip(lora_b, ts.view(len(lora_b), num, bucket, r).unbind(0))
+        for b, tb in zip(lora_b, ts.unbind(0))
     ]
-    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 2)
+    delta = deltas[0] if n == 1 else torch.cat(deltas, 2)
     delta = delta.view(num * bucket, delta.shape[2])  # [rows, sum(out_s)]
     if not padded.dense:
         delta = delta.index_select(0, padded.positions)
     if delta.dtype != y.dtype:
         delta = delta.to(y.dtype)
     y.index_add_(0, padded.rows, delta, alpha=alpha)
+
+
+def _one_scale(slots: tuple[int, ...], host_scales: list[float] | None) -> float | None:
+    """The scale every one of slots has, if they have one and the caller gave the scales."""
+    if host_scales is None:
+        return None
+    picked = set(itemgetter(*slots)(host_scales)) if len(slots) > 1 else {host_scales[slots[0]]}
+    return picked.pop() if len(picked) == 1 else None
 
 
 def _expand_bags(t, lora_b, y, bags: Bags, scales, columns) -> None:

@@ -34,7 +34,7 @@ class ShortBatch:
     """The short queries' padded batch (torch path): S sequences, W queries, L keys each."""
 
     table: torch.Tensor  # [S, L / block_size] int64 block ids, clamped into the cache
-    live: torch.Tensor  # [S, L] bool, keys inside each context
+    stale: torch.Tensor  # [n] int64, the keys past each context, flat in [S * L]
     rows: torch.Tensor  # [S, W] int64 query rows (padding repeats a sequence's first row)
     valid: torch.Tensor  # [S, W] bool, real queries
     mask: torch.Tensor  # [S, 1, W, L] bool, causal: query i of seq s sees keys <= its position
@@ -111,7 +111,8 @@ def _short_batch(block_tables, starts, lens, picked, block_size, num_blocks) -> 
     rows = torch.tensor([starts[s] for s in picked], device=device)[:, None] + i  # [S, W]
     rows = torch.where(valid, rows, rows[:, :1])
     mask = keys[None, None, :] <= pos[:, :, None]  # [S, W, L]
-    return ShortBatch(table, live, rows, valid, mask[:, None], rows[valid])
+    stale = (~live).flatten().nonzero().squeeze(1)  # the CPU's own memory: no device sync
+    return ShortBatch(table, stale, rows, valid, mask[:, None], rows[valid])
 
 
 def write_kv_planned(k, v, k_cache, v_cache, writes: KVWrites) -> None:
@@ -149,8 +150,8 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
     b = plan.short
     if b is not None:  # decodes and verifications: one padded, batched SDPA call
-        k = _gather_padded(k_cache, b.table, b.live, compute)  # (S, Hkv, L, D)
-        v = _gather_padded(v_cache, b.table, b.live, compute)
+        k = _gather_padded(k_cache, b.table, b.stale, compute)  # (S, Hkv, L, D)
+        v = _gather_padded(v_cache, b.table, b.stale, compute)
         o = _attend_grouped(q[b.rows].to(compute), k, v, b.mask, scale)  # (S, W, H, D)
         out[b.out_rows] = o[b.valid].to(q.dtype)
     starts, lens = plan.starts, plan.lens
@@ -193,9 +194,11 @@ def _gather_one(cache, blocks, ctx, compute):
     return kv.transpose(0, 1)
 
 
-def _gather_padded(cache, table, live, compute):
+def _gather_padded(cache, table, stale, compute):
     """Padded contexts of several sequences, zero past each one: (S, Hkv, L, D)."""
     kv = cache[table].flatten(1, 2).to(compute)  # (S, L, Hkv, D), a fresh copy
-    # Zeroed, not just masked: a NaN in a stale slot would reach the output as 0 * NaN.
-    kv.masked_fill_(~live[:, :, None, None], 0.0)
+    # Zeroed, not just masked: a NaN in a stale slot would reach the output as 0 * NaN. Only
+    # the stale keys are written, not the whole copy again.
+    if stale.numel():
+        kv.view(-1, *kv.shape[2:]).index_fill_(0, stale, 0.0)
     return kv.transpose(1, 2)

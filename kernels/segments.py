@@ -115,8 +115,9 @@ def build_segments(
     )
 
 
-def _from_host(slots: Sequence[int], ranks: Sequence[int], device) -> Segments:
-    """build_segments from the host lists: the same tensors, made on device."""
+def group_slots(slots: Sequence[int], ranks: Sequence[int]) -> tuple[list[int], ...]:
+    """build_segments' grouping on the host, as lists: (token_order, token_slots, seg_starts,
+    seg_slots, seg_ranks), for callers that lay them out themselves."""
     active = [t for t, slot in enumerate(slots) if slot >= 0]
     empty = next((slots[t] for t in active if ranks[slots[t]] < 1), None)
     if empty is not None:
@@ -129,7 +130,12 @@ def _from_host(slots: Sequence[int], ranks: Sequence[int], device) -> Segments:
     for slot, run in itertools.groupby(token_slots):
         seg_slots.append(slot)
         seg_starts.append(seg_starts[-1] + len(list(run)))
-    seg_ranks = [ranks[slot] for slot in seg_slots]
+    return order, token_slots, seg_starts, seg_slots, [ranks[slot] for slot in seg_slots]
+
+
+def _from_host(slots: Sequence[int], ranks: Sequence[int], device) -> Segments:
+    """build_segments from the host lists: the same tensors, made on device."""
+    order, token_slots, seg_starts, seg_slots, seg_ranks = group_slots(slots, ranks)
     counts = [b - a for a, b in itertools.pairwise(seg_starts)]
     tensor = lambda values, dtype: upload(torch.tensor(values, dtype=dtype), device)  # noqa: E731
     token_order = tensor(order, dtype=torch.int64)

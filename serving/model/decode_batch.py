@@ -16,7 +16,6 @@ programs for them return at once; the grids are sized by `size`, a bound known o
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import torch
 
 from kernels import HostIndex, Segments
 from kernels.attention_plan import AttentionPlan, KVWrites
+from kernels.segments import group_slots
 
 FIELDS = ("ids", "positions", "slots", "context_lens", "query_starts", "adapter_slots",
           "token_order", "token_slots", "seg_starts", "seg_slots", "seg_ranks")  # fmt: skip
@@ -93,22 +93,18 @@ def padded_values(
 
 def _segments(slots: list[int], ranks: Sequence[int] | None, size: int) -> dict[str, list[int]]:
     """build_segments' grouping of slots, padded: empty segments of rank 0 past the real ones."""
-    active = [t for t, s in enumerate(slots) if s >= 0]
-    if active and ranks is None:
-        raise ValueError("adapter slots are given but there is no slab")
-    order = sorted(active, key=lambda t: (ranks[slots[t]], slots[t]))
-    token_slots = [slots[t] for t in order]
-    seg_slots, starts = [], [0]
-    for slot, run in itertools.groupby(token_slots):
-        seg_slots.append(slot)
-        starts.append(starts[-1] + len(list(run)))
+    if ranks is None:
+        if max(slots, default=-1) >= 0:
+            raise ValueError("adapter slots are given but there is no slab")
+        ranks = ()
+    order, token_slots, starts, seg_slots, seg_ranks = group_slots(slots, ranks)
     num = len(seg_slots)
     return {
         "token_order": order + [0] * (size - len(order)),
         "token_slots": token_slots + [0] * (size - len(order)),
         "seg_starts": starts + [starts[-1]] * (size - num),
         "seg_slots": seg_slots + [0] * (size - num),
-        "seg_ranks": [ranks[s] for s in seg_slots] + [0] * (size - num),
+        "seg_ranks": seg_ranks + [0] * (size - num),
     }
 
 

@@ -150,7 +150,10 @@ class _StopSignals:
         self._previous.setdefault(signum, previous)
 
     def _on_signal(self, signum, frame) -> None:
-        self.requested.set()
+        # Set from another thread: the handler runs in the main thread, which may hold the
+        # event's lock at that moment (Event.wait retakes it on each timeout), and set()
+        # here would then wait on that lock forever.
+        threading.Thread(target=self.requested.set, daemon=True).start()
         # A second Ctrl-C, while starting or draining, stops at once.
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -1,6 +1,7 @@
-"""Compute kernels: segmented-gather LoRA ops, FP8 linears and paged attention. Imports nothing else of loraserve."""
+"""Compute kernels: segmented-gather LoRA ops, FP8 and prepacked CPU linears, paged attention. Imports nothing else of loraserve."""
 
 from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
+from kernels.cpu_gemm import pack_weight, packed_linear
 from kernels.device_tables import upload
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_ops import lora_expand, lora_expand_planned, lora_shrink, lora_shrink_planned
@@ -30,6 +31,8 @@ __all__ = [
     "lora_expand_planned",
     "lora_shrink",
     "lora_shrink_planned",
+    "pack_weight",
+    "packed_linear",
     "paged_attention",
     "paged_attention_planned",
     "quantize_fp8",

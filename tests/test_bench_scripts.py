@@ -32,6 +32,11 @@ def test_kernels_bench_quick():
     assert out.count("\n| 64 | 2048 |") == 3, out
 
 
+def test_cpu_gemm_bench_quick():
+    out = _run("bench.cpu_gemm", "--quick")
+    assert out.count("| medium ") == 4 and out.count("x |") == 4, out
+
+
 @pytest.mark.slow
 def test_adapters_bench():
     out = _run("bench.adapters")

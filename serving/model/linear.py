@@ -21,6 +21,8 @@ from kernels import (
     lora_expand_planned,
     lora_shrink,
     lora_shrink_planned,
+    pack_weight,
+    packed_linear,
     quantize_fp8,
 )
 
@@ -32,11 +34,12 @@ class Linear:
     weight: torch.Tensor  # [out, in]: the dtype of the model, or float8_e4m3fn
     scale: torch.Tensor | None  # [out] float32 when weight is FP8
     bias: torch.Tensor | None  # [out]
+    packed: torch.Tensor | None = None  # the weight prepacked for the CPU (kernels.cpu_gemm)
 
     @staticmethod
     def make(weight: torch.Tensor, bias: torch.Tensor | None, *, fp8: bool) -> Linear:
         if not fp8:
-            return Linear(weight, None, bias)
+            return Linear(weight, None, bias, pack_weight(weight))
         w_q, scale = quantize_fp8(weight)
         return Linear(w_q, scale, bias)
 
@@ -47,6 +50,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale is not None:
             return fp8_linear(x, self.weight, self.scale, self.bias)
+        if self.packed is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            return packed_linear(x, self.weight, self.packed, self.bias)
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 

@@ -89,7 +89,7 @@ class LlamaModel:
         tied = config.tie_word_embeddings or "lm_head.weight" not in state
         self.lm_head = self.embed if tied else get("lm_head.weight", vocab_hidden)
         self.layers = [self._layer(get, i, fp8) for i in range(config.num_layers)]
-        self._head = Linear(self.lm_head, None, None)  # the LM head as a LoRA-able linear
+        self._head = Linear.make(self.lm_head, None, fp8=False)  # the LM head, LoRA-able
         # [D/2] beside the weights: positions arrive on their device, and cos/sin are made there
         self.inv_freq = rope_inv_freq(config).to(self.embed.device)
         self.rope_factor = rope_attention_factor(config)  # yarn scales cos/sin; 1.0 otherwise
@@ -193,7 +193,7 @@ class LlamaModel:
             stacks = layer_stacks(slab, OUTER_LAYER, ("lm_head",), head)
             logits = lora_linear(out, self._head, stacks, head)
         else:
-            logits = out @ self.lm_head.T  # [K, vocab]
+            logits = self._head(out)  # [K, vocab]
         if lora is not None and slab.tokens.count and self.lm_head is self.embed:
             slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
             own_token_logits(logits, out, slots, slab.tokens, self.embed)

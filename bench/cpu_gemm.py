@@ -1,0 +1,65 @@
+"""The model's CPU linear: plain torch (MKL, re-blocking the weight per call) against the weight
+prepacked once for oneDNN (kernels.cpu_gemm), side by side, float32.
+
+    python -m bench.cpu_gemm [--quick]
+
+Shapes are the bench models' projections (bench/engine.py): medium (hidden 768, fused q|k|v
+1280, gate|up 4096, down 2048 -> 768, LM head 8192) and tiny (hidden 256).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.timing import interleaved_seconds, machine
+from kernels import pack_weight, packed_linear
+
+SHAPES = {  # (in, out)
+    "medium q|k|v": (768, 1280),
+    "medium gate|up": (768, 4096),
+    "medium down": (2048, 768),
+    "medium LM head": (768, 8192),
+    "tiny q|k|v": (256, 512),
+    "tiny gate|up": (256, 1024),
+}
+
+
+def rows(quick: bool) -> list[str]:
+    counts = (1, 32) if quick else (1, 8, 32, 128, 1024)
+    shapes = dict(list(SHAPES.items())[:2]) if quick else SHAPES
+    gen = torch.Generator().manual_seed(0)
+    out = ["| projection | in -> out | rows | plain ms | packed ms | plain / packed |",
+           "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for label, (fan_in, fan_out) in shapes.items():
+        w = torch.randn(fan_out, fan_in, generator=gen)
+        packed = pack_weight(w)
+        for n in counts:
+            x = torch.randn(n, fan_in, generator=gen)
+            t = interleaved_seconds(
+                {
+                    "plain": lambda: torch.nn.functional.linear(x, w),
+                    "packed": lambda: packed_linear(x, w, packed, None),
+                },
+                rounds=3 if quick else 5,
+            )
+            out.append(
+                f"| {label} | {fan_in} -> {fan_out} | {n} | {t['plain'] * 1e3:.3f} "
+                f"| {t['packed'] * 1e3:.3f} | {t['plain'] / t['packed']:.2f}x |"
+            )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two shapes, 1 and 32 rows")
+    args = parser.parse_args()
+    if pack_weight(torch.zeros(1, 1)) is None:
+        raise SystemExit("this torch has no oneDNN: nothing to compare")
+    print(f"machine: {machine()}; float32, each row's timings interleaved\n")
+    print("\n".join(rows(args.quick)))
+
+
+if __name__ == "__main__":
+    main()

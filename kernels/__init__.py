@@ -4,7 +4,13 @@ from kernels.attention_plan import AttentionPlan, paged_attention_planned, write
 from kernels.cpu_gemm import pack_weight, packed_linear
 from kernels.device_tables import upload
 from kernels.fp8 import fp8_linear, quantize_fp8
-from kernels.lora_ops import lora_expand, lora_expand_planned, lora_shrink, lora_shrink_planned
+from kernels.lora_ops import (
+    lora_apply_planned,
+    lora_expand,
+    lora_expand_planned,
+    lora_shrink,
+    lora_shrink_planned,
+)
 from kernels.lora_rows import dora_rescale, lora_bias_add
 from kernels.paged_attention import (
     HostIndex,
@@ -26,6 +32,7 @@ __all__ = [
     "checked_plan",
     "dora_rescale",
     "fp8_linear",
+    "lora_apply_planned",
     "lora_bias_add",
     "lora_expand",
     "lora_expand_planned",

@@ -126,6 +126,11 @@ class CpuPlan:
         """Whether any group runs in place."""
         return any(g.in_place for g in self.groups)
 
+    @property
+    def all_padded(self) -> bool:
+        """Whether every group runs padded (a decode step), so shrink and expand can fuse."""
+        return all(g.padded is not None for g in self.groups)
+
 
 def plan_cpu(
     token_order, token_slots, seg_starts, seg_slots, seg_ranks, num_threads: int, host=None

@@ -150,6 +150,28 @@ def lora_expand_planned(
         lora_expand_torch(t, lora_b, y, segments, scales, host_ranks, host_scales)
 
 
+def lora_apply_planned(
+    x, lora_a, lora_b, y, segments, scales, max_rank, slice_ranks=None, host_ranks=None,
+    host_scales=None,
+) -> None:  # fmt: skip
+    """lora_shrink_planned then lora_expand_planned:
+    y[t, slice s] += scale[slot(t)] * (x[t] @ A_s[slot(t)].T) @ B_s[slot(t)].
+
+    x: [T, hidden]; lora_a, lora_b: tuples of stacks, one per fused slice; y: [T, sum(out_s)].
+    On the CPU a decode step (every rank group padded) runs the two fused, with no shrink
+    buffer; otherwise through a float32 [num_slices, T, max_rank] one.
+    """
+    if not x.is_cuda and segments.cpu_plan is not None and segments.cpu_plan.all_padded:
+        from kernels.lora_torch import lora_apply_padded_torch
+
+        lora_apply_padded_torch(x, lora_a, lora_b, y, segments, scales, host_scales)
+        return
+    # Uninitialised: the expand reads only active rows and columns below each rank.
+    t = torch.empty(len(lora_a), x.shape[0], max_rank, dtype=torch.float32, device=x.device)
+    lora_shrink_planned(x, lora_a, t, segments, slice_ranks, host_ranks)
+    lora_expand_planned(t, lora_b, y, segments, scales, slice_ranks, host_ranks, host_scales)
+
+
 def _check_rank_buffer(name, buf, slices, given, num_tokens, max_rank, device) -> torch.Tensor:
     """The [num_slices, num_tokens, max_rank] view of a shrink output / expand input."""
     if isinstance(given, torch.Tensor):

@@ -164,6 +164,44 @@ def _expand_padded(t, lora_b, y, padded: Padded, r: int, scales, host_scales) ->
     y.index_add_(0, padded.rows, delta, alpha=alpha)
 
 
+def lora_apply_padded_torch(x, lora_a, lora_b, y, segments: Segments, scales, host_scales) -> None:
+    """y[t, slice s] += scale(slot t) * (x[t] @ A_s[slot t].T) @ B_s[slot t], every group padded.
+
+    The shrink and the expand of a padded group fused: the rank-space rows stay in the
+    group's [slots, bucket] layout between the two bmm's, instead of a round trip through
+    a [slices, T, max_rank] buffer in token order (a scatter, a gather and a stack saved
+    per projection, most of a decode step's LoRA cost at small widths).
+    """
+    for group in segments.cpu_plan.groups:
+        padded, r = group.padded, group.rank
+        num, bucket = padded.end_slot - padded.first_slot, padded.bucket
+        if padded.dense:
+            xp = torch.embedding(x, padded.bucket_rows)  # [slots in range, bucket, hidden]
+        else:
+            xp = x.new_zeros(num * bucket, x.shape[1])
+            xp.index_copy_(0, padded.positions, x.index_select(0, padded.rows))
+            xp = xp.view(num, bucket, x.shape[1])
+        alpha = _one_scale(padded.slots, host_scales)
+        row_scale = None
+        if alpha is None:  # padding rows are zero in xp, so their scale does not matter
+            alpha = 1.0
+            row_scale = scales.to(torch.float32).index_select(0, padded.row_slots)
+            row_scale = row_scale.view(num, bucket, 1)
+        deltas = []
+        for a, b in zip(lora_a, lora_b):
+            t = torch.bmm(xp, _slab_range(a, padded, r, transpose=True))  # [slots, bucket, r]
+            if row_scale is not None:
+                t = t.to(torch.float32) * row_scale
+            if t.dtype != b.dtype:  # the unfused path's rounding: t in float32, then B's dtype
+                t = t.to(torch.float32).to(b.dtype)
+            deltas.append(torch.bmm(t, _slab_range(b, padded, r, transpose=False)))
+        delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 2)
+        delta = delta.view(num * bucket, delta.shape[2])  # [rows, sum(out_s)]
+        if not padded.dense:
+            delta = delta.index_select(0, padded.positions)
+        y.index_add_(0, padded.rows, delta.to(y.dtype), alpha=alpha)
+
+
 def _one_scale(slots: tuple[int, ...], host_scales: list[float] | None) -> float | None:
     """The scale every one of slots has, if they have one and the caller gave the scales."""
     if host_scales is None:

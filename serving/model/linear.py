@@ -16,11 +16,10 @@ from kernels import (
     Segments,
     dora_rescale,
     fp8_linear,
+    lora_apply_planned,
     lora_bias_add,
     lora_expand,
-    lora_expand_planned,
     lora_shrink,
-    lora_shrink_planned,
     pack_weight,
     packed_linear,
     quantize_fp8,
@@ -99,16 +98,15 @@ def lora_linear(
     if stacks is None or lora is None or lora.segments.num_active == 0:
         return y
     num = len(stacks.a)
-    # Uninitialised: the expand reads only active rows and columns below each rank.
-    t = torch.empty(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
     if lora.checked:  # the public ops: every argument checked, in every layer
+        # Uninitialised: the expand reads only active rows and columns below each rank.
+        t = torch.empty(num, x.shape[0], lora.max_rank, dtype=torch.float32, device=x.device)
         a, b = (list(s) if num > 1 else s[0] for s in (stacks.a, stacks.b))
         lora_shrink(x, a, t if num > 1 else t[0], lora.segments, stacks.ranks)
         lora_expand(t if num > 1 else t[0], b, y, lora.segments, lora.scales, stacks.ranks)
     else:  # checked once for the step (the segments' builder): nothing read back here
-        lora_shrink_planned(x, stacks.a, t, lora.segments, stacks.ranks, stacks.host_ranks)
-        lora_expand_planned(t, stacks.b, y, lora.segments, lora.scales, stacks.ranks,
-                            stacks.host_ranks, lora.host_scales)  # fmt: skip
+        lora_apply_planned(x, stacks.a, stacks.b, y, lora.segments, lora.scales, lora.max_rank,
+                           stacks.ranks, stacks.host_ranks, lora.host_scales)  # fmt: skip
     # lora_B's bias is part of the LoRA term, so DoRA's output scale covers it too.
     if lora.bias_rows is not None and stacks.bias:
         lora_bias_add(y, stacks.bias, lora.bias_rows.rows, lora.bias_rows.slots)

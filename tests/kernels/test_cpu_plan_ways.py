@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import build_segments
+from kernels import build_segments, lora_apply_planned
 from kernels.lora_torch import lora_expand_torch, lora_shrink_torch
 from tests.kernels.cases import TOLERANCE
 from tests.kernels.oracle import expand_oracle, shrink_oracle
@@ -63,3 +63,39 @@ def test_padded_shrink_then_expand(layout, dtype, widths, scales_kind, host):
     base = ids < 0
     assert torch.equal(y[base], y_before[base]), "changed a row of a base-only token"
     torch.testing.assert_close(y.double(), want, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("widths", [(40,), (40, 8, 8)])
+@pytest.mark.parametrize("scales_kind", ["uniform", "per slot"])
+@pytest.mark.parametrize("host", [True, False])
+def test_fused_apply_matches_shrink_then_expand_oracle(layout, dtype, widths, scales_kind, host):
+    x, a, b, scales, ids, ranks, segments = make(layout, dtype, widths, scales_kind, seed=1)
+    assert segments.cpu_plan.all_padded
+    y = torch.randn(x.shape[0], sum(widths)).to(dtype)
+    y_before = y.clone()
+    host_scales = scales.tolist() if host else None
+    lora_apply_planned(x, a, b, y, segments, scales, 16, host_scales=host_scales)
+    want = expand_oracle(y_before, shrink_oracle(x, a, ids, ranks), b, ids, ranks, scales)
+    base = ids < 0
+    assert torch.equal(y[base], y_before[base]), "changed a row of a base-only token"
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(y.double(), want, atol=atol, rtol=rtol)
+
+
+def test_apply_of_a_prefill_step_takes_the_shrink_buffer_way():
+    gen = torch.Generator().manual_seed(2)
+    slots, ranks = [0] * 40 + [1] * 40 + [-1] * 8, [8, 4]
+    a = (torch.randn(2, 16, 48, generator=gen),)
+    b = (torch.randn(2, 16, 24, generator=gen),)
+    x, scales = torch.randn(len(slots), 48, generator=gen), torch.tensor([0.5, 2.0])
+    ids, rk = torch.tensor(slots, dtype=torch.int32), torch.tensor(ranks, dtype=torch.int32)
+    segments = build_segments(ids, rk, host=(slots, ranks))
+    assert not segments.cpu_plan.all_padded  # runs in place: the unfused way
+    y = torch.zeros(len(slots), 24)
+    lora_apply_planned(x, a, b, y, segments, scales, 16)
+    want = expand_oracle(
+        torch.zeros(len(slots), 24), shrink_oracle(x, a, ids, rk), b, ids, rk, scales
+    )
+    torch.testing.assert_close(y.double(), want, atol=2e-4, rtol=2e-4)

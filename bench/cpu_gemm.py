@@ -39,8 +39,8 @@ def rows(quick: bool) -> list[str]:
             x = torch.randn(n, fan_in, generator=gen)
             t = interleaved_seconds(
                 {
-                    "plain": lambda: torch.nn.functional.linear(x, w),
-                    "packed": lambda: packed_linear(x, w, packed, None),
+                    "plain": lambda x=x, w=w: torch.nn.functional.linear(x, w),
+                    "packed": lambda x=x, w=w, p=packed: packed_linear(x, w, p, None),
                 },
                 rounds=3 if quick else 5,
             )

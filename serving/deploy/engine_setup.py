@@ -63,9 +63,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
     def fetch(version: str) -> Adapter:
         # verify=False: publish validated the whole adapter; a replica re-checks only shapes.
         try:
-            return registry.load(
-                version, base=spec, max_rank=cfg.lora.max_lora_rank, verify=False
-            )
+            return registry.load(version, base=spec, max_rank=cfg.lora.max_lora_rank, verify=False)
         except RegistryUnavailable as exc:
             # The request's error reaches its client: the backend's paths stay in the log.
             log.warning("adapter %s: %s", version, exc)

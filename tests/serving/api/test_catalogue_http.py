@@ -80,7 +80,9 @@ def test_reuploads_count_against_storage(served, monkeypatch):
     r = upload(served, GLOBEX, "quota-a", "ov")  # a second version of the same name
     assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
     assert upload(served, GLOBEX, "quota-a", "qk").status_code == 201  # stored already
-    assert httpx.delete(f"{served.url}/v1/adapters/quota-a", headers=auth(GLOBEX)).status_code == 200
+    assert (
+        httpx.delete(f"{served.url}/v1/adapters/quota-a", headers=auth(GLOBEX)).status_code == 200
+    )
     assert upload(served, GLOBEX, "quota-b", "ov").status_code == 201  # deleting freed it
 
 
@@ -111,7 +113,9 @@ def test_concurrent_creates_of_one_name_end_with_one_winner_and_a_409(served, mo
     statuses = sorted(r.status_code for r in answers.values())
     assert statuses == [201, 409], [r.text for r in answers.values()]
     loser = next(r for r in answers.values() if r.status_code == 409)
-    assert loser.json()["error"]["code"] == "conflict" and "race" in loser.json()["error"]["message"]
+    assert (
+        loser.json()["error"]["code"] == "conflict" and "race" in loser.json()["error"]["message"]
+    )
     winner = next(r for r in answers.values() if r.status_code == 201)
     assert served.registry.resolve("race", "acme").digest == winner.json()["digest"]
 
@@ -153,8 +157,11 @@ def test_a_failing_backend_is_503_without_paths(served, monkeypatch):
         httpx.get(f"{served.url}/v1/adapters", headers=auth(ACME)),
         httpx.get(f"{served.url}/v1/models", headers=auth(ACME)),
         httpx.get(f"{served.url}/v1/adapters/two", headers=auth(ACME)),
-        httpx.post(f"{served.url}/v1/completions", headers=auth(ACME),
-                   json={"model": "two", "prompt": "x", "max_tokens": 1}),
+        httpx.post(
+            f"{served.url}/v1/completions",
+            headers=auth(ACME),
+            json={"model": "two", "prompt": "x", "max_tokens": 1},
+        ),
         upload(served, ACME, "two", "qk"),
     ):
         assert r.status_code == 503, r.text
@@ -175,4 +182,6 @@ def test_a_damaged_version_is_a_500_without_paths_until_uploaded_again(served):
     assert "upload" in r.json()["errors"][0]["message"]
     assert upload(served, GLOBEX, "damaged", "mlp").status_code == 201  # repairs it
     assert meta.read_bytes() != b"[]" and good
-    assert httpx.post(f"{served.url}/ai/run/demo", json=body, headers=auth(GLOBEX)).status_code == 200
+    assert (
+        httpx.post(f"{served.url}/ai/run/demo", json=body, headers=auth(GLOBEX)).status_code == 200
+    )

@@ -75,9 +75,11 @@ def test_counters_and_histograms_move(served):
     )
     assert ok == 3
     tenant = {"tenant": "acme", "kind": "interactive"}
-    assert value(after, "loraserve_tenant_requests_total", **tenant) - value(
-        before, "loraserve_tenant_requests_total", **tenant
-    ) == 3
+    assert (
+        value(after, "loraserve_tenant_requests_total", **tenant)
+        - value(before, "loraserve_tenant_requests_total", **tenant)
+        == 3
+    )
     metered = value(after, "loraserve_tenant_tokens_total", type="prompt", **tenant) - value(
         before, "loraserve_tenant_tokens_total", type="prompt", **tenant
     )

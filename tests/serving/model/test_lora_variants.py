@@ -34,8 +34,18 @@ VARIANTS = {  # name: save_peft_adapter keywords
         "rank_pattern": {"gate_proj": 4},
     },
 }  # fmt: skip
-ROWS = ["dora", "__base__", "plain", "outer", "bias", "patterns", "__base__", "dora_rslora",
-        "outer", "dora"]
+ROWS = [
+    "dora",
+    "__base__",
+    "plain",
+    "outer",
+    "bias",
+    "patterns",
+    "__base__",
+    "dora_rslora",
+    "outer",
+    "dora",
+]
 
 
 def fp8_roundtrip(model):

@@ -98,13 +98,22 @@ def loraserve_run(world: dict, items: list[dict], max_loras: int, embeddings: bo
     return {"seconds": seconds, "output_tokens": sum(map(len, tokens)), "outputs": tokens}
 
 
-def median_run(world: dict, items: list[dict], max_loras: int, repeats: int = 3) -> dict:
-    """loraserve_run `repeats` times, each a fresh engine: the run of median time. One run of
-    the small workloads lasts about a second, so one alone moves with the machine's noise."""
-    runs = sorted((loraserve_run(world, items, max_loras) for _ in range(repeats)),
-                  key=lambda r: r["seconds"])  # fmt: skip
-    assert all(r["outputs"] == runs[0]["outputs"] for r in runs)
-    return runs[len(runs) // 2]
+def side_by_side(world: dict, items: list[dict], max_loras: int, repeats: int = 3):
+    """(ours, HF+PEFT): each the run of median time of `repeats`, the two taking turns, each
+    of ours a fresh engine. One run of the small workloads lasts about a second, so one run
+    alone, or one engine's runs all before the other's, moves with the machine's noise."""
+    ours, hf = [], []
+    for _ in range(repeats):
+        ours.append(loraserve_run(world, items, max_loras))
+        peer = peer_run("hf", world, items, max_loras)
+        if peer is not None:
+            hf.append(peer)
+    assert all(r["outputs"] == ours[0]["outputs"] for r in ours)
+    return _median(ours), _median(hf) if hf else None
+
+
+def _median(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
 def peer_run(kind: str, world: dict, items: list[dict], max_loras: int) -> dict | None:
@@ -178,8 +187,7 @@ def main() -> None:
             for num_prompts in sizes:
                 for count in counts:
                     items = workload(num_prompts, names[:count])
-                    ours = median_run(world, items, count)
-                    hf = peer_run("hf", world, items, count)
+                    ours, hf = side_by_side(world, items, count)
                     use_vllm = with_vllm and not args.no_vllm
                     vllm = peer_run("vllm", world, items, count) if use_vllm else None
                     if count == 0:

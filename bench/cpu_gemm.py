@@ -17,12 +17,12 @@ from bench.timing import interleaved_seconds, machine
 from kernels import pack_weight, packed_linear
 
 SHAPES = {  # (in, out)
-    "medium q|k|v": (768, 1280),
-    "medium gate|up": (768, 4096),
+    "medium q,k,v": (768, 1280),
+    "medium gate,up": (768, 4096),
     "medium down": (2048, 768),
     "medium LM head": (768, 8192),
-    "tiny q|k|v": (256, 512),
-    "tiny gate|up": (256, 1024),
+    "tiny q,k,v": (256, 512),
+    "tiny gate,up": (256, 1024),
 }
 
 

@@ -236,5 +236,8 @@ def _scratch(shape, dtype, which: int, device) -> torch.Tensor:
     numel, key = math.prod(shape), (which, dtype, device)
     buf = buffers.get(key)
     if buf is None or buf.numel() < numel:
-        buf = buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+        # A normal tensor, not an inference one: a forward under no_grad writes it as well as
+        # one under inference_mode (an inference tensor refuses writes outside the mode)
+        with torch.inference_mode(False):
+            buf = buffers[key] = torch.empty(numel, dtype=dtype, device=device)
     return buf[:numel].view(shape)

@@ -85,6 +85,18 @@ def test_triton_small_tiles(case):
     check(batch, BACKENDS["triton16"](*batch.args()))
 
 
+def test_torch_path_in_and_out_of_inference_mode():
+    """The CPU path's reused K/V buffers serve a forward under inference_mode, then under
+    no_grad and plain (each oracle-checked), whichever mode first made them, and a larger
+    batch after a smaller one."""
+    small, large = (batch_for(CASES[i], torch.float32, seed=3) for i in (5, 3))
+    with torch.inference_mode():
+        check(small, paged_attention(*small.args()))
+    with torch.no_grad():
+        check(large, paged_attention(*large.args()))
+    check(small, paged_attention(*small.args()))
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_strided_q(backend):
     """q as a view of a fused qkv projection: [num_tokens, num_heads + 2 * num_kv_heads, D]."""

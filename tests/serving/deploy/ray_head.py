@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,19 @@ def stop(proc: subprocess.Popen, sig: int, timeout: float) -> None:
     proc.wait()
 
 
+def _wait_for_dashboard(url: str, head: subprocess.Popen, log: Path, deadline: float) -> None:
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/ray/version", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:  # refused or reset while it starts
+            pass
+        assert head.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, f"no dashboard at {url}: " + log.read_text()
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def ray_head(root: Path, *, dashboard: bool = False, **env: str) -> Iterator[Head]:
     """A fresh 2-CPU head node; each node runs the proxy's middleware, as README.md's
@@ -77,6 +91,8 @@ def ray_head(root: Path, *, dashboard: bool = False, **env: str) -> Iterator[Hea
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
         url = f"http://127.0.0.1:{ports['--dashboard-port']}" if dashboard else None
+        if url is not None:  # the dashboard comes up after the runtime, later on a busy host
+            _wait_for_dashboard(url, head, log, deadline)
         yield Head(f"127.0.0.1:{ports['--port']}", url)
     finally:
         stop(head, signal.SIGTERM, timeout=30)

@@ -72,18 +72,23 @@ def lora_shrink_torch(
 def _shrink_padded(x, lora_a, out, padded: Padded, r: int) -> None:
     """One bmm per slice over slab[first_slot:end_slot]: slot i multiplies bucket i of the rows."""
     num, bucket = padded.end_slot - padded.first_slot, padded.bucket
-    if padded.dense:  # no padding: the rows are the sorted tokens, gathered in one op
-        xp = torch.embedding(x, padded.bucket_rows)
-    else:
-        xp = x.new_zeros(num * bucket, x.shape[1])
-        xp.index_copy_(0, padded.positions, x.index_select(0, padded.rows))
-        xp = xp.view(num, bucket, x.shape[1])  # [slots in range, bucket, hidden]
+    xp = _padded_rows(x, padded)  # [slots in range, bucket, hidden]
     ts = [torch.bmm(xp, _slab_range(a, padded, r, transpose=True)) for a in lora_a]
     # Every slice in one tensor, so the scatter into `out` is one op for all of them.
     t = (torch.stack(ts) if len(ts) > 1 else ts[0]).view(len(ts), num * bucket, r)
     if not padded.dense:
         t = t.index_select(1, padded.positions)
     out[:, :, :r].index_copy_(1, padded.rows, t if t.dtype == out.dtype else t.to(out.dtype))
+
+
+def _padded_rows(x: torch.Tensor, padded: Padded) -> torch.Tensor:
+    """x's rows of the group in its [slots in range, bucket, hidden] layout, padding rows 0."""
+    num, bucket = padded.end_slot - padded.first_slot, padded.bucket
+    if padded.dense:  # no padding: the rows are the sorted tokens, gathered in one op
+        return torch.embedding(x, padded.bucket_rows)
+    xp = x.new_zeros(num * bucket, x.shape[1])
+    xp.index_copy_(0, padded.positions, x.index_select(0, padded.rows))
+    return xp.view(num, bucket, x.shape[1])
 
 
 def _slab_range(stack: torch.Tensor, padded: Padded, r: int, transpose: bool) -> torch.Tensor:
@@ -144,18 +149,22 @@ def _expand_padded(t, lora_b, y, padded: Padded, r: int, scales, host_scales) ->
         tg = t[:, :, :r].index_select(1, padded.rows)  # [slices, group tokens, r]
         ts = tg.new_zeros(n, num * bucket, r).index_copy_(1, padded.positions, tg)
         ts = ts.view(n, num, bucket, r)
-    # One scale for every slot of the group (the common case): applied by index_add_.
-    alpha = _one_scale(padded.slots, host_scales)
-    if alpha is None:  # padding rows read slots with no token; their rows of ts are 0
-        alpha = 1.0
-        ts = ts * scales.to(ts.dtype).index_select(0, padded.row_slots).view(1, num, bucket, 1)
+    alpha, row_scale = _padded_scales(padded, scales, host_scales)
+    if row_scale is not None:  # padding rows read slots with no token; their rows of ts are 0
+        ts = ts * row_scale.to(ts.dtype)
     if ts.dtype != lora_b[0].dtype:
         ts = ts.to(lora_b[0].dtype)
     deltas = [
         torch.bmm(tb, _slab_range(b, padded, r, transpose=False))  # [slots, bucket, out_s]
         for b, tb in zip(lora_b, ts.unbind(0))
     ]
-    delta = deltas[0] if n == 1 else torch.cat(deltas, 2)
+    _add_padded(y, deltas, padded, alpha)
+
+
+def _add_padded(y, deltas: list[torch.Tensor], padded: Padded, alpha: float) -> None:
+    """y[row, slice s] += alpha * deltas[s] at each real row; deltas[s]: [slots, bucket, out_s]."""
+    num, bucket = padded.end_slot - padded.first_slot, padded.bucket
+    delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 2)
     delta = delta.view(num * bucket, delta.shape[2])  # [rows, sum(out_s)]
     if not padded.dense:
         delta = delta.index_select(0, padded.positions)
@@ -174,32 +183,25 @@ def lora_apply_padded_torch(x, lora_a, lora_b, y, segments: Segments, scales, ho
     """
     for group in segments.cpu_plan.groups:
         padded, r = group.padded, group.rank
-        num, bucket = padded.end_slot - padded.first_slot, padded.bucket
-        if padded.dense:
-            xp = torch.embedding(x, padded.bucket_rows)  # [slots in range, bucket, hidden]
-        else:
-            xp = x.new_zeros(num * bucket, x.shape[1])
-            xp.index_copy_(0, padded.positions, x.index_select(0, padded.rows))
-            xp = xp.view(num, bucket, x.shape[1])
-        alpha = _one_scale(padded.slots, host_scales)
-        row_scale = None
-        if alpha is None:  # padding rows are zero in xp, so their scale does not matter
-            alpha = 1.0
-            row_scale = scales.to(torch.float32).index_select(0, padded.row_slots)
-            row_scale = row_scale.view(num, bucket, 1)
+        xp = _padded_rows(x, padded)  # [slots in range, bucket, hidden]
+        alpha, row_scale = _padded_scales(padded, scales, host_scales)  # padding rows: 0 in xp
         deltas = []
         for a, b in zip(lora_a, lora_b):
             t = torch.bmm(xp, _slab_range(a, padded, r, transpose=True))  # [slots, bucket, r]
-            if row_scale is not None:
-                t = t.to(torch.float32) * row_scale
-            if t.dtype != b.dtype:  # the unfused path's rounding: t in float32, then B's dtype
-                t = t.to(torch.float32).to(b.dtype)
+            if row_scale is not None:  # in float32, then B's dtype: the unfused path's rounding
+                t = (t.to(torch.float32) * row_scale).to(b.dtype)
             deltas.append(torch.bmm(t, _slab_range(b, padded, r, transpose=False)))
-        delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, 2)
-        delta = delta.view(num * bucket, delta.shape[2])  # [rows, sum(out_s)]
-        if not padded.dense:
-            delta = delta.index_select(0, padded.positions)
-        y.index_add_(0, padded.rows, delta.to(y.dtype), alpha=alpha)
+        _add_padded(y, deltas, padded, alpha)
+
+
+def _padded_scales(padded: Padded, scales, host_scales) -> tuple[float, torch.Tensor | None]:
+    """(alpha, None) when every slot of the group has the one scale alpha (the common case,
+    applied by index_add_), else (1.0, each row's scale as float32 [slots, bucket, 1])."""
+    alpha = _one_scale(padded.slots, host_scales)
+    if alpha is not None:
+        return alpha, None
+    num, bucket = padded.end_slot - padded.first_slot, padded.bucket
+    return 1.0, scales.to(torch.float32).index_select(0, padded.row_slots).view(num, bucket, 1)
 
 
 def _one_scale(slots: tuple[int, ...], host_scales: list[float] | None) -> float | None:

@@ -211,7 +211,7 @@ def _gather_blocks(cache, blocks, compute, which: int):
     """cache[blocks] in compute's dtype, (n, block, Hkv, D), written into a reused buffer.
 
     A fresh tensor of a few MB per layer comes from mmap and is page-faulted in on every
-    call: 5 ms for what copies in 0.2 ms (3 MB, the medium bench's decode batch). The layers
+    call: 5-6 ms per layer in the medium bench's decode steps (3 MB), 0.3-0.5 ms reused. The layers
     of a step run one after another and each is done with its copy before the next gathers,
     so one buffer per (K or V, dtype) serves them all.
     """

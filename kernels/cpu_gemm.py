@@ -2,8 +2,8 @@
 
 torch's default CPU matmul (MKL sgemm) re-blocks the weight on every call. A serving model's
 weights never change, so they are reordered once at load, as vLLM's CPU backend does with
-oneDNN: decode-sized batches (8-128 rows) then run 1.3-2.5x faster on a 768-4096 wide
-projection (bench/kernels.py). The packed copy sits beside the plain weight, which the
+oneDNN: decode-sized batches (8-32 rows) then run 1.2-3.2x faster on 768-8192 wide
+projections (python -m bench.cpu_gemm; bench/README.md). The packed copy sits beside the plain weight, which the
 adapters' DoRA norms and the CUDA paths still read: twice the float32 linears' memory, on the
 CPU only.
 """

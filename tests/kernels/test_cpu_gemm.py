@@ -1,5 +1,7 @@
 """The prepacked CPU linear against a float64 oracle, on both sides of its size cut-over."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,9 @@ def test_model_linear_uses_the_packed_weight_and_keeps_other_dtypes_plain():
     assert lin.packed is not None
     x = torch.randn(64, 256)
     _close_to_oracle(lin(x), x, w, b)
+    # the call goes through the packed copy: a packed copy of another weight shows in y
+    other = torch.randn(512, 256)
+    _close_to_oracle(dataclasses.replace(lin, packed=pack_weight(other))(x), x, other, b)
     # a bf16 activation (a bf16 model) never reaches the float32 packed weight
     lin16 = Linear.make(w.bfloat16(), b.bfloat16(), fp8=False)
     assert lin16.packed is None

@@ -38,11 +38,17 @@ def make(layout, dtype, widths, scales_kind, seed=0):
     return x, a, b, scales, ids, rk, segments
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("widths", [(40,), (40, 8, 8)])
-@pytest.mark.parametrize("scales_kind", ["uniform", "per slot"])
-@pytest.mark.parametrize("host", [True, False])
+def each_padded_case(test):
+    """Every layout, dtype, fusion, scale kind, with and without the host's scales."""
+    for name, values in (("host", [True, False]), ("scales_kind", ["uniform", "per slot"]),
+                         ("widths", [(40,), (40, 8, 8)]),
+                         ("dtype", [torch.float32, torch.bfloat16]),
+                         ("layout", sorted(LAYOUTS))):  # fmt: skip
+        test = pytest.mark.parametrize(name, values)(test)
+    return test
+
+
+@each_padded_case
 def test_padded_shrink_then_expand(layout, dtype, widths, scales_kind, host):
     x, a, b, scales, ids, ranks, segments = make(layout, dtype, widths, scales_kind)
     assert all(g.padded is not None for g in segments.cpu_plan.groups)
@@ -65,11 +71,7 @@ def test_padded_shrink_then_expand(layout, dtype, widths, scales_kind, host):
     torch.testing.assert_close(y.double(), want, atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("widths", [(40,), (40, 8, 8)])
-@pytest.mark.parametrize("scales_kind", ["uniform", "per slot"])
-@pytest.mark.parametrize("host", [True, False])
+@each_padded_case
 def test_fused_apply_matches_shrink_then_expand_oracle(layout, dtype, widths, scales_kind, host):
     x, a, b, scales, ids, ranks, segments = make(layout, dtype, widths, scales_kind, seed=1)
     assert segments.cpu_plan.all_padded

@@ -42,7 +42,7 @@ import httpx
 import yaml
 
 from bench.load import PROMPTS, percentile
-from bench.serve import ADAPTERS, DEMO, ROOT, Server, free_port, loraserve_config
+from bench.servers import ADAPTERS, DEMO, ROOT, Server, free_port, loraserve_config
 
 MODELS = ["demo", *ADAPTERS]  # "demo": the base model
 POLL_S = 0.25

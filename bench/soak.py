@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from bench.load import PROMPTS, Record, stream_request, summarize
-from bench.serve import MODELS, ROOT, start_loraserve
+from bench.servers import MODELS, ROOT, start_loraserve
 
 GROWTH_TARGET = 0.10  # resident memory, last window over first
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -1,6 +1,6 @@
 """The engine against its peers on one workload, side by side in one run (CPU).
 
-    python -m bench.engine [--quick] [--no-vllm] [--variants]
+    python -m bench.engine [--quick] [--no-vllm] [--variants] [--share]
 
 Peers run in virtualenvs this script creates (.bench-venvs/), each generating the same
 greedy tokens: HF transformers + PEFT (`generate(adapter_names=...)`, batches of 32) and,
@@ -8,6 +8,8 @@ unless --no-vllm, vLLM's CPU build. Also measured: 32 adapters against base-only
 throughput, the engine's step time against a bare forward of the same batch, TTFT
 with a 2k-token shared prefix, cold against a prefix-cache hit, and a batch mixing PEFT's
 LoRA variants against a plain-LoRA batch (--variants: that table alone, no peers).
+--share: 32 adapters against base-only as the adapters' share of a step's bytes varies
+(bench/engine_share.py; no peers).
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="32 prompts, rank 8 only")
     parser.add_argument("--no-vllm", action="store_true", help="leave the vLLM peer out")
     parser.add_argument("--variants", action="store_true", help="only the LoRA-variants table")
+    parser.add_argument("--share", action="store_true", help="only the adapters' byte-share table")
     args = parser.parse_args()
     from bench.engine_extras import overhead_rows, ttft_rows
     from bench.engine_variants import variant_rows
@@ -162,6 +165,12 @@ def main() -> None:
     if args.variants:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(variant_rows(Path(tmp), 8 if args.quick else 32)))
+        return
+    if args.share:
+        from bench.engine_share import share_rows
+
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(share_rows(Path(tmp), quick=args.quick)))
         return
     print(
         "| model | prompts | adapters | rank | loraserve tok/s | HF+PEFT tok/s | vLLM tok/s "

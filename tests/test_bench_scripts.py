@@ -110,3 +110,31 @@ def test_structured_bench_libraries_quick():
     pytest.importorskip("llguidance")
     out = _run("bench.structured", "--libraries", "--quick")
     assert out.count("| demo (4096) | ") == 2 + 4, out  # 2 batches, 4 formats
+
+
+@pytest.mark.slow
+def test_engine_share_bench_quick():
+    # The tiny model base-only and with 4 adapters, one round each.
+    out = _run("bench.engine", "--share", "--quick")
+    rows = [line for line in out.splitlines() if line.startswith("| tiny (hidden 256) |")]
+    assert [row.split("|")[3].strip() for row in rows] == ["0", "4"], out
+    assert rows[0].endswith("| 1.00x |") and "one small torch call:" in out, out
+
+
+def test_engine_share_counts_the_bytes_a_decode_step_reads(tmp_path):
+    # Against transformers' and PEFT's own parameters: every 2-D weight but the embedding.
+    from peft import PeftModel
+    from transformers import LlamaForCausalLM
+
+    from bench.engine_share import linear_bytes
+    from bench.peers.tiny_world import build
+
+    world = build(tmp_path, num_adapters=1, layers=2)
+    base = LlamaForCausalLM.from_pretrained(world["model"])
+    linears = [p for n, p in base.named_parameters() if p.dim() == 2 and "embed" not in n]
+    assert linear_bytes(world["model"] / "model.safetensors") == 4 * sum(p.numel() for p in linears)
+    lora = PeftModel.from_pretrained(base, world["adapters"]["adapter0"])
+    adapter = [p for n, p in lora.named_parameters() if "lora_" in n]
+    assert len(adapter) == 2 * 7 * 2  # A and B on 7 linears of 2 layers
+    path = world["adapters"]["adapter0"] / "adapter_model.safetensors"
+    assert linear_bytes(path) == 4 * sum(p.numel() for p in adapter)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.load import run_load, same_text, summarize, workload
-from bench.servers import MODELS, ROOT, log, start_loraserve, start_vllm, vllm_version
+from bench.servers import MODELS, ROOT, say, start_loraserve, start_vllm, vllm_version
 
 # loraserve-local: the same app and engine in one process, no Ray (bench/peers/local_server.py)
 SERVERS = ("loraserve", "loraserve-local", "vllm")
@@ -42,7 +42,7 @@ def bench_server(name: str, tmp: Path, args) -> dict:
         server = start_loraserve(tmp, max(args.concurrency), local, () if local else args.env)
     results = {}
     try:
-        log(f"{name} ready in {server.wait_ready(args.ready_timeout):.0f} s")
+        say(f"{name} ready in {server.wait_ready(args.ready_timeout):.0f} s")
         # Warm-up: every adapter (and the base) once and a few at once, so that adapter
         # loads and first-call costs stay out of the timed runs.
         warm, _ = run_load(server.url, workload(2 * len(MODELS), MODELS, seed=1), len(MODELS),
@@ -54,7 +54,7 @@ def bench_server(name: str, tmp: Path, args) -> dict:
             records, wall = run_load(server.url, requests, c, max_tokens=args.max_tokens)
             results[c] = (records, wall)
             s = summarize(records, wall)
-            log(f"{name} C={c}: {s['output_tokens']} tokens in {wall:.1f} s, "
+            say(f"{name} C={c}: {s['output_tokens']} tokens in {wall:.1f} s, "
                  f"{s['tok_s']:.0f} tok/s, {s['errors']} errors")  # fmt: skip
     finally:
         server.stop()
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                         runs[name].setdefault(c, []).append(result)
                 except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
                     failures.append(f"{name}: {exc}")
-                    log(f"{name} failed: {exc}")
+                    say(f"{name} failed: {exc}")
     runs = {name: {c: median_round(v) for c, v in by_c.items()} for name, by_c in runs.items()}
     print(f"Machine: {machine()}")
     print(f"Command: python -m bench.serve {' '.join(sys.argv[1:] if argv is None else argv)}")

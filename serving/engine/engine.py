@@ -7,8 +7,6 @@ only shared state is the Intake of new requests and aborts.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,21 +18,19 @@ from serving.engine.faults import blame_forward, sample_each
 from serving.engine.grammar.masks import grammar_masks, verify_masks
 from serving.engine.grammar.pending import PendingGrammars
 from serving.engine.intake import Intake
-from serving.engine.kv_cache import BlockManager, prefix_key
+from serving.engine.kv_cache import BlockManager
+from serving.engine.lifecycle import Lifecycle
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
 from serving.engine.runner import Forward, build_batch
-from serving.engine.sampler import RowFault, SamplingState, sample
+from serving.engine.sampler import sample
 from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import SeqStatus, Sequence
 from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.decoder import Proposal, SpecDecoder
 from serving.engine.step_loop import StepLoop
-from serving.engine.stopping import StopChecker
 from serving.engine.streams import stream_outputs
 from serving.engine.tracked import Sink, Tracked
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,10 +75,11 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.blocks, ready)
         self.spec = SpecDecoder.create(config.speculative, self.blocks, draft_model, draft_slab)
         self.num_computed_tokens = 0  # prefill + decode tokens run through the model (for tests)
-        self._tracked: dict[str, Tracked] = {}
-        self._loop = StepLoop(self.step, self._fail_in_flight)
+        self._loop = StepLoop(self.step, lambda exc: self.requests.fail_in_flight(exc))
         self._intake = Intake(self._loop.wake)
         self.grammars = PendingGrammars(tokenizer, self.vocab_size, self._loop.wake)
+        self.requests = Lifecycle(tokenizer, self.max_model_len, self.scheduler, self.grammars,
+                                  self.residency, self.spec)  # fmt: skip
 
     # ---- callers (any thread) ----
 
@@ -128,27 +125,23 @@ class Engine:
 
     # ---- the step loop (one thread) ----
 
-    def _fail_in_flight(self, exc: Exception) -> None:
-        """A whole step failed and no one request was to blame: every request in flight fails."""
-        for t in list(self._tracked.values()):
-            self._finish(t, "error", error=f"internal error: {type(exc).__name__}")
-
     def step(self) -> bool:
         """One scheduling + forward + sampling step; False when there was nothing to do."""
-        self._take_intake()
-        self._take_compiled()
+        requests = self.requests
+        requests.take_intake(self._intake)
+        requests.take_compiled()
         if not self.scheduler.has_work():
             return False
         schedule = self.scheduler.schedule()
         for seq in schedule.preempted:
-            self._tracked[seq.request.request_id].unpin(self.residency)
+            requests[seq.request.request_id].unpin(self.residency)
             if self.spec:
                 self.spec.forget(seq)
         for seq in schedule.admitted:
-            self._admitted(self._tracked[seq.request.request_id])
+            requests.admitted(requests[seq.request.request_id])
         if self.residency is not None:
             self.residency.release_provisional()
-        self._fail_broken_loads()
+        requests.fail_broken_loads()
         if not schedule.scheduled:
             return True
         proposals = self._plan_speculation(schedule) if self.spec else {}
@@ -156,7 +149,7 @@ class Engine:
         slot_of = self.residency.slot_of if self.residency else None
         batch = build_batch(schedule.scheduled, self.config.block_size, slot_of, drafts)
         plain = [
-            (self._tracked[s.seq.request.request_id], row)
+            (requests[s.seq.request.request_id], row)
             for s, row in zip(batch.sampled, batch.first_rows)
             if s.seq.seq_id not in proposals
         ]
@@ -186,34 +179,19 @@ class Engine:
                 plain, result.token_ids, result.logprobs, result.errors
             ):
                 if error is not None:
-                    self._fail(t, error, own=True)
+                    requests.fail(t, error, own=True)
                 else:
-                    self._guarded(t, lambda t=t, x=token, lp=logprob: self._emit_token(t, x, lp))
+                    requests.guarded(
+                        t, lambda t=t, x=token, lp=logprob: requests.emit_token(t, x, lp)
+                    )
         for s, row in zip(batch.sampled, batch.first_rows):
             proposal = proposals.get(s.seq.seq_id)
             if proposal is not None:
-                t, k = self._tracked[s.seq.request.request_id], len(proposal.tokens)
-                self._guarded(
+                t, k = requests[s.seq.request.request_id], len(proposal.tokens)
+                requests.guarded(
                     t, lambda t=t, p=proposal, r=row, k=k: self._verify(t, p, logits[r : r + k + 1])
                 )
         return True
-
-    # ---- faults: a request's own fault fails that request only ----
-
-    def _guarded(self, t: Tracked, work) -> None:
-        """Run one request's share of the step; what it raises fails that request alone."""
-        try:
-            work()
-        except RowFault as exc:
-            self._fail(t, str(exc), own=True)
-        except Exception as exc:
-            logger.exception("request %s failed in its own step work", t.seq.request.request_id)
-            self._fail(t, f"internal error: {type(exc).__name__}")
-
-    def _fail(self, t: Tracked, error: str, *, own: bool = False) -> None:
-        """own: the request's own data is the cause (RequestOutput.own_fault), not the engine."""
-        if self._tracked.get(t.seq.request.request_id) is t:  # not already finished
-            self._finish(t, "error", error=error, own=own)
 
     def _forward_failed(self, scheduled, drafts) -> None:
         """The batched forward raised: fail the requests whose rows raise alone (see faults)."""
@@ -223,13 +201,13 @@ class Engine:
         slot_of = self.residency.slot_of if self.residency else None
         build = lambda item: build_batch([item], self.config.block_size, slot_of, drafts).inputs  # noqa: E731
         for item, error in blame_forward(scheduled, build, self.model, self.kv, self.slab):
-            self._fail(self._tracked[item.seq.request.request_id], error)
+            self.requests.fail(self.requests[item.seq.request.request_id], error)
 
     # ---- speculative decoding ----
 
     def _plan_speculation(self, schedule) -> dict[int, Proposal]:
         def lookup(seq: Sequence):
-            t = self._tracked[seq.request.request_id]
+            t = self.requests[seq.request.request_id]
             return t.sampling, t.stop.max_tokens - seq.num_output_tokens, t.grammar
 
         budget = self.config.scheduler.max_num_batched_tokens - schedule.num_tokens
@@ -241,88 +219,10 @@ class Engine:
         seq = t.seq
         v = self.spec.verify(seq, t.sampling, proposal, logits, verify_masks(t.grammar, proposal))
         for token, logprob in zip(v.token_ids, v.logprobs):
-            self._emit_token(t, token, logprob)
+            self.requests.emit_token(t, token, logprob)
             if seq.status is SeqStatus.FINISHED:
                 return  # nothing past a stop: the rest of the run is dropped
         # KV is right for the last committed token and the kept proposals; the rest is
         # overwritten later, and only these committed tokens enter the prefix cache.
         self.blocks.mark_computed(seq, v.num_accepted + 1)
         self.num_computed_tokens += v.num_accepted + 1
-
-    def _take_intake(self) -> None:
-        intake, aborts = self._intake.take()
-        for request, sink in intake:
-            try:
-                self._start(request, sink)
-            except Exception as exc:  # this request's own data: it alone fails
-                logger.exception("request %s could not start", request.request_id)
-                self._tracked.pop(request.request_id, None)
-                sink(RequestOutput(request.request_id, (), "", True, "error",
-                                   error=f"internal error: {type(exc).__name__}"))  # fmt: skip
-        for request_id in aborts:
-            t = self._tracked.get(request_id)
-            if t is not None:
-                self._finish(t, "abort")
-
-    def _start(self, request: GenerateRequest, sink: Sink) -> None:
-        prompt = list(request.prompt_token_ids)
-        seq = Sequence(request=request, token_ids=prompt, adapter_key=prefix_key(request))
-        room = self.max_model_len - len(prompt)
-        stop = StopChecker(
-            params=request.sampling,
-            eos_token_ids=tuple(self.tokenizer.eos_token_ids),
-            max_tokens=min(request.sampling.max_tokens, room),
-            stream=self.tokenizer.decode_stream(),
-        )
-        t = Tracked(seq, SamplingState.make(request.sampling, prompt), stop, sink)
-        self._tracked[request.request_id] = t
-        if request.response_format is not None:
-            self.grammars.add(t)  # scheduled once its grammar is compiled (_take_compiled)
-        else:
-            self.scheduler.add(seq)
-
-    def _take_compiled(self) -> None:
-        if not self.grammars:
-            return
-        ready, failed = self.grammars.ready()
-        for t in ready:
-            self.scheduler.add(t.seq)
-        for t, error, own in failed:
-            self._fail(t, error, own=own)
-
-    def _emit_token(self, t: Tracked, token: int, logprob) -> None:
-        seq = t.seq
-        if t.grammar is not None and not t.grammar.accept(token):
-            raise RuntimeError("the response format's grammar refused a sampled token")
-        seq.token_ids.append(token)
-        t.sampling.output_ids.append(token)
-        text, reason = t.stop.add(token, seq.num_output_tokens)
-        if reason is None and t.grammar is not None and t.grammar.terminated:
-            text, reason = text + t.stop.end(), "stop"  # a stop token under ignore_eos
-        out = t.output((token,), text, reason, (logprob,) if logprob else ())
-        if reason is not None:
-            self._finish(t, reason, emitted=True)
-        t.sink(out)
-
-    def _finish(self, t: Tracked, reason: str, *, emitted=False, error=None, own=False) -> None:
-        self.grammars.drop(t.seq.request.request_id)
-        self.scheduler.remove(t.seq)
-        if self.spec:
-            self.spec.forget(t.seq)
-        t.unpin(self.residency)
-        self._tracked.pop(t.seq.request.request_id, None)
-        if not emitted:
-            t.sink(dataclasses.replace(t.output((), "", reason), error=error, own_fault=own))
-
-    # ---- adapters ----
-
-    def _fail_broken_loads(self) -> None:
-        for version, error in self.residency.broken_loads() if self.slab else ():
-            for t in list(self._tracked.values()):
-                if t.seq.request.adapter == version and not t.pinned:
-                    self._finish(t, "error", error=f"adapter {version}: {error}")
-
-    def _admitted(self, t: Tracked) -> None:
-        if t.cached_tokens < 0:
-            t.cached_tokens = t.seq.num_prefix_hit_tokens
-        t.pin(self.residency)

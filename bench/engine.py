@@ -1,6 +1,6 @@
 """The engine against its peers on one workload, side by side in one run (CPU).
 
-    python -m bench.engine [--quick] [--no-vllm] [--variants] [--share]
+    python -m bench.engine [--quick] [--no-vllm] [--variants] [--share] [--where]
 
 Peers run in virtualenvs this script creates (.bench-venvs/), each generating the same
 greedy tokens: HF transformers + PEFT (`generate(adapter_names=...)`, batches of 32) and,
@@ -9,7 +9,8 @@ throughput, the engine's step time against a bare forward of the same batch, TTF
 with a 2k-token shared prefix, cold against a prefix-cache hit, and a batch mixing PEFT's
 LoRA variants against a plain-LoRA batch (--variants: that table alone, no peers).
 --share: 32 adapters against base-only as the adapters' share of a step's bytes varies
-(bench/engine_share.py; no peers).
+(bench/engine_share.py; no peers). --where: how a decode step's time splits into base
+linears, LoRA ops and the rest, base-only against 4 and 32 adapters (bench/engine_where.py).
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="leave the vLLM peer out")
     parser.add_argument("--variants", action="store_true", help="only the LoRA-variants table")
     parser.add_argument("--share", action="store_true", help="only the adapters' byte-share table")
+    parser.add_argument("--where", action="store_true", help="only the decode step's time split")
     args = parser.parse_args()
     from bench.engine_extras import overhead_rows, ttft_rows
     from bench.engine_variants import variant_rows
@@ -177,6 +179,12 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(share_rows(Path(tmp), quick=args.quick)))
+        return
+    if args.where:
+        from bench.engine_where import where_rows
+
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(where_rows(Path(tmp), quick=args.quick)))
         return
     print(
         "| model | prompts | adapters | rank | loraserve tok/s | HF+PEFT tok/s | vLLM tok/s "

@@ -138,3 +138,37 @@ def test_engine_share_counts_the_bytes_a_decode_step_reads(tmp_path):
     assert len(adapter) == 2 * 7 * 2  # A and B on 7 linears of 2 layers
     path = world["adapters"]["adapter0"] / "adapter_model.safetensors"
     assert linear_bytes(path) == 4 * sum(p.numel() for p in adapter)
+
+
+@pytest.mark.slow
+def test_engine_where_bench_quick():
+    # The tiny model base-only and with 4 adapters, one round each.
+    out = _run("bench.engine", "--where", "--quick")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| tiny ")]
+    assert [row[1].strip() for row in rows] == ["0", "4"], out
+    base, lora = rows
+    assert float(base[6]) == 0.0 and base[7].strip() == "-", out  # no LoRA op without adapters
+    assert float(lora[6]) > 0.0 and float(lora[5]) > 0.0, out
+
+
+def test_engine_where_clocks_nest_inside_the_step_and_are_removed(tmp_path):
+    from bench.engine import loraserve_run, workload
+    from bench.engine_where import clocked
+    from bench.peers.tiny_world import build
+    from serving.engine.engine import Engine
+    from serving.model import linear
+    from serving.model.linear import Linear
+
+    world = build(tmp_path, num_adapters=1, layers=2)
+    originals = Linear.__call__, Engine.step, linear.lora_shrink
+    seen = {}
+    for count in (0, 1):
+        with clocked(num_tokens=3) as steps:  # 3 prompts: the decode steps of the timed run
+            loraserve_run(world, workload(3, ["adapter0"][:count]), max_loras=1)
+        seen[count] = steps
+    assert (Linear.__call__, Engine.step, linear.lora_shrink) == originals
+    for count, steps in seen.items():
+        assert len(steps) >= 60, count  # 64 new tokens: all but the prefill's are decode steps
+        for step, forward, base, lora, plan in steps:
+            assert step >= forward >= base + lora + plan and base > 0
+            assert (lora > 0) == (count == 1)

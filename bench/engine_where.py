@@ -79,7 +79,7 @@ def clocked(num_tokens: int) -> Iterator[list[tuple[float, ...]]]:
         llama_module.step_lora, linear_module.lora_shrink, linear_module.lora_expand = saved[4:]
 
 
-def where_rows(tmp: Path, num_prompts: int = 32, rounds: int = 3, quick: bool = False) -> list[str]:
+def where_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = False) -> list[str]:
     """Per-step milliseconds of each adapter count, the counts' runs taken in turns (quick:
     the tiny model's 0 and 4 adapters, one round)."""
     from bench.engine import loraserve_run, workload

@@ -102,17 +102,19 @@ def loraserve_run(world: dict, items: list[dict], max_loras: int, embeddings: bo
 
 
 def side_by_side(
-    world: dict, workloads: dict[int, list[dict]], repeats: int = 3, hf_peer: bool = True
-) -> dict:
+    world: dict, workloads: dict[int, list[dict]], repeats: int = 3, hf_peer: bool = True,
+    run=loraserve_run,
+) -> dict:  # fmt: skip
     """{adapter count: (ours, HF+PEFT or None)}, each the run of median time of `repeats`.
     Every round runs every count, ours and HF+PEFT in turns, each of ours a fresh engine: one
     run of the small workloads lasts about a second, so a ratio between runs taken minutes
-    apart (32 adapters against base-only, ours against HF's) moves with the machine's noise."""
+    apart (32 adapters against base-only, ours against HF's) moves with the machine's noise.
+    run(world, items, max_loras): ours, loraserve_run or one that measures more of it."""
     ours: dict[int, list[dict]] = {count: [] for count in workloads}
     hf: dict[int, list[dict]] = {count: [] for count in workloads}
     for _ in range(repeats):
         for count, items in workloads.items():
-            ours[count].append(loraserve_run(world, items, count))
+            ours[count].append(run(world, items, count))
             peer = peer_run("hf", world, items, count) if hf_peer else None
             if peer is not None:
                 hf[count].append(peer)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 import serving.model.linear as linear_module
 import serving.model.llama as llama_module
@@ -32,57 +33,59 @@ from serving.engine.runner import Forward
 from serving.model.linear import Linear
 
 COUNTS = {"tiny (hidden 256)": (0, 4, 32), "medium (hidden 768)": (0, 32)}
+PARTS = ("forward", "base", "lora", "plan")
+# (owner, name, part): the functions clocked within a step. LORASERVE_CHECKS=1 (tests) runs
+# the checked shrink and expand in each layer instead of lora_apply_planned.
+CLOCKED = (
+    (Forward, "__call__", "forward"),
+    (Linear, "__call__", "base"),
+    (linear_module, "lora_apply_planned", "lora"),
+    (linear_module, "lora_shrink", "lora"),
+    (linear_module, "lora_expand", "lora"),
+    (llama_module, "step_lora", "plan"),
+)
 
 
 @contextmanager
 def clocked(num_tokens: int) -> Iterator[list[tuple[float, ...]]]:
     """Within: every engine step whose forward ran exactly num_tokens tokens appends
     (step, forward, base linears, LoRA ops, LoRA plan) seconds to the yielded list."""
-    clock = {"base": 0.0, "lora": 0.0, "plan": 0.0, "forward": 0.0, "tokens": 0}
+    clock = dict.fromkeys(PARTS, 0.0)
+    tokens: list[int] = []  # the step's forward's token count, once it ran
     steps: list[tuple[float, ...]] = []
-    saved = (Linear.__call__, linear_module.lora_apply_planned, Forward.__call__, Engine.step,
-             llama_module.step_lora, linear_module.lora_shrink, linear_module.lora_expand)  # fmt: skip
 
-    def timed(key, fn):
+    def timed(part, fn):
         def call(*args, **kwargs):
+            if part == "forward":
+                tokens.append(args[1].token_ids.numel())  # args: (Forward, StepInputs)
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                clock[key] += time.perf_counter() - start
+                clock[part] += time.perf_counter() - start
 
         return call
 
-    def forward(self, inputs):
-        clock["tokens"] = inputs.token_ids.numel()
-        return timed("forward", saved[2])(self, inputs)
-
-    def step(self):
-        clock.update(base=0.0, lora=0.0, plan=0.0, forward=0.0, tokens=0)
+    def step(self, engine_step=Engine.step):
+        clock.update(dict.fromkeys(PARTS, 0.0))
+        tokens.clear()
         start = time.perf_counter()
-        busy = saved[3](self)
-        if clock["tokens"] == num_tokens:
-            seconds = time.perf_counter() - start
-            steps.append((seconds, *(clock[k] for k in ("forward", "base", "lora", "plan"))))
+        busy = engine_step(self)
+        if tokens == [num_tokens]:
+            steps.append((time.perf_counter() - start, *(clock[p] for p in PARTS)))
         return busy
 
-    Linear.__call__ = timed("base", saved[0])
-    linear_module.lora_apply_planned = timed("lora", saved[1])
-    Forward.__call__, Engine.step = forward, step
-    llama_module.step_lora = timed("plan", saved[4])
-    # LORASERVE_CHECKS=1 (tests) runs the checked ops in each layer instead of the planned one.
-    linear_module.lora_shrink, linear_module.lora_expand = (timed("lora", f) for f in saved[5:])
-    try:
+    with ExitStack() as stack:
+        for owner, name, part in CLOCKED:
+            stack.enter_context(patch.object(owner, name, timed(part, getattr(owner, name))))
+        stack.enter_context(patch.object(Engine, "step", step))
         yield steps
-    finally:
-        Linear.__call__, linear_module.lora_apply_planned, Forward.__call__, Engine.step = saved[:4]
-        llama_module.step_lora, linear_module.lora_shrink, linear_module.lora_expand = saved[4:]
 
 
 def where_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = False) -> list[str]:
     """Per-step milliseconds of each adapter count, the counts' runs taken in turns (quick:
     the tiny model's 0 and 4 adapters, one round)."""
-    from bench.engine import loraserve_run, workload
+    from bench.engine import loraserve_run, side_by_side, workload
 
     counts = {"tiny (hidden 256)": (0, 4)} if quick else COUNTS
     rounds = 1 if quick else rounds
@@ -102,12 +105,17 @@ def where_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = 
         names = sorted(world["adapters"])
         per_adapter = linear_bytes(world["adapters"][names[0]] / "adapter_model.safetensors")
         runs: dict[int, list[list[float]]] = {count: [] for count in model_counts}
-        for _ in range(rounds):
-            for count in model_counts:
-                with clocked(num_prompts) as steps:
-                    loraserve_run(world, workload(num_prompts, names[:count]), count)
-                assert steps, "no decode step of the timed window was seen"
-                runs[count].append([statistics.median(column) for column in zip(*steps)])
+
+        def clocked_run(world, items, count, runs=runs):
+            """loraserve_run, keeping the median of each column of its timed decode steps."""
+            with clocked(num_prompts) as steps:
+                result = loraserve_run(world, items, count)
+            assert steps, "no decode step of the timed window was seen"
+            runs[count].append([statistics.median(column) for column in zip(*steps)])
+            return result
+
+        workloads = {count: workload(num_prompts, names[:count]) for count in model_counts}
+        side_by_side(world, workloads, repeats=rounds, hf_peer=False, run=clocked_run)
         ms = {c: [1e3 * statistics.median(col) for col in zip(*r)] for c, r in runs.items()}
         for count in model_counts:
             step, forward, base, lora, plan = ms[count]

@@ -4,7 +4,7 @@
 
 A decode step reads every linear's weights and every resident adapter's A and B once. The
 tiny model's weights fit the last-level cache; with 32 rank-8 adapters beside them they do
-not, and both stream from memory. The rows vary the adapters' share of the step's bytes:
+not, and each step reads part of both from memory. The rows vary the adapters' share of the step's bytes:
 more adapters on the tiny model, and 32 on the medium one (whose weights never fit). The
 first line gives the host's floor for one small torch call, which a decode step's LoRA path
 pays about 24 times a layer whatever the adapters' bytes.

@@ -2,11 +2,16 @@
 
 Ray's power-of-two router sends a multiplexed id to the replicas that hold it, and looks
 elsewhere only when they refuse work, so one popular adapter stays pinned to one replica
-however busy it gets (ray-project/ray#65691). The rule added here:
+however busy it gets (ray-project/ray#65691). Yet one refused or slow queue-length probe
+(its deadline is 0.1 s, which a busy host misses) sends the request to whichever replica
+holds the fewest ids, so a cold adapter leaks onto a second replica and takes a slot there.
+The rules here instead:
 
     an adapter is copied to one more replica once every replica holding it runs at least
     `spread_at` of its requests at once (routing.spread_at: a quarter of max_num_seqs);
-    the copy goes to the replica running the fewest requests.
+    the copy goes to the replica running the fewest requests. Otherwise a request goes to
+    the replicas holding its adapter, and waits for one of them with Ray's backoff; only an
+    id no replica holds is placed by Ray.
 
 The replica that receives the copy loads the adapter and reports its id, so from then on
 Ray's routing (and the HTTP path's serve-where-held rule) splits that adapter's requests
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 # Ray's default router; its module is private, but the class is the documented default
 # (RequestRouterConfig.request_router_class) and the only way to extend it.
+import random
+
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, RunningReplica
 
@@ -52,6 +59,17 @@ def copy_target(
     return min(others, key=running)
 
 
+def candidates(
+    replicas: list[RunningReplica], model_id: str, spread_at: int
+) -> list[RunningReplica]:
+    """Where a request of model_id may go: [the copy target] when a copy is due, else the
+    replicas holding model_id; [] when none holds it (Ray places it)."""
+    target = copy_target(replicas, model_id, spread_at)
+    if target is not None:
+        return [target]
+    return [r for r in replicas if model_id in r.multiplexed_model_ids]
+
+
 class AdapterRouter(PowerOfTwoChoicesRequestRouter):
     """Power-of-two choices with multiplexing, and the copy rule of this module."""
 
@@ -64,8 +82,10 @@ class AdapterRouter(PowerOfTwoChoicesRequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         model_id = pending_request.metadata.multiplexed_model_id if pending_request else ""
-        if model_id:
-            target = copy_target(candidate_replicas, model_id, self.spread_at)
-            if target is not None:
-                return [[target]]
+        chosen = candidates(candidate_replicas, model_id, self.spread_at) if model_id else []
+        if chosen:
+            # Retried after a pause while every chosen replica refuses work, as Ray's own
+            # multiplexed choices are (without it the retry loop spins).
+            pending_request.routing_context.should_backoff = True
+            return [random.sample(chosen, min(2, len(chosen)))]  # the less busy of two
         return await super().choose_replicas(candidate_replicas, pending_request)

@@ -98,6 +98,45 @@ def test_a_hot_adapter_is_copied_to_the_least_busy_replica_and_a_cold_one_stays(
     assert copy_target([no_stats, idle], "hot", spread_at=4) is None
 
 
+def test_a_request_waits_for_its_adapters_holders_even_after_a_refusal():
+    import asyncio
+    from types import SimpleNamespace
+
+    from ray.serve._private.request_router.common import RequestRoutingContext
+
+    from serving.deploy.router import AdapterRouter
+
+    def replica(ids, in_flight):
+        stats = {"in_flight": in_flight, "running": sum(in_flight.values())}
+        return SimpleNamespace(multiplexed_model_ids=set(ids), routing_stats=stats)
+
+    def request(model_id):
+        # As Ray leaves it after the holders refused once (or a probe timed out): its own
+        # rule would now try the replicas holding the fewest ids.
+        context = RequestRoutingContext(tried_first_multiplexed_models=True)
+        metadata = SimpleNamespace(multiplexed_model_id=model_id)
+        return SimpleNamespace(metadata=metadata, routing_context=context)
+
+    router = AdapterRouter.__new__(AdapterRouter)  # choose_replicas needs only its state
+    router.initialize_state(spread_at=4)
+    holder = replica({"hot", "cold"}, {"hot": 4, "cold": 1})
+    other, empty = replica({"x"}, {"x": 1}), replica(set(), {})
+    replicas = [holder, other, empty]
+
+    def choose(model_id):
+        pending = request(model_id)
+        ranks = asyncio.run(router.choose_replicas(replicas, pending))
+        assert pending.routing_context.should_backoff  # retried after a pause, not spun
+        return ranks
+
+    for _ in range(20):
+        assert choose("cold") == [[holder]]  # never the emptier replicas
+        assert choose("hot") == [[empty]]  # a copy is due: the least busy replica
+    two = replica({"cold"}, {"cold": 1})
+    replicas.append(two)
+    assert {id(r) for r in choose("cold")[0]} == {id(holder), id(two)}  # the less busy
+
+
 def test_arrivals_count_by_adapter_name_with_bounded_labels():
     from serving.deploy.arrivals import Arrivals
 

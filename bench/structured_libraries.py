@@ -34,8 +34,9 @@ from serving.engine.grammar.masks import TokenMasks, allocate, grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
 from serving.model.tokenizer import Tokenizer
 
-DOCUMENT = {"address": {"city": "Springfield of the North", "zip": "12345-6789"}, "age": 42,
-            "name": "Jonathan Quincy Adams the third", "tags": ["alpha", "gamma"]}  # fmt: skip
+# In NESTED's property order: both libraries hold an object's properties to the schema's order.
+DOCUMENT = {"name": "Jonathan Quincy Adams the third", "age": 42, "tags": ["alpha", "gamma"],
+            "address": {"city": "Springfield of the North", "zip": "12345-6789"}}  # fmt: skip
 LLG_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ROUNDS = 5
 

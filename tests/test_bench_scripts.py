@@ -107,7 +107,6 @@ def test_structured_bench_quick():
 
 @pytest.mark.slow
 def test_structured_bench_libraries_quick():
-    pytest.importorskip("llguidance")
     out = _run("bench.structured", "--libraries", "--quick")
     assert out.count("| demo (4096) | ") == 2 + 4, out  # 2 batches, 4 formats
 

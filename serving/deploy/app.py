@@ -76,7 +76,10 @@ def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
         max_queued_requests=cfg.server.max_queue,
         request_router_config=RequestRouterConfig(
             request_router_class=AdapterRouter,
-            request_router_kwargs={"spread_at": spread_at(cfg)},
+            request_router_kwargs={
+                "spread_at": spread_at(cfg),
+                "full_at": cfg.scheduler.max_num_seqs,
+            },
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
         ),
     )

@@ -74,7 +74,7 @@ def test_deployment_options_follow_the_config():
     assert (options["num_cpus"], options["num_gpus"]) == (1.5, 0.0)
     assert options["runtime_env"]["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
     assert config.request_router_config.get_request_router_class() is AdapterRouter
-    assert config.request_router_config.request_router_kwargs == {"spread_at": 2}
+    assert config.request_router_config.request_router_kwargs == {"spread_at": 2, "full_at": 8}
 
 
 def test_a_hot_adapter_is_copied_to_the_least_busy_replica_and_a_cold_one_stays():
@@ -86,16 +86,25 @@ def test_a_hot_adapter_is_copied_to_the_least_busy_replica_and_a_cold_one_stays(
         stats = {"in_flight": in_flight, "running": running}
         return SimpleNamespace(multiplexed_model_ids=set(ids), routing_stats=stats)
 
+    def target(replicas, model_id):
+        return copy_target(replicas, model_id, spread_at=4, full_at=16)
+
     holder = replica({"hot", "cold"}, {"hot": 4, "cold": 1}, 5)
     idle, busy = replica(set(), {}, 0), replica({"other"}, {"other": 2}, 2)
-    assert copy_target([holder, busy, idle], "hot", spread_at=4) is idle
-    assert copy_target([holder, busy, idle], "cold", spread_at=4) is None  # stays
-    assert copy_target([holder, busy, idle], "new", spread_at=4) is None  # Ray places it
+    assert target([holder, busy, idle], "hot") is idle
+    assert target([holder, busy, idle], "cold") is None  # stays
+    assert target([holder, busy, idle], "new") is None  # Ray places it
     copy = replica({"hot"}, {"hot": 3}, 3)  # copied once, and that copy is not busy yet
-    assert copy_target([holder, copy, idle], "hot", spread_at=4) is None
-    assert copy_target([holder], "hot", spread_at=4) is None  # nowhere else to go
+    assert target([holder, copy, idle], "hot") is None
+    assert target([holder], "hot") is None  # nowhere else to go
     no_stats = SimpleNamespace(multiplexed_model_ids={"hot"}, routing_stats=None)
-    assert copy_target([no_stats, idle], "hot", spread_at=4) is None
+    assert target([no_stats, idle], "hot") is None
+    # A full batch of other adapters' requests: a cold one goes where there is room, and
+    # waits for its holder when there is none elsewhere.
+    full = replica({"cold", "hot"}, {"hot": 3, "cold": 1}, 16)
+    assert target([full, busy, idle], "cold") is idle
+    assert target([full, replica(set(), {}, 16)], "cold") is None
+    assert target([full, replica(set(), {}, 15)], "cold") is not None
 
 
 def test_a_request_waits_for_its_adapters_holders_even_after_a_refusal():
@@ -118,7 +127,7 @@ def test_a_request_waits_for_its_adapters_holders_even_after_a_refusal():
         return SimpleNamespace(metadata=metadata, routing_context=context)
 
     router = AdapterRouter.__new__(AdapterRouter)  # choose_replicas needs only its state
-    router.initialize_state(spread_at=4)
+    router.initialize_state(spread_at=4, full_at=16)
     holder = replica({"hot", "cold"}, {"hot": 4, "cold": 1})
     other, empty = replica({"x"}, {"x": 1}), replica(set(), {})
     replicas = [holder, other, empty]

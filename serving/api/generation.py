@@ -213,17 +213,22 @@ def stream_error(path: str, out: RequestOutput) -> str:
 async def _drain(gen: Generation) -> Outcome:
     outcome = Outcome()
     text = []
-    async for out in gen:
-        if out.finish_reason == "error":
-            raise failed(out)
-        text.append(out.new_text)
-        outcome.token_ids.extend(out.new_token_ids)
-        outcome.logprobs.extend(out.logprobs)
-        if out.finished:
-            outcome.finish_reason = out.finish_reason or "stop"
-            outcome.prompt_tokens = out.prompt_tokens
-            outcome.completion_tokens = out.completion_tokens
-            outcome.cached_tokens = out.cached_tokens
+    try:
+        async for out in gen:
+            if out.finish_reason == "error":
+                raise failed(out)
+            text.append(out.new_text)
+            outcome.token_ids.extend(out.new_token_ids)
+            outcome.logprobs.extend(out.logprobs)
+            if out.finished:
+                outcome.finish_reason = out.finish_reason or "stop"
+                outcome.prompt_tokens = out.prompt_tokens
+                outcome.completion_tokens = out.completion_tokens
+                outcome.cached_tokens = out.cached_tokens
+    finally:
+        # Leaving the loop by a raise leaves gen's iterator suspended; its own close would
+        # run only when collected, after the answer: the usage must be committed first.
+        await gen.aclose()
     outcome.text = "".join(text)
     return outcome
 

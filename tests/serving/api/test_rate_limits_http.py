@@ -292,3 +292,32 @@ def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(
     assert [row["interactive"]["requests"] for row in rows["data"]] == [1]  # the answered one
     text = client.get("/metrics", headers=auth("admin-key-0123")).text
     assert 'loraserve_tenant_requests_total{kind="interactive",tenant="globex"} 1.0' in text
+
+
+class SlowFinish:
+    """A tenancy whose finish takes a while, as a shared limiter behind a handle does."""
+
+    def __init__(self, tenancy):
+        self.tenancy, self.finished = tenancy, 0
+
+    async def admit(self, tenant, tokens):
+        return await self.tenancy.admit(tenant, tokens)
+
+    async def finish(self, admission, record, tokens_used):
+        await asyncio.sleep(0.2)
+        await self.tenancy.finish(admission, record, tokens_used)
+        self.finished += 1
+
+    async def usage(self, **query):
+        return await self.tenancy.usage(**query)
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_request_is_charged_before_its_answer_is_sent(world, tmp_path, failing):
+    generator = FailsMidway() if failing else Held()
+    client, _ = client_for(world, tmp_path, {"globex": {"tokens_per_minute": 100}}, generator)
+    context = client.app.state.context
+    tenancy = SlowFinish(context.tenancy)
+    client.app.state.context = dataclasses.replace(context, tenancy=tenancy)
+    assert post(client, GLOBEX).status_code == (500 if failing else 200)
+    assert tenancy.finished == 1

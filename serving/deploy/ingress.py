@@ -43,6 +43,10 @@ class PeerReplicas:
             async for out in response:
                 finished = out.finished
                 yield out
+                if finished:
+                    # The last output: the answer is whole without waiting for Ray to close
+                    # the stream as well.
+                    return
         except BackPressureError as exc:  # deploy.max_queued_requests reached
             raise QueueFull(str(exc)) from None
         except RayTaskError as exc:

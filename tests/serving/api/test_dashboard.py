@@ -3,7 +3,7 @@ nothing of any other host, shows each key its own adapters, uploads and deletes 
 API, draws live figures, and fits a desk and a phone."""
 
 import re
-import time
+import threading
 
 import httpx
 import pytest
@@ -226,12 +226,15 @@ def test_markup_in_an_answer_stays_text(served, browser, tmp_path):
 def test_a_running_batch_is_listed_and_cancelled_from_the_page(served, browser):
     model = served.generator.engine.model
     forward = model.forward
+    # Holds every step until the page has cancelled, so the batch is still running whatever
+    # the machine's speed (the deadline only bounds a failing test).
+    acted = threading.Event()
 
-    def slow_forward(*args, **kwargs):  # keeps the batch running while the page acts on it
-        time.sleep(0.05)
+    def held_forward(*args, **kwargs):
+        acted.wait(timeout=120)
         return forward(*args, **kwargs)
 
-    model.forward = slow_forward
+    model.forward = held_forward
     try:
         c = client(served)
         batch = start(c, [line(f"b{i}", chat("upper", i, max_tokens=4)) for i in range(60)])
@@ -247,6 +250,7 @@ def test_a_running_batch_is_listed_and_cancelled_from_the_page(served, browser):
         assert c.batches.retrieve(batch.id).status in ("cancelling", "cancelled")
     finally:
         model.forward = forward
+        acted.set()
 
 
 @pytest.mark.parametrize("name, viewport", [("desk", DESK), ("phone", PHONE)])

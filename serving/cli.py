@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -43,6 +44,27 @@ def main(
     ),
 ) -> None:
     """Serve one base LLM and thousands of LoRA adapters of it."""
+    _check_kernels_is_ours()
+
+
+def _check_kernels_is_ours() -> None:
+    """Exit with a clear error when `import kernels` would not find loraserve's package.
+
+    Hugging Face's `kernels` distribution (which transformers 5.25 and later require) has an
+    import package of the same name; installed, it shadows ours and no model would load.
+    """
+    spec = importlib.util.find_spec("kernels")
+    ours = Path(__file__).resolve().parents[1] / "kernels" / "__init__.py"
+    if spec is not None and spec.origin and Path(spec.origin).resolve() == ours:
+        return
+    found = spec.origin if spec is not None else "nothing"
+    typer.echo(
+        f"loraserve: error: `import kernels` finds {found}, not loraserve's {ours}: Hugging "
+        "Face's `kernels` package shadows it (transformers 5.25 and later require it). "
+        "Run `pip uninstall kernels` and `pip install 'transformers<5.25'`.",
+        err=True,
+    )
+    raise typer.Exit(2)
 
 
 app.add_typer(adapters_app, name="adapters")

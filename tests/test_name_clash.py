@@ -2,6 +2,7 @@
 `kernels`, AdapterHub `adapters`): transformers and peft must import and work beside ours."""
 
 import importlib.metadata
+import sys
 
 import torch
 
@@ -31,3 +32,19 @@ def test_transformers_does_not_take_ours_for_hub_kernels():
     check = getattr(import_utils, "is_kernels_available", None)
     if check is not None and not installed:
         assert not check()
+
+
+def test_the_cli_names_another_kernels_package_that_shadows_ours(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from serving.cli import app
+
+    assert CliRunner().invoke(app, ["adapters", "--help"]).exit_code == 0
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(sys.modules, "kernels", raising=False)
+    result = CliRunner().invoke(app, ["adapters", "--help"])
+    assert result.exit_code == 2
+    assert str(tmp_path / "kernels" / "__init__.py") in result.output
+    assert "pip uninstall kernels" in result.output and "Traceback" not in result.output

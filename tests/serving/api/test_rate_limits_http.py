@@ -2,8 +2,6 @@
 refusals are 429 with Retry-After and OpenAI's x-ratelimit-* headers, other tenants are not
 limited by them, and one tenant at its limit does not slow another."""
 
-import asyncio
-import dataclasses
 import statistics
 import threading
 import time
@@ -13,60 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.engine.request import RequestOutput
+from tests.serving.api.held import Held, auth, client_for, post
 from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, serve, stub_settings
 
 LIMITS = {
     "acme": {"requests_per_minute": 5},
     "globex": {"tokens_per_minute": 100},
 }
-
-
-def auth(key):
-    return {"Authorization": f"Bearer {key}"}
-
-
-class Held:
-    """A generator whose requests stay running until `release` is set; counts them."""
-
-    def __init__(self):
-        self.release = threading.Event()
-        self.running = 0
-        self.most = 0
-        self.started = 0
-
-    async def generate(self, request, *, session=None):
-        self.prompt_len = len(request.prompt_token_ids)
-        self.running += 1
-        self.started += 1
-        self.most = max(self.most, self.running)
-        try:
-            yield RequestOutput(request.request_id, (1,), "a", False, None, 3, 1)
-            while not self.release.is_set():
-                await asyncio.sleep(0.01)
-            yield RequestOutput(request.request_id, (2,), "b", True, "length", 3, 2)
-        finally:
-            self.running -= 1
-
-    async def figures(self):
-        return []
-
-    async def ready(self):
-        return True
-
-
-def client_for(world, tmp_path, limits, generator=None):
-    generator = generator or Held()
-    generator.release.set()
-    settings = stub_settings(world, tmp_path, limits_of=lambda t: limits.get(t, {}))
-    return TestClient(create_app(generator, settings), raise_server_exceptions=False), generator
-
-
-def post(client, key, max_tokens=4, path="/v1/completions"):
-    body = {"model": MODEL_ID, "prompt": "hi", "max_tokens": max_tokens}
-    if path.startswith("/ai"):
-        body = {"prompt": "hi", "raw": True, "max_tokens": max_tokens}
-    return client.post(path, json=body, headers=auth(key))
 
 
 def concurrently(fn, n):
@@ -263,61 +214,3 @@ def test_an_unreachable_limiter_is_503_and_unlimited_tenants_go_on(world, tmp_pa
     assert held.started == 0  # refused before the engine
     # a tenant without limits needs no admission; its lost usage record fails nothing
     assert post(client, "admin-key-0123").status_code == 200
-
-
-class FailsMidway(Held):
-    """Each request yields a token, then fails (as an engine step fault would)."""
-
-    async def generate(self, request, *, session=None):
-        self.prompt_len = len(request.prompt_token_ids)
-        yield RequestOutput(request.request_id, (1,), "a", False, None, 3, 1)
-        yield RequestOutput(request.request_id, (), "", True, "error", 3, 2, error="boom")
-
-
-def test_a_failed_request_is_not_metered_but_its_tokens_count_against_the_limit(world, tmp_path):
-    failing = FailsMidway()
-    failing.release.set()
-    limits = {"globex": {"tokens_per_minute": 100}}
-    settings = stub_settings(world, tmp_path, limits_of=lambda t: limits.get(t, {}))
-    client = TestClient(create_app(failing, settings), raise_server_exceptions=False)
-    assert post(client, GLOBEX).status_code == 500  # its answer carries no usage
-    ok = Held()
-    ok.release.set()
-    client.app.state.context = dataclasses.replace(client.app.state.context, generator=ok)
-    r = post(client, GLOBEX, max_tokens=4)
-    assert r.status_code == 200
-    # 3 + 2 tokens charged for the failed request, then this one's reservation
-    assert int(r.headers["x-ratelimit-remaining-tokens"]) == 100 - 5 - (ok.prompt_len + 4)
-    rows = client.get("/v1/usage", params={"group_by": "tenant"}, headers=auth(GLOBEX)).json()
-    assert [row["interactive"]["requests"] for row in rows["data"]] == [1]  # the answered one
-    text = client.get("/metrics", headers=auth("admin-key-0123")).text
-    assert 'loraserve_tenant_requests_total{kind="interactive",tenant="globex"} 1.0' in text
-
-
-class SlowFinish:
-    """A tenancy whose finish takes a while, as a shared limiter behind a handle does."""
-
-    def __init__(self, tenancy):
-        self.tenancy, self.finished = tenancy, 0
-
-    async def admit(self, tenant, tokens):
-        return await self.tenancy.admit(tenant, tokens)
-
-    async def finish(self, admission, record, tokens_used):
-        await asyncio.sleep(0.2)
-        await self.tenancy.finish(admission, record, tokens_used)
-        self.finished += 1
-
-    async def usage(self, **query):
-        return await self.tenancy.usage(**query)
-
-
-@pytest.mark.parametrize("failing", [False, True])
-def test_a_request_is_charged_before_its_answer_is_sent(world, tmp_path, failing):
-    generator = FailsMidway() if failing else Held()
-    client, _ = client_for(world, tmp_path, {"globex": {"tokens_per_minute": 100}}, generator)
-    context = client.app.state.context
-    tenancy = SlowFinish(context.tenancy)
-    client.app.state.context = dataclasses.replace(context, tenancy=tenancy)
-    assert post(client, GLOBEX).status_code == (500 if failing else 200)
-    assert tenancy.finished == 1

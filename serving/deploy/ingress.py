@@ -36,7 +36,13 @@ class PeerReplicas:
         self, request: GenerateRequest, model_id: str
     ) -> AsyncIterator[RequestOutput]:
         """The outputs of the replica Ray routes model_id to; leaving early cancels its call."""
-        handle = self._handle.options(stream=True, multiplexed_model_id=model_id)
+        # Over gRPC between the replicas (`_by_reference=False`), not a Ray streaming task:
+        # the replicas run the app on their own event loop (deploy.app.REPLICA_ENV), and a
+        # task's stream read there sometimes stopped short of its last outputs, which the
+        # holder had sent, so the answer never ended.
+        handle = self._handle.options(
+            stream=True, multiplexed_model_id=model_id, _by_reference=False
+        )
         response = handle.generate.remote(request)
         finished = False
         try:

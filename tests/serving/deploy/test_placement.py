@@ -84,7 +84,9 @@ def drive(url: str, models: list[str], max_tokens: int = 8, streams: int = STREA
             received = b""
             for chunk in r.iter_bytes():
                 received += chunk
-                assert time.monotonic() < deadline, f"{model}: no end after {STREAM_DEADLINE_S} s"
+                if time.monotonic() > deadline:  # what each replica's engine holds now
+                    stats = httpx.get(f"{url}/v1/stats", timeout=30).text
+                    raise AssertionError(f"{model}: no end after {STREAM_DEADLINE_S} s; {stats}")
             assert b"[DONE]" in received
 
     with ThreadPoolExecutor(streams) as pool:

@@ -256,6 +256,7 @@ class AdapterSlab:
         self.scales[slot] = 0.0
         self.host_scales[slot] = 0.0
         self.vectors.mark(slot, None)
+        self.tokens.mark(slot, None)
         self.tokens.write(slot, None)
         self.stacks.ranks.clear(slot)
 
@@ -281,6 +282,7 @@ class AdapterSlab:
         with self._lock:
             del self._loading[version]
             self.vectors.mark(slot, adapter)
+            self.tokens.mark(slot, adapter)
             self.host_ranks[slot] = adapter.rank
             self.ranks[slot] = adapter.rank  # last: the kernels read the slot from here on
             self._resident[version] = slot

@@ -29,6 +29,7 @@ class SlabTokens:
             (num_slots, vocab if width else 0), -1, dtype=torch.int32, device=device
         )
         self.has = torch.zeros(num_slots, dtype=torch.bool, device=device)
+        self._host_has = [False] * num_slots
         self.count = 0  # slots with tokens, read on the host per step
 
     def check(self, version: str, adapter: Adapter) -> None:
@@ -41,7 +42,11 @@ class SlabTokens:
             )
 
     def write(self, slot: int, adapter: Adapter | None) -> None:
-        """Fill slot from adapter's trainable tokens (None, or none: clear it)."""
+        """Fill slot's rows from adapter's trainable tokens (None, or none: clear them).
+
+        Only slot's own entries change, so a load may write them outside the slab's lock;
+        whether the slot has tokens, and the count, change in `mark`.
+        """
         if not self.max_tokens:
             return
         old = self.ids[slot][self.ids[slot] >= 0]
@@ -54,5 +59,14 @@ class SlabTokens:
             self.ids[slot, :n] = ids
             self.rows[slot, :n] = tokens.rows.to(self.rows.device, self.rows.dtype)
             self.where[slot, ids] = torch.arange(n, dtype=torch.int32, device=ids.device)
-        self.has[slot] = tokens is not None
-        self.count = int(self.has.sum())
+
+    def mark(self, slot: int, adapter: Adapter | None) -> None:
+        """Record whether slot's adapter (None: an empty slot) has trainable tokens.
+
+        Call it holding the slab's lock: the count is every slot's, and two loads that each
+        summed the flags on their own could leave it at 0 while a slot has tokens, when a
+        step would skip that slot's rows.
+        """
+        wanted = bool(self.max_tokens) and adapter is not None and adapter.tokens is not None
+        self.has[slot] = self._host_has[slot] = wanted
+        self.count = sum(self._host_has)

@@ -56,8 +56,9 @@ class PeerReplicas:
         except BackPressureError as exc:  # deploy.max_queued_requests reached
             raise QueueFull(str(exc)) from None
         except RayTaskError as exc:
-            # The replica's own exception (QueueFull, ValueError), whose message the API
-            # shows to the client, rather than Ray's wrapper that carries the traceback.
+            # Over gRPC the replica's own exception (QueueFull, ValueError) arrives as it was
+            # raised; one that Ray wrapped on the way is unwrapped, so that the API shows the
+            # client its message rather than Ray's wrapper that carries the traceback.
             raise exc.cause from None
         finally:
             if not finished:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import torch
 
 from adapters.slab_tokens import SlabTokens
+from tests.adapters.slab_helpers import Registry, make_adapter
 
 VOCAB, HIDDEN, SLOTS = 32, 4, 8
 
@@ -66,3 +67,25 @@ def test_concurrent_loads_leave_the_count_of_slots_with_tokens_exact():
         slab = load_at_once(plan)
         assert slab.count == SLOTS // 2, attempt
         assert slab.has.tolist() == [bool(s % 2) for s in range(SLOTS)]
+
+
+def test_the_slab_marks_slots_only_under_its_lock(make_slab):
+    # Loads on the slab's workers, then loads that evict: every mark must hold the slab's
+    # lock, where the count is consistent with every other slot's.
+    reg = Registry(*(make_adapter(4, seed=i) for i in range(6)))
+    slab = make_slab(reg, num_slots=3, prefetch_workers=3)
+    marked = []
+    real_mark = slab.tokens.mark
+
+    def mark(slot, adapter):
+        marked.append(slab._lock.locked())
+        real_mark(slot, adapter)
+
+    slab.tokens.mark = mark
+    loads = [slab.prefetch(v) for v in reg.versions[:3]]  # on the slab's workers at once
+    assert sorted(load.result(timeout=30) for load in loads) == [0, 1, 2]
+    for version in reg.versions[3:]:  # each evicts one of the first three
+        slab.acquire(version)
+        slab.release(version)
+    assert marked and all(marked), marked
+    assert slab.tokens.count == 0  # none of these adapters has trainable tokens

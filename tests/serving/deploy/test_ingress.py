@@ -99,6 +99,8 @@ def test_leaving_a_forward_early_cancels_the_call():
 @pytest.mark.parametrize(
     ("raised", "expected"),
     [
+        (ValueError("prompt too long"), ValueError),  # as gRPC hands the holder's on
+        (QueueFull("9 waiting"), QueueFull),
         (RayTaskError("generate", "Traceback ...", ValueError("prompt too long")), ValueError),
         (RayTaskError("generate", "Traceback ...", QueueFull("9 waiting")), QueueFull),
         (BackPressureError(num_queued_requests=9, max_queued_requests=9), QueueFull),

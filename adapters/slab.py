@@ -1,10 +1,10 @@
 """The adapter slab: one model replica's device-resident LoRA weights, one slot per adapter.
 
 For every layer and targetable module the slab holds the stacks the LoRA kernels read
-(kernels/lora_ops.py), preallocated once (adapters/slab_stacks.py), with a scale and a rank
-per slot (0: an empty slot); lora_B biases and DoRA's output scales beside them
-(adapters/slab_vectors.py), and trainable tokens, up to `max_tokens` per slot
-(adapters/slab_tokens.py). With `embeddings`, the embedding's and the LM head's stacks are
+(kernels/lora_ops.py), preallocated once, with a scale and a rank per slot (0: an empty
+slot); lora_B biases and DoRA's output scales beside them, and trainable tokens, up to
+`max_tokens` per slot: what a slot holds, and how it is filled and emptied, is
+adapters/slab_slots.py. With `embeddings`, the embedding's and the LM head's stacks are
 kept too, under layer -1.
 
 Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
@@ -28,10 +28,9 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
-from adapters.slab_stacks import SlabStacks
+from adapters.slab_slots import SlotContents
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
-from adapters.slab_tokens import SlabTokens
-from adapters.slab_vectors import BaseWeight, SlabVectors
+from adapters.slab_vectors import BaseWeight
 
 
 class AdapterSlab:
@@ -61,18 +60,19 @@ class AdapterSlab:
         unknown = sorted(set(self.modules) - set(spec.shapes))
         if unknown:
             raise ValueError(f"modules {unknown} are not in the base model ({list(spec.shapes)})")
-        like = {"dtype": dtype, "device": self.device}
         # The embedding's and LM head's stacks are vocabulary-wide: only when asked for.
         self.outer = tuple(spec.outer_shapes) if embeddings else ()
-        self.stacks = SlabStacks(spec, self.modules, self.outer, num_slots, max_rank, **like)
+        self.contents = SlotContents(
+            spec, self.modules, self.outer, num_slots=num_slots, max_rank=max_rank,
+            max_tokens=max_tokens, base_weight=base_weight, dtype=dtype, device=self.device,
+        )  # fmt: skip
+        # What the model runtime reads, by the names it reads them by (see SlotContents).
+        c = self.contents
+        self.stacks, self.vectors, self.tokens = c.stacks, c.vectors, c.tokens
+        self.scales, self.ranks, self.host_ranks, self.host_scales = (
+            c.scales, c.ranks, c.host_ranks, c.host_scales
+        )  # fmt: skip
         self.keys = frozenset(self.stacks.a)  # every (layer, module) the slab holds
-        shapes = ((key, fan_out) for key, (_, fan_out) in self.stacks.shapes.items())
-        self.vectors = SlabVectors(shapes, num_slots, base_weight=base_weight, **like)
-        self.tokens = SlabTokens(num_slots, spec.vocab_size, spec.hidden_size, max_tokens, **like)
-        self.scales = torch.zeros(num_slots, dtype=torch.float32, device=self.device)  # [slots]
-        self.ranks = torch.zeros(num_slots, dtype=torch.int32, device=self.device)  # [slots]
-        # The same as lists, for steps to group tokens and scale runs on the host
-        self.host_ranks, self.host_scales = [0] * num_slots, [0.0] * num_slots
         self._lock = threading.Lock()
         check = partial(
             check_fits, spec=spec, modules=self.modules, max_rank=max_rank, outer=self.outer
@@ -251,14 +251,7 @@ class AdapterSlab:
         """Mark `slot` empty: rank 0, no version, no pins."""
         self._slot_version[slot] = None
         self._pins[slot] = 0
-        self.ranks[slot] = 0
-        self.host_ranks[slot] = 0
-        self.scales[slot] = 0.0
-        self.host_scales[slot] = 0.0
-        self.vectors.mark(slot, None)
-        self.tokens.mark(slot, None)
-        self.tokens.write(slot, None)
-        self.stacks.ranks.clear(slot)
+        self.contents.clear(slot)
 
     # -- one load (outside the lock, into its reserved slot) -----------------------------
 
@@ -269,9 +262,8 @@ class AdapterSlab:
             if self._closed:
                 raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
             adapter, tier = self._host.fetch(version)
-            self.vectors.check(version, adapter)
-            self.tokens.check(version, adapter)
-            self._write(slot, adapter)
+            self.contents.check(version, adapter)
+            self.contents.write(slot, adapter)
         except BaseException as exc:  # every waiter must wake, whatever went wrong
             with self._lock:
                 del self._loading[version]
@@ -281,23 +273,12 @@ class AdapterSlab:
             return
         with self._lock:
             del self._loading[version]
-            self.vectors.mark(slot, adapter)
-            self.tokens.mark(slot, adapter)
-            self.host_ranks[slot] = adapter.rank
-            self.ranks[slot] = adapter.rank  # last: the kernels read the slot from here on
+            self.contents.publish(slot, adapter)
             self._resident[version] = slot
             self._counts["loads"] += 1
             self._counts[f"{tier}_hits"] += 1
             self._load_seconds += time.perf_counter() - start
         load.set_result(slot)
-
-    def _write(self, slot: int, adapter: Adapter) -> None:
-        """Fill slot's stacks, bias and DoRA vectors, trainable tokens and scale."""
-        self.stacks.write(slot, adapter)
-        self.vectors.write(slot, adapter)
-        self.tokens.write(slot, adapter)
-        self.scales[slot] = adapter.scale
-        self.host_scales[slot] = adapter.scale
 
 
 def _settled(*, result: int | None = None, error: BaseException | None = None) -> Future[int]:

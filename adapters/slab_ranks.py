@@ -48,12 +48,19 @@ class SlabRanks:
         return [self._host[layer][self._index[m]] for m in modules]
 
     def set(self, key: tuple[int, str], slot: int, rank: int) -> None:
-        """Record the rank of module key in slot (0: the adapter leaves it out)."""
+        """Record the rank of module key in slot (0: the adapter leaves it out). A load writes
+        its reserved slot's ranks outside the slab's lock; which slots use an outer module
+        changes only in `mark`, under it."""
         layer, module = key
         self._table[layer][self._index[module], slot] = rank
         self._host[layer][self._index[module]][slot] = rank
-        if layer == OUTER_LAYER:
-            (self._outer_slots[module].add if rank else self._outer_slots[module].discard)(slot)
+
+    def mark(self, slot: int) -> None:
+        """slot's ranks are published: it uses each outer module it has a rank on (hold the
+        slab's lock, so that a step never sees one load's outer modules half-published)."""
+        for module, slots in self._outer_slots.items():
+            used = self._host[OUTER_LAYER][self._index[module]][slot]
+            (slots.add if used else slots.discard)(slot)
 
     def clear(self, slot: int) -> None:
         """slot is empty: no outer module is used by it (its ranks are read by no token)."""

@@ -66,6 +66,7 @@ class SlotContents:
         """Make the written slot readable: its flags and counts, then its rank (hold the lock)."""
         self.vectors.mark(slot, adapter)
         self.tokens.mark(slot, adapter)
+        self.stacks.ranks.mark(slot)
         self.host_ranks[slot] = adapter.rank
         self.ranks[slot] = adapter.rank  # last: the kernels read the slot from here on
 

@@ -162,7 +162,9 @@ def test_failed_load_reaches_every_waiter_and_frees_the_slot(make_slab):
 
     def open_gate():
         assert reg.entered.wait(5)
-        time.sleep(0.2)  # the other acquires join the held load
+        deadline = time.monotonic() + 10  # every acquire joins the held load, pinning its slot
+        while slab._pins[0] < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
         reg.gate.set()
 
     assert in_threads(lambda _: slab.acquire(BAD), 3, meanwhile=open_gate) == [error] * 3

@@ -78,8 +78,12 @@ def serve(
     config: Path = typer.Option(
         DEMO_CONFIG, "--config", help="Server config (YAML); default: the built-in demo."
     ),
-    host: str | None = typer.Option(None, "--host", help="Listen address [server.host]."),
-    port: int | None = typer.Option(None, "--port", help="Listen port [server.port]."),
+    host: str | None = typer.Option(
+        None, "--host", help="Listen address; default: the config's server.host (127.0.0.1)."
+    ),
+    port: int | None = typer.Option(
+        None, "--port", help="Listen port; default: the config's server.port (8000)."
+    ),
     insecure: bool = typer.Option(
         False, "--insecure", help="Listen beyond loopback even with no API keys configured."
     ),

@@ -11,6 +11,7 @@ from adapters.base_model import BaseModelSpec
 from adapters.registry import Registry
 from serving.api.auth import Principal, load_keys
 from serving.config import ServeConfig
+from serving.model.checkpoint import model_folder
 from serving.model.hf_config import load_model_config
 from serving.model.tokenizer import Tokenizer, load_tokenizer
 
@@ -51,20 +52,21 @@ class AppSettings:
 
 def settings_from_config(cfg: ServeConfig) -> AppSettings:
     """Settings for cfg, reading the model folder's config and tokenizer but not its weights."""
-    model = load_model_config(cfg.model.path)
+    folder = model_folder(cfg.model.path)  # a URL's copy, made once per machine
+    model = load_model_config(folder)
     # The engine serves no further than the model's context (or its sliding window).
     context = min(model.max_position_embeddings, model.sliding_window or 1 << 62)
     draft = None
     if cfg.draft.method == "draft_model":
-        draft = served_spec(cfg.draft.path, cfg.model.dtype, cfg.lora.embeddings)
+        draft = served_spec(model_folder(cfg.draft.path), cfg.model.dtype, cfg.lora.embeddings)
     # Before the registry is opened (which creates its folder): a bad keys file touches nothing.
     keys = load_keys(cfg.server.api_keys_file)
     return AppSettings(
         model_id=cfg.model.id,
         max_model_len=min(cfg.model.max_model_len, context),
-        tokenizer=load_tokenizer(cfg.model.path),
+        tokenizer=load_tokenizer(folder),
         registry=Registry(cfg.lora.registry),
-        base_spec=served_spec(cfg.model.path, cfg.model.dtype, cfg.lora.embeddings),
+        base_spec=served_spec(folder, cfg.model.dtype, cfg.lora.embeddings),
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
         keys=keys,

@@ -49,6 +49,16 @@ def _local_path(value: Any, info: ValidationInfo) -> Any:
     return _base_dir(info) / text  # an absolute text replaces the base
 
 
+def _model_location(value: Any, info: ValidationInfo) -> Any:
+    """A model folder made absolute, or an fsspec URL kept as given (s3://, memory://, ...):
+    each process copies it once into its own cache (serving/model/checkpoint.py)."""
+    if isinstance(value, str) and "://" in value and not value.startswith("file://"):
+        return value
+    if isinstance(value, str):
+        value = value.removeprefix("file://")
+    return _local_path(value, info)
+
+
 def _registry_uri(value: Any, info: ValidationInfo) -> Any:
     """An fsspec URL; file:// URLs and plain folders become absolute file:// URLs."""
     if not isinstance(value, str | os.PathLike):
@@ -77,6 +87,7 @@ def _sqlite_uri(value: Any, info: ValidationInfo) -> Any:
 
 
 LocalPath = Annotated[Path, BeforeValidator(_local_path)]
+ModelLocation = Annotated[Path | str, BeforeValidator(_model_location)]
 RegistryURI = Annotated[str, BeforeValidator(_registry_uri)]
 SqliteURI = Annotated[str, BeforeValidator(_sqlite_uri)]
 Limit = Annotated[int | None, Field(gt=0)]  # null = no limit
@@ -96,8 +107,15 @@ class ModelSection(_Section):
     """The base model served."""
 
     id: str = Field("demo", description="Name clients pass as `model`; 1-64 of [A-Za-z0-9._-].")
-    path: LocalPath = Field(Path("models/demo/base"), description="Hugging Face model folder.")
-    quantization: Quant = Field("auto", description="auto = as the checkpoint is stored.")
+    path: ModelLocation = Field(
+        Path("models/demo/base"),
+        description="Hugging Face model folder, or an fsspec URL (s3://...) copied once into "
+        "~/.cache/loraserve/models.",
+    )
+    quantization: Quant = Field(
+        "auto",
+        description="auto = FP8 on CUDA sm_89+ or for an FP8 checkpoint, else as it is stored.",
+    )
     dtype: DType = Field("auto", description="auto = the checkpoint's torch_dtype.")
     max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens.")
     cuda_graphs: bool = Field(
@@ -117,7 +135,9 @@ class DraftSection(_Section):
     """Speculative decoding: how draft tokens are proposed and when speculation runs."""
 
     method: Method = Field("none", description="none = off; ngram = prompt lookup; draft_model.")
-    path: LocalPath = Field(Path("models/demo/draft"), description="The draft_model's folder.")
+    path: ModelLocation = Field(
+        Path("models/demo/draft"), description="The draft_model's folder, or an fsspec URL."
+    )
     num_speculative_tokens: int = Field(4, ge=1, le=16, description="Tokens proposed per step.")
     ngram_min: int = Field(1, ge=1, description="Shortest n-gram matched (method ngram).")
     ngram_max: int = Field(4, ge=1, description="Longest n-gram matched (method ngram).")

@@ -36,6 +36,7 @@ from serving.deploy.replica import SERVER_NAME, ModelServer
 from serving.deploy.router import ROUTING_STATS_PERIOD_S, AdapterRouter
 from serving.deploy.routing import spread_at
 from serving.deploy.tenancy import TenancyServer
+from serving.model.checkpoint import model_folder
 
 APP_NAME = "loraserve"
 # Ray Serve runs a replica's user code on a second event loop by default, so every HTTP
@@ -100,7 +101,7 @@ def publish_preloads(cfg: ServeConfig) -> list[Version]:
     if not cfg.lora.preload:
         return []
     registry = Registry(cfg.lora.registry)
-    spec = served_spec(cfg.model.path, cfg.model.dtype, cfg.lora.embeddings)
+    spec = served_spec(model_folder(cfg.model.path), cfg.model.dtype, cfg.lora.embeddings)
     versions = []
     for name, path in cfg.lora.preload.items():
         companion = path / "draft"

@@ -23,6 +23,7 @@ from serving.config import ServeConfig
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.scheduler import SchedulerConfig
 from serving.engine.speculative.config import SpecConfig
+from serving.model.checkpoint import model_folder
 from serving.model.hf_config import load_model_config
 from serving.model.loader import load_model
 
@@ -123,7 +124,7 @@ def check_draft_vocab(cfg: ServeConfig) -> None:
     """
     if cfg.draft.method != "draft_model":
         return
-    target, draft = cfg.model.path, cfg.draft.path
+    target, draft = model_folder(cfg.model.path), model_folder(cfg.draft.path)
     sizes = load_model_config(target).vocab_size, load_model_config(draft).vocab_size
     if sizes[0] != sizes[1]:
         raise ValueError(

@@ -32,6 +32,11 @@ _CONVERT_HINT = (
 )
 
 
+def model_folder(path_or_uri: str | Path) -> Path:
+    """resolve_model_path into this machine's cache, ~/.cache/loraserve/models."""
+    return resolve_model_path(path_or_uri, Path.home() / ".cache" / "loraserve" / "models")
+
+
 def resolve_model_path(path_or_uri: str | Path, cache_dir: str | Path) -> Path:
     """The local folder of a model: a folder as given, or the cached copy of an fsspec URI."""
     text = str(path_or_uri)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from serving.model.checkpoint import load_state_dict, resolve_model_path
+from serving.model.checkpoint import load_state_dict, model_folder, resolve_model_path
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig, load_model_config
 from serving.model.llama import LlamaModel
@@ -48,7 +48,7 @@ def load_model(
         raise ModelLoadError(
             f"model.quantization: expected one of {QUANTIZATIONS}, got {quantization!r}"
         )
-    folder = resolve_model_path(path, cache_dir or Path.home() / ".cache" / "loraserve" / "models")
+    folder = model_folder(path) if cache_dir is None else resolve_model_path(path, cache_dir)
     config = load_model_config(folder)
     prequantized = _prequantized(folder)
     if prequantized and quantization == "none":

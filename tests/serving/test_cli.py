@@ -31,6 +31,14 @@ def test_help():
     assert "--version" in done.stdout
 
 
+def test_serve_help_names_the_listen_defaults():
+    done = _run("serve", "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.replace("│", " ").split())  # the help box, its lines joined
+    assert "default: the config's server.host (127.0.0.1)" in text
+    assert "default: the config's server.port (8000)" in text
+
+
 def test_unknown_option_fails_cleanly():
     done = _run("--no-such-option")
     assert done.returncode != 0

@@ -156,6 +156,14 @@ def test_other_fsspec_uris_stay_untouched(tmp_path, uri):
     assert parse_config({"lora": {"registry": uri}}, base_dir=tmp_path).lora.registry == uri
 
 
+@pytest.mark.parametrize("section", ["model", "draft"])
+def test_a_model_at_an_fsspec_url_is_kept_and_a_file_url_is_a_folder(tmp_path, section):
+    url = "s3://bucket/models/llama"
+    assert getattr(parse_config({section: {"path": url}}), section).path == url
+    local = parse_config({section: {"path": "file://models/x"}}, base_dir=tmp_path)
+    assert getattr(local, section).path == tmp_path / "models" / "x"
+
+
 def test_non_sqlite_store_is_rejected():
     msg = _error({"batch": {"store": "postgresql://db/jobs"}})
     assert msg.startswith("config: batch.store: 'postgresql://db/jobs' is not a sqlite:///<path>")

@@ -135,3 +135,43 @@ def test_a_draft_whose_tokenizer_maps_tokens_to_other_ids_is_refused(tmp_path):
     draft = _draft_like_demo(tmp_path, swap=("a", "b"))
     with pytest.raises(ValueError, match=r"draft's tokenizer differs .*2 tokens"):
         engine_setup.build_engine(_draft_config(tmp_path, draft))
+
+
+def test_a_model_and_draft_at_an_fsspec_url_are_copied_once_and_served(tmp_path, monkeypatch):
+    import uuid
+
+    import fsspec
+
+    from serving.api import settings_from_config
+    from serving.deploy.engine_setup import build_engine
+    from serving.engine.request import GenerateRequest, SamplingParams
+    from serving.model.tokenizer import load_tokenizer
+    from tests.serving.engine.world import build_world
+
+    world = build_world(tmp_path / "world")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the model cache is ~/.cache/loraserve
+    fs, root = fsspec.filesystem("memory"), f"/models-{uuid.uuid4().hex}"
+    fs.put(f"{world.base_dir}/", f"{root}/base", recursive=True)
+    url = f"memory://{root}/base"
+    cfg = parse_config({
+        "model": {"path": url, "max_model_len": 256},
+        "draft": {"method": "draft_model", "path": url, "adaptive": False},
+        "lora": {"registry": str(tmp_path / "registry")},
+        "cache": {"block_size": 4, "num_blocks": 64},
+    })  # fmt: skip
+    try:
+        assert cfg.model.path == url  # kept as given: each replica copies it on its machine
+        settings = settings_from_config(cfg)
+        engine = build_engine(cfg)
+    finally:
+        fs.rm(root, recursive=True)
+    local = load_tokenizer(world.base_dir)
+    assert settings.tokenizer.encode("def f(x):") == local.encode("def f(x):")
+    assert settings.base_spec.num_layers == 2
+    copies = list((tmp_path / "home" / ".cache" / "loraserve" / "models").iterdir())
+    assert len(copies) == 1  # one copy of the URL for the target, the draft and the settings
+    out = []
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    engine.submit(GenerateRequest("r", (5, 6, 7, 8), greedy, None), out.append)
+    engine.run_until_idle()
+    assert [t for o in out for t in o.new_token_ids] == world.reference([5, 6, 7, 8], None, 6)

@@ -34,6 +34,74 @@ def test_import_direction(package):
                 assert top in ALLOWED[package], f"{path.relative_to(ROOT)} imports {name}"
 
 
+# serving's parts, each with the parts of ours it may import (besides itself): deploy -> api
+# -> engine -> model -> kernels, api -> batch and usage, and config imports nothing of ours.
+BELOW_MODEL = {"kernels", "adapters", "serving.config"}
+SERVING_ALLOWED = {
+    "serving.config": set(),
+    "serving.usage": {"serving.config"},
+    "serving.batch": BELOW_MODEL,
+    "serving.model": BELOW_MODEL,
+    "serving.engine": BELOW_MODEL | {"serving.model"},
+    "serving.api": BELOW_MODEL
+    | {"serving.model", "serving.engine", "serving.batch", "serving.usage"},
+    "serving.deploy": BELOW_MODEL
+    | {"serving.model", "serving.engine", "serving.batch", "serving.usage", "serving.api"},
+}
+
+
+def _part(name: str) -> str:
+    """serving.api.app -> serving.api; adapters.slab -> adapters."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "serving" and len(parts) > 1 else parts[0]
+
+
+@pytest.mark.parametrize("part", sorted(SERVING_ALLOWED))
+def test_serving_parts_import_only_downward(part):
+    for path in sorted((ROOT / part.replace(".", "/")).rglob("*.py")):
+        for name in _imports(path):
+            if name.split(".")[0] in OURS and _part(name) != part:
+                assert _part(name) in SERVING_ALLOWED[part], (
+                    f"{path.relative_to(ROOT)} imports {name}"
+                )
+
+
+def test_no_module_imports_itself_back_at_import_time():
+    """No cycle among our modules' top-level imports (imports inside functions are lazy)."""
+    modules = {}
+    for package in sorted(OURS):
+        for path in _sources(package):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: _top_level_imports(path, modules) for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            pytest.fail("import cycle: " + " -> ".join([*trail[trail.index(name) :], name]))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def _top_level_imports(path: Path, modules: dict) -> set[str]:
+    """The modules of ours that importing path imports, at its top level (`from pkg import
+    mod` counts as mod)."""
+    found = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+            found |= subs if len(subs) == len(node.names) else {*subs, node.module}
+    return found
+
+
 def test_only_serving_deploy_imports_ray():
     for package in OURS:
         for path in _sources(package):

@@ -11,9 +11,9 @@ import re
 
 from adapters.errors import AdapterError, quoted
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
+DIGEST_RE = re.compile(r"^[0-9a-f]{64}\Z")
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 # Words the API and the registry layout use themselves; an adapter may not take them.
 RESERVED = frozenset({"base", "none", "default", "latest", "versions", "names", "tmp"})
 OPERATOR = "operator"  # the reserved tenant that owns the adapters an operator preloads

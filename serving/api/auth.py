@@ -33,8 +33,8 @@ from serving.config import ConfigError
 
 SCOPES = ("user", "admin")
 ENV_VAR = "LORASERVE_API_KEYS"
-TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII without spaces: fits a header
+TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+KEY_RE = re.compile(r"^[\x21-\x7e]+\Z")  # printable ASCII without spaces: fits a header
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 

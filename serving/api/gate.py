@@ -29,8 +29,8 @@ from serving.api.errors import ApiError, send_error
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 # host or [IPv6], then an optional port: no user info, path or other surprises
-_AUTHORITY = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::\d{1,5})?$")
-_ORIGIN = re.compile(r"^https?://(?P<authority>[^/?#]+)$")
+_AUTHORITY = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::\d{1,5})?\Z")
+_ORIGIN = re.compile(r"^https?://(?P<authority>[^/?#]+)\Z")
 
 
 def is_loopback(host: str) -> bool:

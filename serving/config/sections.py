@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODEL_ID_RULE = "use 1-64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit (no ':')"
 
 

@@ -19,7 +19,7 @@ from tests.adapters.registry_helpers import (
     snapshot,
 )
 
-BAD_NAMES = ["Bad", "../x", "a:b", "", "x" * 65, "base", "a/b"]
+BAD_NAMES = ["Bad", "../x", "a:b", "", "x" * 65, "base", "a/b", "x\n", "x\n\n"]
 
 
 def test_plain_folder_is_a_local_registry(tmp_path):
@@ -79,7 +79,7 @@ def test_new_content_moves_the_pointer_and_old_versions_stay(uri):
     assert reg.show("a").history == (v2.digest, v1.digest)
 
 
-@pytest.mark.parametrize("tenant", ["", "a b", "../x", "x/y", "-x", "t" * 65, None])
+@pytest.mark.parametrize("tenant", ["", "a b", "../x", "x/y", "-x", "t" * 65, None, "t\n"])
 def test_invalid_tenants_change_nothing(uri, tenant):
     reg = Registry(uri)
     reg.publish("good", make_adapter())

@@ -141,7 +141,7 @@ def test_num_blocks_rejects_anything_else(value):
     )
 
 
-@pytest.mark.parametrize("model_id", ["a:b", "-demo", "x" * 65, "dé", "a/b"])
+@pytest.mark.parametrize("model_id", ["a:b", "-demo", "x" * 65, "dé", "a/b", "demo\n"])
 def test_bad_model_id_is_rejected(model_id):
     msg = _error({"model": {"id": model_id}})
     assert msg.startswith(f"config: model.id: invalid model id {model_id!r}")

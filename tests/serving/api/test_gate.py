@@ -23,7 +23,7 @@ EVIL = "https://evil.example"
         ("evil.example", False), ("evil.example:8000", False), ("localhost.evil.example", False),
         ("127.0.0.1.nip.io", False), ("10.0.0.1:8000", False), ("[::2]:80", False),
         ("evil.example@127.0.0.1", False), ("127.0.0.1:8000/x", False), ("::1", False),
-        ("127.0.0.1:", False), ("", False),
+        ("127.0.0.1:", False), ("", False), ("localhost\n", False),
     ],
 )  # fmt: skip
 def test_loopback_authorities(authority, loopback):

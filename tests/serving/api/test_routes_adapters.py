@@ -177,6 +177,8 @@ BAD_UPLOADS = [  # (id, form, status, message)
     ("bad-name", lambda: upload_form(peft_adapter_files(), name="Bad Name"), 400,
      "invalid adapter name"),
     ("reserved-name", lambda: upload_form(peft_adapter_files(), name="base"), 400, "reserved"),
+    ("newline-name", lambda: upload_form(peft_adapter_files(), name="x\n"), 400,
+     "invalid adapter name"),
     ("rank-too-high", lambda: upload_form(peft_adapter_files(rank=32)), 400, "max_lora_rank"),
     ("config-not-json", lambda: upload_form({**peft_adapter_files(), "adapter_config.json": b"{"}),
      400, "not valid JSON"),

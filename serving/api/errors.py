@@ -144,9 +144,12 @@ def describe_validation(exc: RequestValidationError) -> str:
         if loc[:1] in (("query",), ("path",), ("header",)):
             fields = [str(p) for p in loc[1:]]
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        # our validators' messages already start with the field's name
-        named = not fields or msg.startswith(f"{fields[-1]} ")
-        parts.append(msg if named else f"{'.'.join(fields)}: {msg}")
+        # our validators' messages already start with the field's name; a field within an
+        # item keeps the item's path ("requests.3.max_tokens must be at least 1")
+        if fields and msg.startswith(f"{fields[-1]} "):
+            parts.append(".".join([*fields[:-1], msg]))
+        else:
+            parts.append(f"{'.'.join(fields)}: {msg}" if fields else msg)
     unique = list(dict.fromkeys(parts))
     return "; ".join(unique[:3]) or "invalid request"
 

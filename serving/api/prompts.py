@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import quoted
 from serving.api.errors import ApiError
-from serving.api.schemas import ChatMessage
+from serving.api.messages import ChatMessage
 from serving.api.settings import AppSettings
 from serving.engine.request import SamplingParams
 from serving.model.errors import ChatTemplateError

@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import RegistryUnavailable
+from adapters.errors import RegistryUnavailable, quoted
 from adapters.registry import Version
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
@@ -103,6 +103,23 @@ async def models(ctx: Ctx, caller: Caller):
     return {"object": "list", "data": [base, *adapters]}
 
 
+@router.get("/v1/models/{model:path}", summary="One model the key may use, as /v1/models lists it")
+async def model_card(model: str, ctx: Ctx, caller: Caller):
+    s = ctx.settings
+    if model == s.model_id:
+        return _card(s.model_id, 0, s.owned_by, None, s.model_id)
+    name = adapter_from_model(s, model)  # 404 for another base or a malformed name
+    try:
+        entries = await run_in_threadpool(s.registry.list_visible, caller.tenant)
+    except RegistryUnavailable:
+        raise ApiError(503, UNAVAILABLE) from None
+    for e in entries:
+        if e.name == name:
+            return _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id,
+                         s.model_id)  # fmt: skip
+    raise ApiError(404, f"the model {quoted(model)} does not exist", code="model_not_found")
+
+
 def _sampling(body, settings):
     """SamplingParams of a chat or text completion body (OpenAI's default temperature 1)."""
     return sampling(
@@ -117,7 +134,7 @@ def _sampling(body, settings):
 
 async def _version(ctx: ApiContext, caller: Principal, body) -> Version | None:
     s = ctx.settings
-    from_lora = adapter_from_lora(s, body.lora) if body.lora else None
+    from_lora = adapter_from_lora(s, body.lora) if body.lora is not None else None
     ref = pick_adapter(adapter_from_model(s, body.model), from_lora)
     return await resolve_version(s, caller, ref)
 

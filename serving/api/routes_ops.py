@@ -28,12 +28,16 @@ async def metrics(
     )
 
 
-@router.get("/healthz", summary="Liveness: the process answers")
+# HEAD too: load balancers and Kubernetes' httpGet probes may ask with either.
+@router.api_route("/healthz", methods=["GET", "HEAD"], summary="Liveness: the process answers")
 async def healthz() -> dict:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="Readiness: model loaded, preloads published, replicas up")
+@router.api_route(
+    "/readyz", methods=["GET", "HEAD"],
+    summary="Readiness: model loaded, preloads published, replicas up",
+)  # fmt: skip
 async def readyz(ctx: Ctx) -> JSONResponse:
     if ctx.settings.ready.is_set() and await ctx.generator.ready():
         return JSONResponse({"status": "ready"})

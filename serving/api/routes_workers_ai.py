@@ -23,11 +23,12 @@ from serving.api.batch_format import workers_status
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
+from serving.api.messages import ChatMessage
 from serving.api.openai_format import new_id
 from serving.api.prompts import chat_ids, sampling, text_ids
 from serving.api.resolve import adapter_from_lora, resolve_version
 from serving.api.response_format import engine_format
-from serving.api.schemas import ChatMessage, WorkersAIRequest
+from serving.api.schemas import WorkersAIRequest
 from serving.api.sse import event_stream
 from serving.batch.records import WORKERS_AI, NewItem
 from serving.engine.request import GenerateRequest, RequestOutput
@@ -57,7 +58,7 @@ async def run(
         return await _queue(model, body, ctx, caller, queue)
     if body.request_id is not None:
         return await _poll(body.request_id, ctx, caller)
-    ref = adapter_from_lora(s, body.lora) if body.lora else None
+    ref = adapter_from_lora(s, body.lora) if body.lora is not None else None
     version = await resolve_version(s, caller, ref)
     if body.messages is not None:
         ids = await chat_ids(s, body.messages)
@@ -102,6 +103,11 @@ async def _queue(model: str, body: WorkersAIRequest, ctx: ApiContext, caller: Pr
         raise ApiError(400, "requests queues a batch: send it with ?queueRequest=true")
     if body.requests is None:
         raise ApiError(400, 'queueRequest=true needs a body of {"requests": [...]}')
+    for i, item in enumerate(body.requests):  # a malformed lora is refused now, not when run
+        try:
+            adapter_from_lora(ctx.settings, item.lora) if item.lora is not None else None
+        except ApiError as exc:
+            raise ApiError(exc.status, f"requests.{i}.{exc.message}", exc.code) from None
     items = [
         NewItem(item.model_dump(exclude_unset=True, exclude={"external_reference"}),
                 item.external_reference)

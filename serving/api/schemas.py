@@ -2,22 +2,26 @@
 
 Ranges follow OpenAI's (temperature 0..2, top_p in (0, 1], penalties -2..2) and Workers AI's
 (repetition_penalty in (0, 2]); a field left out or sent as null takes the default given in
-its description. OpenAI bodies ignore fields this server does not know (clients send many);
-Workers-AI bodies refuse them, so a misspelt field is an error rather than a silent default.
+its description. OpenAI bodies ignore fields this server does not know (clients send many),
+but refuse those known to change the answer that it does not serve (UNSERVED: logit_bias,
+tools, ...); Workers-AI bodies refuse unknown fields, so a misspelt one is an error rather
+than a silent default.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serving.api.messages import ChatMessage
 from serving.api.response_format import OpenAIResponseFormat, WorkersResponseFormat
 from serving.api.text import Text
 
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_BATCH_ITEMS = 50_000  # requests in one batch; a larger job is split by its sender
+DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's (chat: no cap)
 
 
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
@@ -28,27 +32,6 @@ RepetitionPenalty = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
 # >= 1, checked by a validator whose message the API contract fixes; the minimum documents it
 MaxTokens = Annotated[int, Field(json_schema_extra={"minimum": 1})]
-
-
-class TextPart(BaseModel):
-    """OpenAI's list form of message content: only text parts are served."""
-
-    type: Literal["text"]
-    text: Text
-
-
-class ChatMessage(BaseModel):
-    """One turn of a chat."""
-
-    model_config = ConfigDict(extra="ignore")  # e.g. OpenAI's optional `name`
-
-    role: Literal["system", "user", "assistant"]
-    content: Text | list[TextPart]
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
 
 
 class _Sampling(BaseModel):
@@ -63,6 +46,15 @@ class _Sampling(BaseModel):
     frequency_penalty: Penalty | None = Field(None, description="Default 0 (off).")
     presence_penalty: Penalty | None = Field(None, description="Default 0 (off).")
     lora: Text | None = Field(None, description="Adapter: name, name@digest or <model>:name.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_left_out(cls, data: object) -> object:
+        """A field sent as null takes its default (`"n": null`, `"stream": null`), as OpenAI's
+        API takes it; clients built from typed models send every unset field so."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
     @field_validator("max_tokens", check_fields=False)
     @classmethod
@@ -149,7 +141,17 @@ class WorkersAIRequest(_WorkersBody):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: bool | None = False
+
+
+# OpenAI fields that would change the answer and that this server does not serve: refused,
+# not ignored (unknown fields are ignored, so these are named). field -> what leaves it off.
+UNSERVED = {
+    "logit_bias": "an empty object", "tools": "an empty list", "tool_choice": '"none"',
+    "functions": "an empty list", "function_call": '"none"', "suffix": "an empty string",
+    "best_of": "1",
+}  # fmt: skip
+_OFF = ({}, [], "none", "", 1)
 
 
 class _OpenAIBody(_Sampling):
@@ -164,6 +166,15 @@ class _OpenAIBody(_Sampling):
     response_format: OpenAIResponseFormat | None = Field(
         None, description="Output as text (default), any JSON object, or JSON fitting a schema."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unserved_fields_are_off(cls, data: object) -> object:
+        for field, off in UNSERVED.items() if isinstance(data, dict) else ():
+            value = data.get(field)
+            if value is not None and not any(value == v and type(value) is type(v) for v in _OFF):
+                raise ValueError(f"{field} is not supported (send {off}, or leave it out)")
+        return data
 
     @field_validator("n")
     @classmethod
@@ -232,6 +243,16 @@ class CompletionRequest(_OpenAIBody):
     )
     echo: bool = Field(False, description="Not supported: must be false.")
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: object) -> object:
+        if isinstance(value, list) and any(isinstance(item, str | list) for item in value):
+            raise ValueError(
+                "a list of prompts is not supported: send one prompt per request, or many "
+                "through the batch API"
+            )
+        return value
+
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, value: str | list[int]) -> str | list[int]:
@@ -247,7 +268,7 @@ class CompletionRequest(_OpenAIBody):
         return value
 
     def output_limit(self) -> int | None:
-        return self.max_tokens
+        return DEFAULT_COMPLETION_TOKENS if self.max_tokens is None else self.max_tokens
 
     def num_logprobs(self) -> int | None:
         return self.logprobs

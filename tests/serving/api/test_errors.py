@@ -80,6 +80,18 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
      "max_tokens must be at least 1"),
     ("max-tokens-float", "POST", DONE, {"json": {"model": MODEL_ID, "prompt": "x",
                                                   "max_tokens": 1.5}}, 400, "max_tokens"),
+    ("queued-item-max-tokens", "POST", AI + "?queueRequest=true", {"json": {"requests": [
+        {"prompt": "a"}, {"prompt": "b", "max_tokens": 0}]}}, 400,
+     "requests.1.max_tokens must be at least 1"),
+    ("queued-item-stream", "POST", AI + "?queueRequest=true", {"json": {"requests": [
+        {"prompt": "a", "stream": True}]}}, 400,
+     "requests.0.stream is not supported for a queued request"),
+    ("queued-item-bad-lora", "POST", AI + "?queueRequest=true", {"json": {"requests": [
+        {"prompt": "a"}, {"prompt": "b", "lora": "../x"}]}}, 400,
+     "requests.1.lora: invalid adapter name '../x'"),
+    ("empty-lora", "POST", AI, {"json": {"prompt": "x", "lora": ""}}, 400,
+     "lora: invalid adapter name: a name is required"),
+    ("empty-lora-openai", "POST", CHAT, {"json": chat(lora="")}, 400, "lora: invalid adapter"),
     ("n-two", "POST", CHAT, {"json": chat(n=2)}, 400, "only n=1 is supported"),
     ("too-many-stops", "POST", CHAT, {"json": chat(stop=["a"] * 20)}, 400, "stop strings"),
     ("echo", "POST", DONE, {"json": {"model": MODEL_ID, "prompt": "x", "echo": True}}, 400,

@@ -17,12 +17,18 @@ def test_healthz(served):
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
+def test_probes_answer_head_as_get(served):
+    assert httpx.head(served.url + "/healthz").status_code == 200
+    assert httpx.head(served.url + "/readyz").status_code == 200
+
+
 def test_readyz_follows_the_flag(served):
     assert httpx.get(served.url + "/readyz").json() == {"status": "ready"}
     served.settings.ready.clear()
     try:
         r = httpx.get(served.url + "/readyz")
         assert r.status_code == 503 and r.json() == {"status": "starting"}
+        assert httpx.head(served.url + "/readyz").status_code == 503
     finally:
         served.settings.ready.set()
     assert httpx.get(served.url + "/readyz").status_code == 200
@@ -41,6 +47,7 @@ def test_openapi_documents_every_route(served):
         "/v1/chat/completions",
         "/v1/completions",
         "/v1/models",
+        "/v1/models/{model}",
         "/v1/adapters",
         "/v1/adapters/{name}",
         "/metrics",

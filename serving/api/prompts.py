@@ -1,7 +1,8 @@
 """Prompts to token ids, and sampling fields to SamplingParams, with 400s for what cannot run.
 
 Chats go through the model's chat template and are tokenized without added special tokens
-(the template writes them), as transformers does; raw text gets the tokenizer's own (BOS).
+(the template writes them), as transformers does, except that a special token's text inside
+a message stays text (serving/model/chat_encoding.py); raw text gets the tokenizer's own (BOS).
 
 Rendering and tokenizing take time in proportion to the text, so they run in worker threads,
 never on the event loop, and only after a cheap cap on characters: no token spans more than
@@ -19,6 +20,7 @@ from serving.api.errors import ApiError
 from serving.api.messages import ChatMessage
 from serving.api.settings import AppSettings
 from serving.engine.request import SamplingParams
+from serving.model.chat_encoding import encode_chat
 from serving.model.errors import ChatTemplateError
 
 # Generous: the longest tokens of common vocabularies (runs of spaces, dashes) are far shorter.
@@ -44,10 +46,9 @@ async def text_ids(settings: AppSettings, text: str) -> list[int]:
 
 def _render_and_encode(settings: AppSettings, chat: list[dict]) -> list[int]:
     try:
-        text = settings.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+        return encode_chat(settings.tokenizer, chat)
     except ChatTemplateError as exc:
         raise ApiError(400, str(exc)) from None
-    return settings.tokenizer.encode(text, add_special_tokens=False)
 
 
 def _cap_chars(settings: AppSettings, num_chars: int, what: str) -> None:

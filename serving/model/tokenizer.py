@@ -48,6 +48,9 @@ class Tokenizer:
             self._backend.add_special_tokens(
                 [tokenizers.AddedToken(t, special=True) for t in missing]
             )
+        # The same tokenizer reading special tokens' text as plain text, for what clients write
+        self._as_text = tokenizers.Tokenizer.from_str(backend.to_str())
+        self._as_text.encode_special_tokens = True
         self.special_tokens = dict(special_tokens)
         self.chat_template = chat_template
         # transformers 5 ignores the setting for BPE, where it would remove real spaces
@@ -78,6 +81,16 @@ class Tokenizer:
         """The ids of added tokens marked special (never part of decoded text)."""
         added = self._backend.get_added_tokens_decoder()
         return frozenset(i for i, token in added.items() if token.special)
+
+    def special_texts(self) -> tuple[str, ...]:
+        """The text of each added special token ('<|system|>', '<|end|>', ...)."""
+        added = self._backend.get_added_tokens_decoder().values()
+        return tuple(token.content for token in added if token.special)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of text a client wrote, with no special token: '<|system|>' in it is
+        those characters' ordinary tokens (nothing added either)."""
+        return self._as_text.encode(text, add_special_tokens=False).ids
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (its model, pre-tokenizer and decoder)."""

@@ -35,6 +35,7 @@ from serving.batch.records import Item, ItemResult
 from serving.config import ServeConfig
 from serving.deploy.arrivals import Arrivals, is_resident
 from serving.deploy.batch import HandleBatch
+from serving.deploy.disconnect import DisconnectOnCancel
 from serving.deploy.engine_setup import build_engine
 from serving.deploy.exposure import check_open_server, serve_proxy_host
 from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
@@ -110,6 +111,7 @@ class EngineReplica:
         batch = HandleBatch(self.batch) if self.batch is not None else None
         generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
         app = create_app(generator, settings, tenancy, batch)
+        app.add_middleware(DisconnectOnCancel)
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
         self.http_app = app  # batch items from the feeder are served through it
         return app

@@ -55,8 +55,9 @@ async def upload_file(
 
 
 @router.get("/v1/files", summary="The key's tenant's uploaded files, newest first")
-async def list_files(ctx: Ctx, caller: Caller):
+async def list_files(ctx: Ctx, caller: Caller, purpose: Annotated[str | None, Query()] = None):
     files = await ctx.batch.files(caller.tenant)
+    files = [f for f in files if purpose is None or f.purpose == purpose]
     return {"object": "list", "data": [_file_object(f) for f in files], "has_more": False}
 
 
@@ -82,7 +83,11 @@ async def file_content(file_id: str, ctx: Ctx, caller: Caller):
 @router.delete("/v1/files/{file_id}", summary="Delete an uploaded file")
 async def delete_file(file_id: str, ctx: Ctx, caller: Caller):
     if not await ctx.batch.delete_file(caller.tenant, file_id):
-        raise ApiError(404, f"unknown file {quoted(file_id)}")
+        job, _ = await _output(ctx, caller, file_id)  # 404 unless a batch's output
+        raise ApiError(
+            400, f"{quoted(file_id)} is the output of batch {quoted(job.id)}: it is deleted "
+            "with the batch's results, batch.ttl_hours after the batch ends",
+        )  # fmt: skip
     return {"id": file_id, "object": "file", "deleted": True}
 
 

@@ -114,4 +114,6 @@ def test_files_list_shows_the_tenants_own_uploads(served):
     line = json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": body})
     uploaded = client(served).files.create(file=("mine.jsonl", line.encode()), purpose="batch")
     assert client(served).files.list().data[0].id == uploaded.id
+    assert client(served).files.list(purpose="batch").data[0].id == uploaded.id
+    assert client(served).files.list(purpose="fine-tune").data == []  # filtered by purpose
     assert uploaded.id not in {f.id for f in client(served, GLOBEX).files.list().data}

@@ -197,11 +197,17 @@ def cache_salt(ctx: ApiContext, caller: Principal) -> str | None:
     return caller.tenant if ctx.settings.keys else None
 
 
+BUSY_RETRY_AFTER_S = 10  # the schema compiler's time limit: by then a thread has freed
+
+
 def failed(out: RequestOutput) -> ApiError:
     """The error of an output that finished with finish_reason "error": a 400 when the
-    request's own data caused it (its sampling fields, its adapter's numbers), else a 500."""
-    status = 400 if out.own_fault else 500
-    return ApiError(status, f"generation failed: {out.error or 'unknown engine error'}")
+    request's own data caused it (its sampling fields, its adapter's numbers), a 503 when the
+    engine could not serve it now (a retry may succeed), else a 500."""
+    message = f"generation failed: {out.error or 'unknown engine error'}"
+    if out.busy:
+        return ApiError(503, message, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+    return ApiError(400 if out.own_fault else 500, message)
 
 
 def stream_error(path: str, out: RequestOutput) -> str:

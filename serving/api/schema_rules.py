@@ -11,6 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from re import _constants as sre  # the parser's opcodes (private, stable since 3.11)
+from re import _parser as sre_parse  # how Python (and the metaschema's check) reads a pattern
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -38,7 +41,11 @@ MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
 #                 out of the grammar's negated classes)
 #   conditional   string keywords need `type` string, bounds need integer or number (ignored
 #                 otherwise); enum/const, anyOf, allOf and $ref drop sibling assertions; a
-#                 `required` name that properties lacks is ignored
+#                 `required` name that properties lacks is ignored; pattern and format drop
+#                 minLength/maxLength beside them
+#   numbers       written with at most 6 decimals and no exponent: a range holding no such
+#                 number compiles to an empty grammar (an empty answer); integer bounds must
+#                 be whole (a compile error otherwise)
 #   formats       date and date-time allow days a month lacks (02-31); ipv4 allows 01.2.3.4;
 #                 iri, idn-email, idn-hostname, regex ignored; the others not verified
 # Annotations (ANNOTATIONS) are always accepted: they assert nothing.
@@ -69,6 +76,15 @@ SCHEMA_LISTS = ("prefixItems", "anyOf", "allOf")
 SCHEMA_ONE = ("additionalProperties", "items", "unevaluatedItems", "propertyNames")
 # ", \\ (an escaped backslash), a control character or an escape for one
 UNSAFE_PATTERN = re.compile(r'"|\\\\|\\[nrtfv0c]|\\x[01]|\\u00[01]|[\x00-\x1f]')
+LENGTHS = ("minLength", "maxLength")
+# xgrammar expands a pattern's counted repeats into its automaton, nested counts multiplied,
+# at a cost that grows faster than the count: [a-z]{1,1000} compiles in 0.05 s, .{1,1000} in
+# 0.3 s, [a-z]{1,5000} in 1.4 s, [a-z]{1,30100} in ~75 s (4096-token vocabulary). 1000 allows
+# any realistic pattern. (Nested variable counts can be slow below it, e.g. 12 s for
+# ((x{1,10}){1,10}){1,10}: the compile time limit catches those.) Length keywords and
+# maxItems are no such cost: xgrammar counts them, 1 ms at 10**6.
+MAX_PATTERN_REPEAT = 1000
+DECIMALS = 6  # the most fraction digits xgrammar writes for a bounded number
 
 
 def check_schema(schema: object) -> dict:
@@ -140,6 +156,15 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
         raise _refuse(path, "format", why)
     if "pattern" in node and UNSAFE_PATTERN.search(node["pattern"]):
         raise _refuse(path, "pattern", 'a pattern may not name ", \\ or a control character')
+    if "pattern" in node and _repeats(_parsed(node["pattern"], path)) > MAX_PATTERN_REPEAT:
+        why = f"it repeats a part more than {MAX_PATTERN_REPEAT} times (nested counts multiply)"
+        raise _refuse(path, "pattern", why + ", too many to compile in good time")
+    for key in LENGTHS:
+        beside = next((k for k in ("pattern", "format") if k in node), None)
+        if key in node and beside:
+            raise _refuse(path, key, f"the grammar compiler ignores it beside {beside}; "
+                                     f"bound the length in a pattern instead")  # fmt: skip
+    _check_range(node, path, types)
     for key in ALONE:
         others = assertions - DEFINITIONS - {key}
         if key in node and others:
@@ -171,6 +196,56 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
     for key in SCHEMA_ONE:
         if key in node:
             _walk(node[key], (*path, key), root, ("string",) if key == "propertyNames" else ())
+
+
+def _parsed(pattern: str, path: tuple):
+    try:
+        return sre_parse.parse(pattern)
+    except (re.error, OverflowError, RecursionError):  # the metaschema's check refuses these
+        raise _refuse(path, "pattern", "it is not a regular expression") from None
+
+
+def _repeats(items, outer: int = 1) -> int:
+    """The most times the pattern (parsed: a list of opcodes) expands any one part."""
+    most = outer
+    for op, arg in items:
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            low, high, sub = arg  # an unbounded repeat expands only its minimum
+            most = max(most, _repeats(sub, outer * max(low if high == sre.MAXREPEAT else high, 1)))
+        elif op is sre.BRANCH:
+            most = max([most] + [_repeats(branch, outer) for branch in arg[1]])
+        elif op in (sre.SUBPATTERN, sre.ASSERT, sre.ASSERT_NOT, sre.ATOMIC_GROUP):
+            most = max(most, _repeats(arg[-1], outer))
+    return most
+
+
+def _check_range(node: dict, path: tuple, types: tuple) -> None:
+    """Refuse integer bounds that are not whole, and a range that no number xgrammar can
+    write lies in (whole numbers for integers, else at most DECIMALS decimals)."""
+    bounds = {k: Decimal(repr(node[k])) for k in NUMBER_ONLY if k in node}
+    if not bounds:
+        return
+    whole = "number" not in types
+    for key, value in bounds.items():
+        if whole and value != value.to_integral_value():
+            raise _refuse(path, key, 'a bound of "type": "integer" must be a whole number')
+    step = Decimal(1) if whole else Decimal(10) ** -DECIMALS
+    low, high = None, None  # the least and the greatest writable number in range
+    for key, value in bounds.items():
+        exclusive = key.startswith("exclusive")
+        if key.endswith("inimum"):
+            first = (value / step).to_integral_value(ROUND_CEILING) * step
+            first += step if exclusive and first == value else 0
+            low = first if low is None else max(low, first)
+        else:
+            last = (value / step).to_integral_value(ROUND_FLOOR) * step
+            last -= step if exclusive and last == value else 0
+            high = last if high is None else min(high, last)
+    if low is not None and high is not None and low > high:
+        key = next(k for k in ("exclusiveMaximum", "maximum") if k in bounds)
+        kind = "integer" if whole else f"number of at most {DECIMALS} decimals"
+        raise _refuse(path, key, f"no {kind} lies in the range: the grammar compiler writes "
+                                 f"no other, and would allow no answer")  # fmt: skip
 
 
 def _resolve(ref: str, root: dict, path: tuple) -> None:

@@ -74,8 +74,8 @@ class Lifecycle:
         ready, failed = self.grammars.ready()
         for t in ready:
             self.scheduler.add(t.seq)
-        for t, error, own in failed:
-            self.fail(t, error, own=own)
+        for t, error, fault in failed:
+            self.fail(t, error, own=fault == "own", busy=fault == "busy")
 
     def admitted(self, t: Tracked) -> None:
         if t.cached_tokens < 0:
@@ -98,7 +98,9 @@ class Lifecycle:
             self.finish(t, reason, emitted=True)
         t.sink(out)
 
-    def finish(self, t: Tracked, reason: str, *, emitted=False, error=None, own=False) -> None:
+    def finish(
+        self, t: Tracked, reason: str, *, emitted=False, error=None, own=False, busy=False
+    ) -> None:
         self.grammars.drop(t.seq.request.request_id)
         self.scheduler.remove(t.seq)
         if self.spec:
@@ -106,7 +108,8 @@ class Lifecycle:
         t.unpin(self.residency)
         self.tracked.pop(t.seq.request.request_id, None)
         if not emitted:
-            t.sink(dataclasses.replace(t.output((), "", reason), error=error, own_fault=own))
+            out = t.output((), "", reason)
+            t.sink(dataclasses.replace(out, error=error, own_fault=own, busy=busy))
 
     # ---- faults: a request's own fault fails that request only ----
 
@@ -120,10 +123,11 @@ class Lifecycle:
             logger.exception("request %s failed in its own step work", t.seq.request.request_id)
             self.fail(t, f"internal error: {type(exc).__name__}")
 
-    def fail(self, t: Tracked, error: str, *, own: bool = False) -> None:
-        """own: the request's own data is the cause (RequestOutput.own_fault), not the engine."""
+    def fail(self, t: Tracked, error: str, *, own: bool = False, busy: bool = False) -> None:
+        """own: the request's own data is the cause (RequestOutput.own_fault), not the engine;
+        busy: the engine could not serve it now, and may if it is sent again."""
         if self.tracked.get(t.seq.request.request_id) is t:  # not already finished
-            self.finish(t, "error", error=error, own=own)
+            self.finish(t, "error", error=error, own=own, busy=busy)
 
     def fail_in_flight(self, exc: Exception) -> None:
         """A whole step failed and no one request was to blame: every request in flight fails."""

@@ -91,3 +91,6 @@ class RequestOutput:
     # With an error: True when the request's own data (its adapter's output, its sampling
     # parameters) is the cause, so the API answers it as the caller's problem, not a 5xx.
     own_fault: bool = False
+    # With an error: the engine could not serve it now (its schema compiler was busy with
+    # others' slow schemas), so the same request may succeed if sent again.
+    busy: bool = False

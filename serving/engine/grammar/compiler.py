@@ -2,11 +2,11 @@
 
 xgrammar compiles a response format against the tokenizer's vocabulary once (milliseconds for
 small schemas, longer for large ones); after that a row's token mask costs microseconds per
-step (bench/structured.py). Compilation runs on worker threads, so a request whose grammar is
-not ready waits outside the scheduler while every other row keeps decoding, as a request
-whose adapter is loading does. Results are cached by the format's content and the
+step (bench/structured.py). Compilation runs on worker threads (workers.py), so a request whose
+grammar is not ready waits outside the scheduler while every other row keeps decoding, as a
+request whose adapter is loading does. Results are cached by the format's content and the
 tokenizer's, so the same schema compiles once per replica; a failure is cached too, since the
-same schema always fails the same way.
+same schema always fails the same way (but not CompilerBusy: a retry may find a thread).
 """
 
 from __future__ import annotations
@@ -16,15 +16,23 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
+from serving.engine.grammar.workers import CompilePool, CompilerBusy, Job
 from serving.engine.request import ResponseFormat
 
 JSON_OBJECT = '{"type": "object"}'  # json_object: any JSON object
 CACHE_SIZE = 256  # compiled grammars kept (a few hundred KiB each for typical schemas)
-# A compile still running after this fails its request: its schema is too complex to serve.
+# A request still without its grammar after this fails: its schema is too complex to serve
+# when its own compile ran this long, else the compiler was too busy (see pending.py).
 COMPILE_TIME_LIMIT_S = 10.0
-WORKERS = 2  # one pathological schema must not hold up every other tenant's compiles
+WORKERS = 2  # compiles at once, bar slow ones: they share the cores with the step loop
+# A compile running this long stops counting against WORKERS and a queued one starts beside
+# it: most compile in milliseconds, so a slow schema delays no one else's past this.
+SLOW_S = 1.0
+# Threads in all, runaway compiles (past the limit; xgrammar cannot stop one) included: a
+# bound on what they take from decoding, with room for others' compiles beside a few.
+MAX_THREADS = 6
 CONTROLS = "\\0-\\x1f"  # U+0000..U+001F, as an EBNF class spells it
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")  # xgrammar's "[time] file.cc:line: " prefix
 
@@ -36,15 +44,23 @@ class GrammarError(ValueError):
 class GrammarCompiler:
     """submit(format) -> a future of the compiled grammar; one per engine (one tokenizer)."""
 
-    def __init__(self, tokenizer, vocab_size: int, *, time_limit_s: float = COMPILE_TIME_LIMIT_S):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        *,
+        time_limit_s: float = COMPILE_TIME_LIMIT_S,
+        workers: int = WORKERS,
+        max_threads: int = MAX_THREADS,
+        slow_s: float = SLOW_S,
+    ):
         """vocab_size: the model's logits width (it may pad past the tokenizer's ids)."""
-        self.vocab_size, self.time_limit_s = vocab_size, time_limit_s
+        self.vocab_size = vocab_size
         self._tokenizer = tokenizer
-        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="grammar-compile")
-        self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._pool = CompilePool(workers, max_threads, time_limit_s, slow_s)
+        self._cache: OrderedDict[str, Job] = OrderedDict()
         self._lock = threading.Lock()
         self._compiler = None  # built on the first compile (the vocabulary's trie)
-        self._started: dict[str, float] = {}  # key -> when its compile began (running ones)
         self._tokenizer_digest = hashlib.sha256(tokenizer.to_json().encode()).hexdigest()
         self.hits = self.misses = 0
 
@@ -53,42 +69,66 @@ class GrammarCompiler:
         text = f"{self._tokenizer_digest}\0{fmt.kind}\0{fmt.strict}\0{fmt.schema or ''}"
         return hashlib.sha256(text.encode()).hexdigest()
 
+    @property
+    def time_limit_s(self) -> float:
+        """How long a request waits for its grammar, queued or compiling, before it fails."""
+        return self._pool.time_limit_s
+
+    @time_limit_s.setter
+    def time_limit_s(self, seconds: float) -> None:
+        self._pool.time_limit_s = seconds
+
     def submit(self, fmt: ResponseFormat) -> Future:
-        """The grammar of fmt, compiled or compiling; GrammarError when it cannot compile."""
+        """The grammar of fmt, compiled or compiling; GrammarError when it cannot compile,
+        CompilerBusy when every thread is held by compiles past their limit."""
         key = self.key(fmt)
+        deadline = time.monotonic() + self.time_limit_s
         with self._lock:
-            future = self._cache.get(key)
-            if future is not None:
+            job = self._cache.get(key)
+            if job is not None:
                 self._cache.move_to_end(key)
                 self.hits += 1
-                return future
+                job.deadline = max(job.deadline, deadline)  # a queued job waits for this one too
+                return job.future
             self.misses += 1
-            future = self._pool.submit(self._timed, key, fmt)
-            self._cache[key] = future
+            try:
+                job = self._pool.submit(lambda: self._compile(fmt), deadline)
+            except CompilerBusy as exc:
+                refused: Future = Future()
+                refused.set_exception(exc)
+                return refused  # not cached: a retry may find a thread
+            self._cache[key] = job
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
-            return future
+        job.future.add_done_callback(lambda f: self._forget_busy(key, job))
+        return job.future
 
-    def compile_seconds(self, fmt: ResponseFormat) -> float:
-        """How long fmt's compile has run (0 while it waits for a worker, or once done)."""
-        start = self._started.get(self.key(fmt))
-        return 0.0 if start is None else time.monotonic() - start
+    def compile_seconds(self, fmt: ResponseFormat) -> float | None:
+        """How long fmt's compile has run; None while it waits for a thread (or is not known),
+        0 once done."""
+        with self._lock:
+            job = self._cache.get(self.key(fmt))
+        if job is None or job.started is None:
+            return None
+        return 0.0 if job.future.done() else time.monotonic() - job.started
+
+    def threads(self) -> int:
+        """Compile threads running now, runaway compiles included."""
+        return self._pool.threads()
 
     def compile_now(self, fmt: ResponseFormat):
         """The compiled grammar of fmt, waiting for it (tests and benchmarks)."""
         return self.submit(fmt).result()
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
-    def _timed(self, key: str, fmt: ResponseFormat):
-        # Timed from here, not from submit: a compile queued behind another tenant's slow one
-        # has not used any of its time yet.
-        self._started[key] = time.monotonic()
-        try:
-            return self._compile(fmt)
-        finally:
-            self._started.pop(key, None)
+    def _forget_busy(self, key: str, job: Job) -> None:
+        """Drop job from the cache if it never ran: its schema has not failed, only waited."""
+        if isinstance(job.future.exception(), CompilerBusy):
+            with self._lock:
+                if self._cache.get(key) is job:
+                    del self._cache[key]
 
     def _compile(self, fmt: ResponseFormat):
         compiler = self._xgrammar_compiler()

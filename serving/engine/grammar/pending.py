@@ -2,18 +2,22 @@
 
 A request with a response format enters the scheduler only once its grammar is compiled, so
 its wait costs no other row anything (as a request whose adapter loads waits in the slab's
-queue). A compile that fails, or runs past its time limit, fails that request alone, as
-the caller's own fault: its schema is what cannot be served. The limit counts from when the
-compile starts, so a request queued behind someone else's slow compile is not blamed for it.
+queue). A compile that fails, or runs past the time limit, fails that request alone, as the
+caller's own fault: its schema is what cannot be served. The limit bounds a request's wait
+for a compile thread too (workers.py keeps that wait short), so no request waits on other
+schemas' slow compiles past it: one still queued then fails as the engine's fault (the
+compiler is busy), not the caller's, since its schema never ran.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from serving.engine.grammar.compiler import GrammarCompiler, GrammarError
 from serving.engine.grammar.matcher import RowGrammar
+from serving.engine.grammar.workers import CompilerBusy
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +28,8 @@ class PendingGrammars:
     def __init__(self, tokenizer, vocab_size: int, wake: Callable[[], None]):
         self._tokenizer, self._vocab_size, self._wake = tokenizer, vocab_size, wake
         self._compiler: GrammarCompiler | None = None  # made with the first response format
-        self._waiting: dict[str, tuple[object, object]] = {}  # request id -> (t, future)
+        # request id -> (t, future, when it gives up waiting)
+        self._waiting: dict[str, tuple[object, object, float]] = {}
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -37,34 +42,44 @@ class PendingGrammars:
 
     def add(self, t) -> None:
         """Start (or join) the compile of t's response format; ready() hands t back."""
-        future = self.compiler.submit(t.seq.request.response_format)
-        self._waiting[t.seq.request.request_id] = (t, future)
+        compiler = self.compiler
+        deadline = time.monotonic() + compiler.time_limit_s
+        future = compiler.submit(t.seq.request.response_format)
+        self._waiting[t.seq.request.request_id] = (t, future, deadline)
         future.add_done_callback(lambda _: self._wake())
 
     def drop(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
 
-    def ready(self) -> tuple[list, list[tuple[object, str, bool]]]:
+    def ready(self) -> tuple[list, list[tuple[object, str, str]]]:
         """(requests whose grammar is set and may be scheduled, [(request, why it failed,
-        whether its own schema is the cause)])."""
+        whose fault: "own" (its schema), "busy" (the compiler, now) or "engine")])."""
         done, failed = [], []
         compiler = self.compiler
         limit = compiler.time_limit_s
-        for request_id, (t, future) in list(self._waiting.items()):
+        for request_id, (t, future, deadline) in list(self._waiting.items()):
             if not future.done():
-                if compiler.compile_seconds(t.seq.request.response_format) > limit:
+                ran = compiler.compile_seconds(t.seq.request.response_format)
+                if ran is not None and ran > limit:
                     del self._waiting[request_id]
                     failed.append((t, f"the response format's schema did not compile within "
-                                      f"{limit:g} s; simplify it", True))  # fmt: skip
+                                      f"{limit:g} s; simplify it", "own"))  # fmt: skip
+                elif ran is None and time.monotonic() > deadline:
+                    del self._waiting[request_id]
+                    failed.append((t, f"the response format's schema waited {limit:g} s for "
+                                      f"the schema compiler, busy with slower schemas; retry "
+                                      f"later", "busy"))  # fmt: skip
                 continue
             del self._waiting[request_id]
             try:
                 t.grammar = RowGrammar(future.result())
             except GrammarError as exc:
-                failed.append((t, str(exc), True))
+                failed.append((t, str(exc), "own"))
+            except CompilerBusy as exc:
+                failed.append((t, str(exc), "busy"))
             except Exception as exc:  # the compiler's own fault, not the schema's
                 logger.exception("compiling a response format failed")
-                failed.append((t, f"internal error: {type(exc).__name__}", False))
+                failed.append((t, f"internal error: {type(exc).__name__}", "engine"))
             else:
                 done.append(t)
         return done, failed

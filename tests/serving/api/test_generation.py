@@ -91,6 +91,22 @@ def test_a_request_failed_by_its_own_data_is_a_400(world, tmp_path, path):
         assert last["error"]["type"] == "invalid_request_error"
 
 
+class Busy(Stub):
+    """A request the engine could not serve now (its schema compiler busy)."""
+
+    async def generate(self, request, *, session=None):
+        yield RequestOutput(request.request_id, (), "", True, "error", 2, 0, error=self.fail,
+                            busy=True)  # fmt: skip
+
+
+def test_a_request_the_engine_is_too_busy_for_is_a_503_with_retry_after(world, tmp_path):
+    app = create_app(Busy("the schema compiler is busy"), stub_settings(world, tmp_path))
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 503 and r.headers["retry-after"] == "10"
+    assert "the schema compiler is busy" in r.json()["error"]["message"]
+
+
 def test_an_unexpected_fault_is_a_generic_json_500(world, tmp_path):
     client = stub_client(world, tmp_path, KeyError("internal detail"))
     r = client.post("/ai/run/demo", json={"prompt": "hi"}, headers=AUTH)

@@ -13,7 +13,6 @@ import itertools
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
@@ -251,27 +250,29 @@ def test_a_compile_past_the_time_limit_fails_its_request_alone(world, monkeypatc
     assert_unharmed(world, got, others)
 
 
-def test_the_time_limit_counts_from_the_compile_not_the_queue(world, monkeypatch):
-    """One worker, busy with a slow schema past the limit: the schema queued behind it has
-    waited longer than the limit too, but compiles quickly once it starts, and is served."""
+def test_a_runaway_compile_holds_up_no_other_schema(world, monkeypatch):
+    """One worker, held by a compile that runs past the limit and goes on (as xgrammar's do):
+    the schema submitted beside it compiles on a thread of its own and is served while the
+    runaway still runs, instead of queueing until it ends."""
     engine = world.engine()
-    compiler = engine.grammars.compiler
-    compiler.compile_now(fmt(CHOICES))
-    monkeypatch.setattr(compiler, "_pool", ThreadPoolExecutor(1))
-    compiler.time_limit_s = 0.3
+    compiler = GrammarCompiler(world.tokenizer, FIELDS["vocab_size"], time_limit_s=0.3,
+                               workers=1, max_threads=2, slow_s=0.05)  # fmt: skip
+    engine.grammars._compiler = compiler
+    compiler.compile_now(fmt(CHOICES))  # the vocabulary's first compile is not what is timed
     gate = hold_compile(monkeypatch, compiler, ORDER)
     slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
     queued = req(world, "queued", (4, 5, 6), params(0), None, fmt(PERSON))
     got = Run(engine)
-    engine.submit(slow, got.sink)
-    engine.submit(queued, got.sink)
-    engine.step()  # both taken in: slow's compile runs, queued's waits for the worker
-    time.sleep(0.5)
-    engine.step()  # slow is past its limit now: it fails, and its held compile ends
-    gate.set()
-    engine.run_until_idle()
-    assert got.done["slow"].finish_reason == "error"
-    assert "did not compile within" in got.done["slow"].error
+    try:
+        engine.submit(slow, got.sink)
+        engine.submit(queued, got.sink)
+        started = time.monotonic()
+        got.advance(until=lambda: len(got.done) == 2 or time.monotonic() - started > 5)
+        assert set(got.done) == {"slow", "queued"} and not gate.is_set()
+    finally:
+        gate.set()
+    assert got.done["slow"].finish_reason == "error" and got.done["slow"].own_fault
+    assert "did not compile within 0.3 s" in got.done["slow"].error
     assert got.done["queued"].finish_reason != "error", got.done["queued"].error
     jsonschema.validate(json.loads(world.tokenizer.decode(got.tokens["queued"])), PERSON)
 

@@ -1,0 +1,115 @@
+"""check_schema's refusals of what xgrammar compiles too slowly or does not enforce: a
+pattern's huge counted repeats, a length bound beside pattern or format (dropped by the
+compiler), and a number range holding no number the grammar can write (an empty grammar, so
+an empty answer). Each 400 names the keyword's JSON pointer. The schemas it accepts at the
+edges of these rules are enforced: every random walk through their compiled grammar ends in
+JSON that jsonschema (formats checked) accepts.
+"""
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+
+from serving.api.schema_rules import MAX_PATTERN_REPEAT, check_schema
+from serving.engine.grammar.compiler import GrammarCompiler
+from serving.engine.grammar.matcher import RowGrammar
+from serving.engine.request import ResponseFormat
+from tests.serving.engine.world import FIELDS
+
+REFUSED = [  # (schema, the pointer named, words the 400 must hold)
+    ({"type": "string", "pattern": "^[a-z]{1,30100}$"}, "/pattern", "more than 1000 times"),
+    ({"type": "string", "pattern": "^[a-z]{1001}$"}, "/pattern", "more than 1000"),
+    ({"type": "string", "pattern": "^a{1001,}$"}, "/pattern", "more than 1000"),
+    ({"type": "string", "pattern": "^([a-z]{1,50}){1,50}$"}, "/pattern", "nested counts multiply"),
+    ({"type": "string", "pattern": "^(x|(?:y{2,40}){0,30})$"}, "/pattern", "more than 1000"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=b{2000})"}}},
+     "/properties/a/pattern", "more than 1000"),
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}, "/maxLength", "beside pattern"),
+    ({"type": "string", "pattern": "^a$", "minLength": 3}, "/minLength", "beside pattern"),
+    ({"type": "string", "format": "uuid", "maxLength": 5}, "/maxLength", "beside format"),
+    ({"type": "string", "format": "email", "maxLength": 12}, "/maxLength", "beside format"),
+    ({"type": "object", "propertyNames": {"pattern": "^k", "maxLength": 3}},
+     "/propertyNames/maxLength", "beside pattern"),
+    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-300},
+     "/exclusiveMaximum", "no number of at most 6 decimals"),
+    ({"type": "number", "minimum": 0.1234561, "maximum": 0.1234569},
+     "/maximum", "no number of at most 6 decimals"),
+    ({"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 0.500001},
+     "/exclusiveMaximum", "no number"),
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+     "/exclusiveMaximum", "no integer"),
+    ({"type": "integer", "minimum": 3, "maximum": 2}, "/maximum", "no integer"),
+    ({"type": "integer", "minimum": 0.5}, "/minimum", "whole number"),
+    ({"type": "array", "items": {"type": "integer", "exclusiveMaximum": 2.5}},
+     "/items/exclusiveMaximum", "whole number"),
+]  # fmt: skip
+ACCEPTED = [  # at the edges of the rules above; each is walked below
+    {"type": "string", "pattern": "^[a-z]{1,4}$"},
+    {"type": "string", "pattern": "^([a-c]{1,2}-){1,3}$"},
+    {"type": "string", "minLength": 2, "maxLength": 3},
+    {"type": "string", "format": "uuid"},
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.000002},
+    {"type": "number", "minimum": 0.5, "maximum": 0.5},
+    {"type": "number", "minimum": -1.5, "maximum": -0.25},
+    {"type": "number", "minimum": 0.1234567, "maximum": 0.1234579},
+    {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 2},
+    {"type": "integer", "minimum": -3, "maximum": 1e1},
+]
+WALKS, MAX_STEPS = 12, 120
+
+
+@pytest.mark.parametrize(("schema", "pointer", "words"), REFUSED, ids=[r[1] for r in REFUSED])
+def test_what_xgrammar_cannot_compile_or_enforce_is_refused(schema, pointer, words):
+    with pytest.raises(ValueError) as caught:
+        check_schema(schema)
+    message = str(caught.value)
+    assert f" at {pointer} is not supported: " in message and words in message, message
+
+
+def test_the_repeat_bound_is_inclusive():
+    check_schema({"type": "string", "pattern": f"^[a-z]{{1,{MAX_PATTERN_REPEAT}}}$"})
+    check_schema({"type": "string", "pattern": "^([a-z0-9]{1,63}\\.){1,10}[a-z]{2,6}$"})
+    check_schema({"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$"})
+    check_schema({"type": "string", "maxLength": 10**6})  # counted by xgrammar: 1 ms
+
+
+@pytest.fixture(scope="module")
+def compiler(world):
+    return GrammarCompiler(world.tokenizer, FIELDS["vocab_size"], time_limit_s=60.0)
+
+
+def walk(compiler, grammar: RowGrammar, rng: random.Random) -> str | None:
+    """The text of one random walk through grammar to its end; None if it runs on."""
+    stops, tokens = set(compiler._tokenizer.eos_token_ids), []
+    mask = grammar.allocate(1)
+    for _ in range(MAX_STEPS):
+        grammar.fill(mask, 0)
+        bits = (mask[0].unsqueeze(-1) >> torch.arange(32, dtype=mask.dtype)) & 1
+        allowed = bits.flatten()[: grammar.vocab_size].nonzero().flatten().tolist()
+        assert allowed, "the grammar allows no token: it can produce no answer"
+        token = rng.choice(allowed)
+        assert grammar.accept(token)
+        if grammar.terminated:
+            assert token in stops
+            return compiler._tokenizer.decode(tokens)
+        tokens.append(token)
+    return None
+
+
+@pytest.mark.parametrize("schema", ACCEPTED, ids=[json.dumps(s) for s in ACCEPTED])
+def test_what_is_accepted_is_enforced(compiler, schema):
+    check_schema(schema)
+    compiled = compiler.compile_now(ResponseFormat("json_schema", json.dumps(schema), strict=True))
+    rng, ended = random.Random(0), 0
+    for _ in range(WALKS):
+        text = walk(compiler, RowGrammar(compiled), rng)
+        if text is None:
+            continue
+        ended += 1
+        jsonschema.validate(
+            json.loads(text), schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+        )
+    assert ended, "no walk ended"

@@ -1,0 +1,143 @@
+"""Grammar compile threads: a compile that runs past its limit (xgrammar cannot stop one)
+holds up no other schema's compile past the limit, threads stay bounded, and when every
+thread is held by such compiles a new one is refused at once, as the engine's fault.
+
+Compiles here are functions that wait on an event: a runaway compile without its minute.
+"""
+
+import json
+import threading
+import time
+
+import jsonschema
+import pytest
+
+from serving.engine.grammar.compiler import GrammarCompiler
+from serving.engine.grammar.workers import CompilePool, CompilerBusy
+from tests.serving.engine.test_structured import (
+    CHOICES,
+    ORDER,
+    PERSON,
+    Run,
+    fmt,
+    hold_compile,
+    params,
+    req,
+)
+from tests.serving.engine.world import FIELDS, build_world
+
+
+def held(gate: threading.Event, ran: list | None = None):
+    """A compile that runs until gate is set (noting that it began in ran)."""
+
+    def compile_():
+        if ran is not None:
+            ran.append(1)
+        assert gate.wait(30)
+        return "held"
+
+    return compile_
+
+
+def soon(seconds: float = 5.0) -> float:
+    return time.monotonic() + seconds
+
+
+def test_a_quick_compile_starts_beside_slow_ones():
+    pool = CompilePool(workers=1, max_threads=3, time_limit_s=2.0, slow_s=0.05)
+    gate = threading.Event()
+    try:
+        slow = [pool.submit(held(gate), soon()) for _ in range(2)]
+        began = time.monotonic()
+        quick = pool.submit(lambda: "quick", soon())
+        assert quick.future.result(timeout=1.0) == "quick"
+        # It waited for the worker only until the slow compile in it was slow_s old, not for
+        # either slow one to end (nor for the 2 s limit).
+        assert time.monotonic() - began < 0.5
+        assert not any(job.future.done() for job in slow)
+    finally:
+        gate.set()
+
+
+def test_threads_stay_bounded_and_a_stuck_pool_refuses_at_once():
+    pool = CompilePool(workers=1, max_threads=2, time_limit_s=0.2, slow_s=0.01)
+    gate, ran = threading.Event(), []
+    try:
+        for _ in range(2):
+            pool.submit(held(gate, ran), soon())
+        queued = pool.submit(held(gate, ran), soon())
+        time.sleep(0.05)
+        assert pool.threads() == 2 and len(ran) == 2  # the third waits: no third thread
+        # Both threads pass the limit: nothing the queued compile waits for is due, so it is
+        # refused then and there, not left to wait out its own deadline.
+        with pytest.raises(CompilerBusy, match=r"overran the 0\.2 s time limit"):
+            queued.future.result(timeout=1.0)
+        with pytest.raises(CompilerBusy, match="all 2 of its threads"):
+            pool.submit(lambda: "refused", soon())
+        assert len(ran) == 2
+        gate.set()
+        while pool.threads():  # the runaway compiles end: their threads are free again
+            time.sleep(0.01)
+        assert pool.submit(lambda: "again", soon()).future.result(timeout=2.0) == "again"
+    finally:
+        gate.set()
+
+
+def test_a_compile_no_request_waits_for_never_runs():
+    pool = CompilePool(workers=1, max_threads=1, time_limit_s=10.0, slow_s=10.0)
+    gate, ran = threading.Event(), []
+    try:
+        pool.submit(held(gate), soon())
+        late = pool.submit(lambda: ran.append(1), time.monotonic() + 0.05)
+        time.sleep(0.1)
+        gate.set()
+        with pytest.raises(CompilerBusy, match="no request waits"):
+            late.future.result(timeout=2.0)
+        assert not ran
+    finally:
+        gate.set()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(tmp_path_factory.mktemp("workers"))
+
+
+def compiler_for(world, engine, **bounds) -> GrammarCompiler:
+    compiler = GrammarCompiler(world.tokenizer, FIELDS["vocab_size"], **bounds)
+    engine.grammars._compiler = compiler
+    compiler.compile_now(fmt(CHOICES))  # the vocabulary's set-up is not what is timed
+    return compiler
+
+
+def test_a_busy_compiler_is_not_the_schemas_fault_and_is_not_cached(world, monkeypatch):
+    """The only thread holds a runaway compile: the schema queued behind it and one sent
+    after are refused within the limit as the engine's fault (a 500, not a 400), and the
+    same schema is served once the thread is free (the refusal was not cached)."""
+    engine = world.engine()
+    compiler = compiler_for(world, engine, time_limit_s=0.3, workers=1, max_threads=1, slow_s=0.05)  # fmt: skip
+    gate = hold_compile(monkeypatch, compiler, ORDER)
+    got = Run(engine)
+    try:
+        engine.submit(req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER)), got.sink)
+        engine.submit(req(world, "queued", (4, 5, 6), params(0), None, fmt(PERSON)), got.sink)
+        started = time.monotonic()
+        got.advance(until=lambda: len(got.done) == 2 or time.monotonic() - started > 5)
+        engine.submit(req(world, "after", (7, 8, 9), params(0), None, fmt(PERSON)), got.sink)
+        got.advance(until=lambda: "after" in got.done or time.monotonic() - started > 5)
+        assert time.monotonic() - started < 2.0 and not gate.is_set()
+    finally:
+        gate.set()
+    assert got.done["slow"].own_fault and "did not compile within 0.3 s" in got.done["slow"].error
+    for rid in ("queued", "after"):  # queued: refused when slow overran, or at its deadline
+        out = got.done[rid]
+        assert out.finish_reason == "error" and not out.own_fault and "busy" in out.error, out
+        assert out.busy  # the API answers it 503, with Retry-After
+    assert "threads are still compiling earlier schemas that overran" in got.done["after"].error
+    deadline = time.monotonic() + 5
+    while compiler.threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.submit(req(world, "retry", (4, 5, 6), params(0), None, fmt(PERSON)), got.sink)
+    got.advance()
+    assert got.done["retry"].finish_reason != "error", got.done["retry"].error
+    jsonschema.validate(json.loads(got.text("retry", world.tokenizer)), PERSON)

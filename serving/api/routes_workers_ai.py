@@ -124,6 +124,11 @@ async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
     job = await ctx.batch.job(caller.tenant, request_id)
     if job is None:  # another tenant's id reads exactly as one never issued
         raise ApiError(404, f"unknown batch request {quoted(request_id)}")
+    if job.api != WORKERS_AI:  # its lines answer in OpenAI's shape, which this one cannot carry
+        raise ApiError(
+            400, f"{quoted(request_id)} is an OpenAI batch: read it with GET "
+            f"/v1/batches/{request_id} and its output file",
+        )  # fmt: skip
     records = await ctx.batch.results(caller.tenant, request_id) if job.finished else None
     result = workers_status(job, records)
     return {"result": result, "success": True, "errors": [], "messages": []}

@@ -4,10 +4,11 @@ or oversized files, unknown files and endpoints, and another tenant's ids read a
 import json
 from functools import partial
 
+import httpx
 import openai
 import pytest
 
-from tests.serving.api.served import GLOBEX, MODEL_ID
+from tests.serving.api.served import ACME, GLOBEX, MODEL_ID
 from tests.serving.batch.openai_batch import (
     CHAT,
     TEXT,
@@ -106,6 +107,10 @@ def test_another_tenants_batches_and_files_read_as_unknown(served):
     theirs, never = done.output_file_id, never_file + "-output"
     assert unknown(them.files.content, theirs) == unknown(them.files.content, never)
     assert c.files.retrieve(file_id).id == file_id
+    # Polled through the Workers-AI route, whose answers cannot carry its OpenAI lines:
+    polled = httpx.post(f"{served.url}/ai/run/{MODEL_ID}", json={"request_id": batch.id},
+                        headers={"Authorization": f"Bearer {ACME}"}, timeout=30)  # fmt: skip
+    assert polled.status_code == 400 and "is an OpenAI batch" in polled.text
 
 
 def test_files_list_shows_the_tenants_own_uploads(served):

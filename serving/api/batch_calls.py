@@ -100,7 +100,10 @@ def answer_result(status: int, raw: bytes, record: UsageRecord | None) -> ItemRe
     except ValueError:
         answer = None
     if status != 200 or not isinstance(answer, dict):
-        return ItemResult(status if status != 200 else 500, error=_message(answer))
+        # The error answer is kept whole: an OpenAI error line then carries its code
+        # (model_not_found, context_length_exceeded), as the same request answered alone.
+        kept = answer if isinstance(answer, dict) and status != 200 else None
+        return ItemResult(status if status != 200 else 500, kept, _message(answer))
     usage = answer.get("usage") or (answer.get("result") or {}).get("usage") or {}
     cached = usage.get("cached_tokens", (usage.get("prompt_tokens_details") or {}).get(
         "cached_tokens", 0))  # fmt: skip

@@ -92,7 +92,7 @@ def file_lines(job: Job, records: list[ItemRecord], errors: bool) -> bytes:
         r = record.result
         if r is None or r.ok == errors:
             continue
-        body = r.body if r.ok else error_body(job.endpoint, r.status, r.error or "failed")
+        body = r.body if r.ok or r.body else error_body(job.endpoint, r.status, r.error or "failed")
         response = {"status_code": r.status, "request_id": f"{job.id}-{record.index}", "body": body}
         line = {"id": f"batch_req_{job.id.removeprefix('batch_')}_{record.index}",
                 "custom_id": record.ref, "response": response, "error": None}  # fmt: skip

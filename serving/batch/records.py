@@ -40,7 +40,7 @@ class ItemResult:
     message; the token counts are what it used, zero when it never ran."""
 
     status: int
-    body: dict | None = None  # the endpoint's JSON answer, on success
+    body: dict | None = None  # the endpoint's JSON answer (on failure: its error answer, if any)
     error: str | None = None  # the message, on failure
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -66,6 +66,9 @@ def test_chat_batch_equals_each_body_alone_and_an_unknown_adapter_fails_its_line
     (error,) = errors
     assert error["custom_id"] == "req-6" and error["response"]["status_code"] == 404
     assert UNKNOWN in error["response"]["body"]["error"]["message"]
+    with pytest.raises(openai.NotFoundError) as alone:  # the line says what the request alone does
+        c.chat.completions.create(**bodies["req-6"])
+    assert error["response"]["body"]["error"] == alone.value.body
     output_file = c.files.retrieve(done.output_file_id)
     assert output_file.bytes == len(c.files.content(done.output_file_id).read())
     with pytest.raises(openai.BadRequestError, match="deleted with the batch's results"):

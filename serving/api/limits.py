@@ -3,7 +3,9 @@
 Batch payloads (a queued Workers-AI batch, an uploaded batch file) have their own limit,
 batch.max_payload_mb; every other body has server.max_body_mb.
 
-A declared Content-Length above the limit is answered 413 at once, without reading; a body
+A compressed body (Content-Encoding) is answered 415: nothing here inflates it, so neither
+the count nor the routes could read it. A declared Content-Length above the limit is
+answered 413 at once, without reading; a body
 sent in chunks is counted as it arrives and refused the moment it passes the limit. A body
 within the limit is buffered whole and replayed to the app (routes read whole bodies
 anyway), so the count is never bypassed by a route that reads in its own way.
@@ -30,6 +32,11 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        encoding = _content_encoding(scope)
+        if encoding not in ("", "identity"):  # a compressed body would pass the count unread
+            text = f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
+            await send_error(send, scope.get("path", ""), 415, text)
             return
         batch = _is_batch_payload(scope)
         limit = self.max_batch_bytes if batch else self.max_body_bytes
@@ -70,6 +77,13 @@ def _is_batch_payload(scope: Scope) -> bool:
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     # the values FastAPI reads as true for the route's bool parameter
     return any(v.lower() in TRUE for v in query.get("queueRequest", ()))
+
+
+def _content_encoding(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-encoding":
+            return value.decode("latin-1").strip().lower()[:40]
+    return ""
 
 
 def _content_length(scope: Scope) -> int | None:

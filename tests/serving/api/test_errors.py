@@ -1,5 +1,6 @@
 """Bad input of every kind gets a JSON error in its route's style, never a 5xx."""
 
+import gzip
 import json
 
 import httpx
@@ -101,6 +102,10 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("neither", "POST", AI, {"json": {"max_tokens": 3}}, 400, "exactly one of prompt"),
     ("unknown-field-ai", "POST", AI, {"json": {"prompt": "x", "temprature": 1}}, 400,
      "temprature"),
+    ("gzip-body", "POST", CHAT, {"content": gzip.compress(json.dumps(chat()).encode()),
+                                 "headers": {**AUTH, "content-type": "application/json",
+                                             "content-encoding": "gzip"}}, 415,
+     "Content-Encoding 'gzip' is not supported: send the body uncompressed"),
     ("huge-body", "POST", CHAT, raw(b" " * (3 << 19)), 413, "larger than the limit of 1 MiB"),
     ("huge-body-ai", "POST", AI, raw(b" " * (3 << 19)), 413, "larger than the limit"),
     ("huge-chunked-body", "POST", DONE, chunked(3 << 19), 413, "larger than the limit"),

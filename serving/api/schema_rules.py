@@ -227,6 +227,8 @@ def _check_range(node: dict, path: tuple, types: tuple) -> None:
         return
     whole = "number" not in types
     for key, value in bounds.items():
+        if not value.is_finite():  # NaN and Infinity parse as JSON numbers here
+            raise _refuse(path, key, "a bound must be a finite number")
         if whole and value != value.to_integral_value():
             raise _refuse(path, key, 'a bound of "type": "integer" must be a whole number')
     step = Decimal(1) if whole else Decimal(10) ** -DECIMALS

@@ -91,12 +91,15 @@ class GrammarCompiler:
                 job.deadline = max(job.deadline, deadline)  # a queued job waits for this one too
                 return job.future
             self.misses += 1
-            try:
-                job = self._pool.submit(lambda: self._compile(fmt), deadline)
-            except CompilerBusy as exc:
-                refused: Future = Future()
-                refused.set_exception(exc)
-                return refused  # not cached: a retry may find a thread
+        # Outside the lock: the pool's submit fails queued compiles past their deadline, and
+        # their callbacks (_forget_busy) take the lock.
+        try:
+            job = self._pool.submit(lambda: self._compile(fmt), deadline)
+        except CompilerBusy as exc:
+            refused: Future = Future()
+            refused.set_exception(exc)
+            return refused  # not cached: a retry may find a thread
+        with self._lock:
             self._cache[key] = job
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)

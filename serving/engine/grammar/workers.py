@@ -45,6 +45,7 @@ class CompilePool:
         self._running: set[Job] = set()
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None  # wakes the queue (see _dispatch)
+        self._timer_due = 0.0  # when it fires (monotonic)
         self._closed = False
 
     def submit(self, fn: Callable[[], object], deadline: float) -> Job:
@@ -107,17 +108,22 @@ class CompilePool:
             job.started = now
             self._running.add(job)
             threading.Thread(target=self._run, args=(job,), name="grammar-compile", daemon=True).start()  # fmt: skip
-        if self._queue and self._timer is None:
+        if self._queue:
             # Look again when the first running compile turns slow (a free worker) or runs
             # past its limit (queued compiles are then refused); one that ends dispatches.
             limit, slow = self.time_limit_s, self.slow_s
             turns = [start + slow for start in self._fresh(now)] or [
                 j.started + limit for j in self._running if now - j.started < limit
             ]
-            due = min(turns, default=now) - now
-            self._timer = threading.Timer(max(due, 0.0) + 0.001, self._wake)
-            self._timer.daemon = True
-            self._timer.start()
+            due = max(min(turns, default=now), now)
+            if self._timer is not None and due < self._timer_due:  # a sooner turn came
+                self._timer.cancel()
+                self._timer = None
+            if self._timer is None:
+                self._timer_due = due
+                self._timer = threading.Timer(due - now + 0.001, self._wake)
+                self._timer.daemon = True
+                self._timer.start()
         return dropped
 
     def _wake(self) -> None:

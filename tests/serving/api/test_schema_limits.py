@@ -43,6 +43,8 @@ REFUSED = [  # (schema, the pointer named, words the 400 must hold)
      "/exclusiveMaximum", "no integer"),
     ({"type": "integer", "minimum": 3, "maximum": 2}, "/maximum", "no integer"),
     ({"type": "integer", "minimum": 0.5}, "/minimum", "whole number"),
+    ({"type": "number", "minimum": float("nan"), "maximum": 1}, "/minimum", "finite number"),
+    ({"type": "integer", "maximum": float("inf")}, "/maximum", "finite number"),
     ({"type": "array", "items": {"type": "integer", "exclusiveMaximum": 2.5}},
      "/items/exclusiveMaximum", "whole number"),
 ]  # fmt: skip

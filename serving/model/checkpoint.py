@@ -10,6 +10,7 @@ unpickling runs code from the file.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -58,6 +59,17 @@ def resolve_model_path(path_or_uri: str | Path, cache_dir: str | Path) -> Path:
     if not found:
         raise ModelLoadError(f"model {text}: not found (no folder at that URI)")
     cache.mkdir(parents=True, exist_ok=True)
+    # One copy per machine: the replicas (and the app's builder) on one node that start
+    # together wait on this lock for the first one's copy instead of each copying the model.
+    with open(cache / f"{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not dest.is_dir():
+            _copy_into(fs, root, text, cache, dest)
+    return dest
+
+
+def _copy_into(fs: fsspec.AbstractFileSystem, root: str, text: str, cache: Path, dest: Path):
+    """Copy the URI's folder to dest through a temporary folder renamed when complete."""
     part = Path(tempfile.mkdtemp(prefix=f"{dest.name}.part-", dir=cache))
     try:
         _copy_tree(fs, root, part, text)
@@ -70,7 +82,6 @@ def resolve_model_path(path_or_uri: str | Path, cache_dir: str | Path) -> Path:
         raise ModelLoadError(f"model {text}: copy into {cache} failed: {exc}") from None
     finally:
         shutil.rmtree(part, ignore_errors=True)
-    return dest
 
 
 def _copy_tree(fs: fsspec.AbstractFileSystem, root: str, dest: Path, uri: str) -> None:

@@ -126,7 +126,8 @@ def test_uri_is_copied_once_then_reused(tmp_path):
         fs.pipe("/models/tiny/config.json", b'{"changed": 1}')
         assert resolve_model_path("memory://models/tiny", tmp_path / "cache") == local
         assert (local / "config.json").read_bytes() == b"{}"  # reused, not copied again
-        assert [p.name for p in (tmp_path / "cache").iterdir()] == [local.name]  # no leftovers
+        left = sorted(p.name for p in (tmp_path / "cache").iterdir())
+        assert left == [local.name, f"{local.name}.lock"]  # no partial copies left
         with pytest.raises(ModelLoadError, match="memory://models/absent: not found"):
             resolve_model_path("memory://models/absent", tmp_path / "cache")
     finally:
@@ -137,3 +138,36 @@ def test_file_uri_of_a_saved_model(sharded, tmp_path):
     local = resolve_model_path(f"file://{sharded[0]}", tmp_path / "cache")
     assert local != sharded[0]
     assert load_state_dict(local).keys() == sharded[1].keys()
+
+
+def test_processes_starting_together_copy_a_uri_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from serving.model import checkpoint
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe({"/models/together/config.json": b"{}"})
+    copies, real_copy = [], checkpoint._copy_tree
+
+    def slow_copy(*args):
+        copies.append(1)
+        time.sleep(0.3)  # a large model: the others arrive while it copies
+        real_copy(*args)
+
+    monkeypatch.setattr(checkpoint, "_copy_tree", slow_copy)
+    got = []
+    try:
+        threads = [
+            threading.Thread(target=lambda: got.append(
+                resolve_model_path("memory://models/together", tmp_path / "cache")))
+            for _ in range(4)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        fs.rm("/models/together", recursive=True)
+    assert len(copies) == 1 and len(set(got)) == 1 and len(got) == 4
+    assert (got[0] / "config.json").read_bytes() == b"{}"

@@ -147,11 +147,10 @@ class StreamOptions(BaseModel):
 # OpenAI fields that would change the answer and that this server does not serve: refused,
 # not ignored (unknown fields are ignored, so these are named). field -> what leaves it off.
 UNSERVED = {
-    "logit_bias": "an empty object", "tools": "an empty list", "tool_choice": '"none"',
-    "functions": "an empty list", "function_call": '"none"', "suffix": "an empty string",
-    "best_of": "1",
+    "logit_bias": ({}, "an empty object"), "tools": ([], "an empty list"),
+    "tool_choice": ("none", '"none"'), "functions": ([], "an empty list"),
+    "function_call": ("none", '"none"'), "suffix": ("", "an empty string"), "best_of": (1, "1"),
 }  # fmt: skip
-_OFF = ({}, [], "none", "", 1)
 
 
 class _OpenAIBody(_Sampling):
@@ -170,10 +169,10 @@ class _OpenAIBody(_Sampling):
     @model_validator(mode="before")
     @classmethod
     def _unserved_fields_are_off(cls, data: object) -> object:
-        for field, off in UNSERVED.items() if isinstance(data, dict) else ():
+        for field, (off, spelt) in UNSERVED.items() if isinstance(data, dict) else ():
             value = data.get(field)
-            if value is not None and not any(value == v and type(value) is type(v) for v in _OFF):
-                raise ValueError(f"{field} is not supported (send {off}, or leave it out)")
+            if value is not None and not (value == off and type(value) is type(off)):
+                raise ValueError(f"{field} is not supported (send {spelt}, or leave it out)")
         return data
 
     @field_validator("n")

@@ -64,6 +64,9 @@ def answer_of(body):
         ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
         ("/v1/chat/completions", "tool_choice", "required"),
         ("/v1/chat/completions", "functions", [{"name": "f"}]),
+        ("/v1/completions", "suffix", "none"),  # each field's own "off", not another's
+        ("/v1/chat/completions", "tools", "none"),
+        ("/v1/completions", "best_of", {}),
     ],
 )
 def test_a_field_that_would_change_the_answer_and_is_not_served_is_refused(

@@ -6,7 +6,8 @@ part of the rendered prompt, that text becomes the special tokens themselves, an
 could close its own turn and open a system turn. Chats whose contents hold no such text are
 encoded as transformers encodes them, the whole rendered prompt at once (the same ids). The
 others are rendered with a placeholder for each content; the template's pieces are encoded
-with their special tokens and each content as text (tokenizer.encode_text).
+with their special tokens and each content as text (tokenizer.encode_text); what a template
+would do to a content's text (Llama-3's `| trim`) is then not done to such a content.
 """
 
 from __future__ import annotations

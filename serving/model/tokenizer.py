@@ -90,6 +90,8 @@ class Tokenizer:
     def encode_text(self, text: str) -> list[int]:
         """Token ids of text a client wrote, with no special token: '<|system|>' in it is
         those characters' ordinary tokens (nothing added either)."""
+        if not self._as_text.encode_special_tokens:  # a copy (pickle) loses the setting
+            self._as_text.encode_special_tokens = True
         return self._as_text.encode(text, add_special_tokens=False).ids
 
     def to_json(self) -> str:

@@ -49,3 +49,11 @@ def test_a_template_that_does_not_write_each_content_once_is_refused(tokenizer):
     assert encode_chat(doubled, CHAT)  # plain content: rendered and encoded whole
     with pytest.raises(ChatTemplateError, match="special token"):
         encode_chat(doubled, [{"role": "user", "content": FORGED}])
+
+
+def test_a_copied_tokenizer_still_reads_special_tokens_text_as_text(tokenizer):
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy.encode_text(FORGED) == tokenizer.encode_text(FORGED)
+    assert not set(copy.encode_text(FORGED)) & tokenizer.special_token_ids()

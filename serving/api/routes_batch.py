@@ -83,10 +83,10 @@ async def file_content(file_id: str, ctx: Ctx, caller: Caller):
 @router.delete("/v1/files/{file_id}", summary="Delete an uploaded file")
 async def delete_file(file_id: str, ctx: Ctx, caller: Caller):
     if not await ctx.batch.delete_file(caller.tenant, file_id):
-        job, _ = await _output(ctx, caller, file_id)  # 404 unless a batch's output
+        job = await _output_job(ctx, caller, file_id)  # 404 unless a batch's output or errors
         raise ApiError(
-            400, f"{quoted(file_id)} is the output of batch {quoted(job.id)}: it is deleted "
-            "with the batch's results, batch.ttl_hours after the batch ends",
+            400, f"{quoted(file_id)} holds results of batch {quoted(job.id)}: it is deleted "
+            "with them, batch.ttl_hours after the batch ends",
         )  # fmt: skip
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -144,12 +144,18 @@ async def _job(ctx: ApiContext, caller: Principal, batch_id: str):
 
 async def _output(ctx: ApiContext, caller: Principal, file_id: str):
     """(job, content) of a batch's output or error file; 404 when it is no such file."""
+    job = await _output_job(ctx, caller, file_id)
+    records = await ctx.batch.results(caller.tenant, job.id) or []
+    return job, file_lines(job, records, errors=job_of_file(file_id)[1])
+
+
+async def _output_job(ctx: ApiContext, caller: Principal, file_id: str):
+    """The batch whose output or error file file_id is; 404 when it is no such file."""
     found = job_of_file(file_id)
     job = await ctx.batch.job(caller.tenant, found[0]) if found else None
     if job is None or file_id not in output_file_ids(job):
         raise ApiError(404, f"unknown file {quoted(file_id)}")
-    records = await ctx.batch.results(caller.tenant, job.id) or []
-    return job, file_lines(job, records, errors=found[1])
+    return job
 
 
 def _file_object(f: StoredFile) -> dict:

@@ -52,8 +52,9 @@ class _Sampling(BaseModel):
     def _null_is_left_out(cls, data: object) -> object:
         """A field sent as null takes its default (`"n": null`, `"stream": null`), as OpenAI's
         API takes it; clients built from typed models send every unset field so."""
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
+        if isinstance(data, dict):  # unknown fields stay, for a Workers-AI body to refuse
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if v is not None or k not in fields}
         return data
 
     @field_validator("max_tokens", check_fields=False)

@@ -102,6 +102,8 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("neither", "POST", AI, {"json": {"max_tokens": 3}}, 400, "exactly one of prompt"),
     ("unknown-field-ai", "POST", AI, {"json": {"prompt": "x", "temprature": 1}}, 400,
      "temprature"),
+    ("unknown-null-field-ai", "POST", AI, {"json": {"prompt": "x", "temprature": None}}, 400,
+     "temprature"),
     ("gzip-body", "POST", CHAT, {"content": gzip.compress(json.dumps(chat()).encode()),
                                  "headers": {**AUTH, "content-type": "application/json",
                                              "content-encoding": "gzip"}}, 415,

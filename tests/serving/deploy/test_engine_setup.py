@@ -168,7 +168,8 @@ def test_a_model_and_draft_at_an_fsspec_url_are_copied_once_and_served(tmp_path,
     local = load_tokenizer(world.base_dir)
     assert settings.tokenizer.encode("def f(x):") == local.encode("def f(x):")
     assert settings.base_spec.num_layers == 2
-    copies = list((tmp_path / "home" / ".cache" / "loraserve" / "models").iterdir())
+    cache = tmp_path / "home" / ".cache" / "loraserve" / "models"
+    copies = [p for p in cache.iterdir() if p.is_dir()]  # beside each copy: its lock file
     assert len(copies) == 1  # one copy of the URL for the target, the draft and the settings
     out = []
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -27,7 +27,7 @@ def encode_chat(
     """ids of the rendered chat; a special token's text inside a content is never that token."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     contents = [str(m.get("content", "")) for m in messages]
-    specials = tokenizer.special_texts()
+    specials = tokenizer.special_texts
     if not any(special in content for content in contents for special in specials):
         return tokenizer.encode(text, add_special_tokens=False)
     # Private-use characters and a random tag: neither a template nor a client writes them.

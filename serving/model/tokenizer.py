@@ -48,9 +48,13 @@ class Tokenizer:
             self._backend.add_special_tokens(
                 [tokenizers.AddedToken(t, special=True) for t in missing]
             )
-        # The same tokenizer reading special tokens' text as plain text, for what clients write
-        self._as_text = tokenizers.Tokenizer.from_str(backend.to_str())
-        self._as_text.encode_special_tokens = True
+        # The same tokenizer reading special tokens' text as plain text (encode_text): made on
+        # first use, as only a chat content holding such text needs it
+        self._as_text: tokenizers.Tokenizer | None = None
+        # The text of each added special token ('<|system|>', '<|end|>', ...)
+        self.special_texts: tuple[str, ...] = tuple(
+            t.content for t in backend.get_added_tokens_decoder().values() if t.special
+        )
         self.special_tokens = dict(special_tokens)
         self.chat_template = chat_template
         # transformers 5 ignores the setting for BPE, where it would remove real spaces
@@ -82,17 +86,15 @@ class Tokenizer:
         added = self._backend.get_added_tokens_decoder()
         return frozenset(i for i, token in added.items() if token.special)
 
-    def special_texts(self) -> tuple[str, ...]:
-        """The text of each added special token ('<|system|>', '<|end|>', ...)."""
-        added = self._backend.get_added_tokens_decoder().values()
-        return tuple(token.content for token in added if token.special)
-
     def encode_text(self, text: str) -> list[int]:
         """Token ids of text a client wrote, with no special token: '<|system|>' in it is
         those characters' ordinary tokens (nothing added either)."""
-        if not self._as_text.encode_special_tokens:  # a copy (pickle) loses the setting
-            self._as_text.encode_special_tokens = True
-        return self._as_text.encode(text, add_special_tokens=False).ids
+        as_text = self._as_text
+        if as_text is None or not as_text.encode_special_tokens:  # a copy (pickle) loses it
+            as_text = tokenizers.Tokenizer.from_str(self._backend.to_str())
+            as_text.encode_special_tokens = True
+            self._as_text = as_text
+        return as_text.encode(text, add_special_tokens=False).ids
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (its model, pre-tokenizer and decoder)."""

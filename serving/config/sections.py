@@ -1,27 +1,25 @@
 """The config's sections: pydantic models, every key with its default and description.
 
 Unknown keys are errors at every level, so a typo never silently falls back to a default.
-Relative paths, file:// and sqlite:/// URIs resolve against the working directory (or the
-base_dir given) once, at load time; other fsspec URIs (s3://, memory://, ...) stay as written.
+Paths and URLs resolve once, at load time (serving/config/locations.py).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
 )
+
+from serving.config.locations import LocalPath, ModelLocation, RegistryURI, SqliteURI
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODEL_ID_RULE = "use 1-64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit (no ':')"
@@ -31,65 +29,6 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file and every bad field."""
 
 
-def _base_dir(info: ValidationInfo) -> Path:
-    """The folder relative paths resolve against: the caller's base_dir, else the cwd."""
-    base = (info.context or {}).get("base_dir")
-    return Path(base).absolute() if base is not None else Path.cwd()
-
-
-def _local_path(value: Any, info: ValidationInfo) -> Any:
-    """A local path made absolute against the base folder; URLs are refused here."""
-    if not isinstance(value, str | os.PathLike):
-        return value  # pydantic's own type error names what was given
-    text = os.fspath(value)
-    if not text:
-        raise ValueError("a path is required")
-    if "://" in text:
-        raise ValueError(f"{text!r} is a URL; a local path is expected here")
-    return _base_dir(info) / text  # an absolute text replaces the base
-
-
-def _model_location(value: Any, info: ValidationInfo) -> Any:
-    """A model folder made absolute, or an fsspec URL kept as given (s3://, memory://, ...):
-    each process copies it once into its own cache (serving/model/checkpoint.py)."""
-    if isinstance(value, str) and "://" in value and not value.startswith("file://"):
-        return value
-    if isinstance(value, str):
-        value = value.removeprefix("file://")
-    return _local_path(value, info)
-
-
-def _registry_uri(value: Any, info: ValidationInfo) -> Any:
-    """An fsspec URL; file:// URLs and plain folders become absolute file:// URLs."""
-    if not isinstance(value, str | os.PathLike):
-        return value
-    text = os.fspath(value)
-    if not text:
-        raise ValueError("a URL or folder is required")
-    if text.startswith("file://"):
-        text = text.removeprefix("file://")
-    elif "://" in text:
-        return text  # s3://, memory://, ...: the filesystem's own namespace, not ours
-    # Not Path.as_uri(): it percent-encodes, and fsspec's local filesystem does not decode.
-    return f"file://{_base_dir(info) / text}"
-
-
-def _sqlite_uri(value: Any, info: ValidationInfo) -> Any:
-    """A sqlite:///<path> URL with the path made absolute (sqlite:////abs/path)."""
-    if not isinstance(value, str):
-        return value
-    if not value.startswith("sqlite:///"):
-        raise ValueError(f"{value!r} is not a sqlite:///<path> URL, the only store supported")
-    rest = value.removeprefix("sqlite:///")
-    if not rest or rest == ":memory:":
-        return "sqlite:///:memory:"
-    return f"sqlite:///{_base_dir(info) / rest}"
-
-
-LocalPath = Annotated[Path, BeforeValidator(_local_path)]
-ModelLocation = Annotated[Path | str, BeforeValidator(_model_location)]
-RegistryURI = Annotated[str, BeforeValidator(_registry_uri)]
-SqliteURI = Annotated[str, BeforeValidator(_sqlite_uri)]
 Limit = Annotated[int | None, Field(gt=0)]  # null = no limit
 Quant = Literal["auto", "fp8", "none"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]

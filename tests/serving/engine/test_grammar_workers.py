@@ -113,6 +113,30 @@ def compiler_for(world, engine, **bounds) -> GrammarCompiler:
     return compiler
 
 
+def test_a_runaway_compile_holds_up_no_other_schema(world, monkeypatch):
+    """One worker, held by a compile that runs past the limit and goes on (as xgrammar's do):
+    the schema submitted beside it compiles on a thread of its own and is served while the
+    runaway still runs, instead of queueing until it ends."""
+    engine = world.engine()
+    compiler = compiler_for(world, engine, time_limit_s=0.3, workers=1, max_threads=2, slow_s=0.05)  # fmt: skip
+    gate = hold_compile(monkeypatch, compiler, ORDER)
+    slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
+    queued = req(world, "queued", (4, 5, 6), params(0), None, fmt(PERSON))
+    got = Run(engine)
+    try:
+        engine.submit(slow, got.sink)
+        engine.submit(queued, got.sink)
+        started = time.monotonic()
+        got.advance(until=lambda: len(got.done) == 2 or time.monotonic() - started > 5)
+        assert set(got.done) == {"slow", "queued"} and not gate.is_set()
+    finally:
+        gate.set()
+    assert got.done["slow"].finish_reason == "error" and got.done["slow"].own_fault
+    assert "did not compile within 0.3 s" in got.done["slow"].error
+    assert got.done["queued"].finish_reason != "error", got.done["queued"].error
+    jsonschema.validate(json.loads(world.tokenizer.decode(got.tokens["queued"])), PERSON)
+
+
 def test_a_busy_compiler_is_not_the_schemas_fault_and_is_not_cached(world, monkeypatch):
     """The only thread holds a runaway compile: the schema queued behind it and one sent
     after are refused within the limit as the engine's fault (a 503, not a 400), and the

@@ -203,10 +203,12 @@ BUSY_RETRY_AFTER_S = 10  # the schema compiler's time limit: by then a thread ha
 def failed(out: RequestOutput) -> ApiError:
     """The error of an output that finished with finish_reason "error": a 400 when the
     request's own data caused it (its sampling fields, its adapter's numbers), a 503 when the
-    engine could not serve it now (a retry may succeed), else a 500."""
+    engine could not serve it now (a retry may succeed), a 429 when the tenant's own earlier
+    requests hold its share of what it needs, else a 500."""
     message = f"generation failed: {out.error or 'unknown engine error'}"
     if out.busy:
-        return ApiError(503, message, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+        status = 429 if out.own_fault else 503
+        return ApiError(status, message, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
     return ApiError(400 if out.own_fault else 500, message)
 
 

@@ -75,7 +75,8 @@ class Lifecycle:
         for t in ready:
             self.scheduler.add(t.seq)
         for t, error, fault in failed:
-            self.fail(t, error, own=fault == "own", busy=fault == "busy")
+            # "limited": the request's own tenant holds the compiler, and a retry may succeed
+            self.fail(t, error, own=fault in ("own", "limited"), busy=fault in ("busy", "limited"))
 
     def admitted(self, t: Tracked) -> None:
         if t.cached_tokens < 0:

@@ -66,6 +66,12 @@ class GenerateRequest:
     # Constrained decoding: every token is one the format's grammar allows; None: free text.
     response_format: ResponseFormat | None = None
 
+    @property
+    def tenant(self) -> str | None:
+        """Whose request it is, where the server tells tenants apart (then its cache salt is
+        the tenant); None on a server of one user. Bounds a tenant's share of the engine."""
+        return self.cache_salt
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -92,5 +98,6 @@ class RequestOutput:
     # parameters) is the cause, so the API answers it as the caller's problem, not a 5xx.
     own_fault: bool = False
     # With an error: the engine could not serve it now (its schema compiler was busy with
-    # others' slow schemas), so the same request may succeed if sent again.
+    # others' slow schemas), so the same request may succeed if sent again. With own_fault
+    # too: the request's own tenant's earlier requests hold what it needs (a rate limit).
     busy: bool = False

@@ -33,6 +33,9 @@ SLOW_S = 1.0
 # Threads in all, runaway compiles (past the limit; xgrammar cannot stop one) included: a
 # bound on what they take from decoding, with room for others' compiles beside a few.
 MAX_THREADS = 6
+# One tenant's compiles at once: its runaway schemas hold at most this many of the threads,
+# and the others stay free for other tenants' schemas.
+PER_TENANT = 2
 CONTROLS = "\\0-\\x1f"  # U+0000..U+001F, as an EBNF class spells it
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")  # xgrammar's "[time] file.cc:line: " prefix
 
@@ -53,11 +56,12 @@ class GrammarCompiler:
         workers: int = WORKERS,
         max_threads: int = MAX_THREADS,
         slow_s: float = SLOW_S,
+        per_tenant: int | None = PER_TENANT,
     ):
         """vocab_size: the model's logits width (it may pad past the tokenizer's ids)."""
         self.vocab_size = vocab_size
         self._tokenizer = tokenizer
-        self._pool = CompilePool(workers, max_threads, time_limit_s, slow_s)
+        self._pool = CompilePool(workers, max_threads, time_limit_s, slow_s, per_tenant)
         self._cache: OrderedDict[str, Job] = OrderedDict()
         self._lock = threading.Lock()
         self._compiler = None  # built on the first compile (the vocabulary's trie)
@@ -78,9 +82,10 @@ class GrammarCompiler:
     def time_limit_s(self, seconds: float) -> None:
         self._pool.time_limit_s = seconds
 
-    def submit(self, fmt: ResponseFormat) -> Future:
+    def submit(self, fmt: ResponseFormat, tenant: str | None = None) -> Future:
         """The grammar of fmt, compiled or compiling; GrammarError when it cannot compile,
-        CompilerBusy when every thread is held by compiles past their limit."""
+        CompilerBusy when every thread is held by compiles past their limit, OwnerBusy when
+        tenant's share is held by its own slow compiles (None: a server of one user)."""
         key = self.key(fmt)
         deadline = time.monotonic() + self.time_limit_s
         with self._lock:
@@ -94,7 +99,7 @@ class GrammarCompiler:
         # Outside the lock: the pool's submit fails queued compiles past their deadline, and
         # their callbacks (_forget_busy) take the lock.
         try:
-            job = self._pool.submit(lambda: self._compile(fmt), deadline)
+            job = self._pool.submit(lambda: self._compile(fmt), deadline, tenant)
         except CompilerBusy as exc:
             refused: Future = Future()
             refused.set_exception(exc)

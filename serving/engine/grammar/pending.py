@@ -6,7 +6,8 @@ queue). A compile that fails, or runs past the time limit, fails that request al
 caller's own fault: its schema is what cannot be served. The limit bounds a request's wait
 for a compile thread too (workers.py keeps that wait short), so no request waits on other
 schemas' slow compiles past it: one still queued then fails as the engine's fault (the
-compiler is busy), not the caller's, since its schema never ran.
+compiler is busy), not the caller's, since its schema never ran; but when the tenant's own
+slow schemas hold its share of the compile threads, the wait is its own doing (a 429).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 
 from serving.engine.grammar.compiler import GrammarCompiler, GrammarError
 from serving.engine.grammar.matcher import RowGrammar
-from serving.engine.grammar.workers import CompilerBusy
+from serving.engine.grammar.workers import CompilerBusy, OwnerBusy
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ class PendingGrammars:
         """Start (or join) the compile of t's response format; ready() hands t back."""
         compiler = self.compiler
         deadline = time.monotonic() + compiler.time_limit_s
-        future = compiler.submit(t.seq.request.response_format)
+        request = t.seq.request
+        future = compiler.submit(request.response_format, request.tenant)
         self._waiting[t.seq.request.request_id] = (t, future, deadline)
         future.add_done_callback(lambda _: self._wake())
 
@@ -53,7 +55,8 @@ class PendingGrammars:
 
     def ready(self) -> tuple[list, list[tuple[object, str, str]]]:
         """(requests whose grammar is set and may be scheduled, [(request, why it failed,
-        whose fault: "own" (its schema), "busy" (the compiler, now) or "engine")])."""
+        whose fault: "own" (its schema), "busy" (the compiler, now), "limited" (its tenant's
+        share of the compiler, now) or "engine")])."""
         done, failed = [], []
         compiler = self.compiler
         limit = compiler.time_limit_s
@@ -75,6 +78,8 @@ class PendingGrammars:
                 t.grammar = RowGrammar(future.result())
             except GrammarError as exc:
                 failed.append((t, str(exc), "own"))
+            except OwnerBusy as exc:
+                failed.append((t, str(exc), "limited"))
             except CompilerBusy as exc:
                 failed.append((t, str(exc), "busy"))
             except Exception as exc:  # the compiler's own fault, not the schema's

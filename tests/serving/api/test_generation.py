@@ -92,11 +92,18 @@ def test_a_request_failed_by_its_own_data_is_a_400(world, tmp_path, path):
 
 
 class Busy(Stub):
-    """A request the engine could not serve now (its schema compiler busy)."""
+    """A request the engine could not serve now (its schema compiler busy); own: busy with
+    the request's own tenant's schemas."""
+
+    own = False
 
     async def generate(self, request, *, session=None):
         yield RequestOutput(request.request_id, (), "", True, "error", 2, 0, error=self.fail,
-                            busy=True)  # fmt: skip
+                            busy=True, own_fault=self.own)  # fmt: skip
+
+
+class BusyWithOwn(Busy):
+    own = True
 
 
 def test_a_request_the_engine_is_too_busy_for_is_a_503_with_retry_after(world, tmp_path):
@@ -105,6 +112,17 @@ def test_a_request_the_engine_is_too_busy_for_is_a_503_with_retry_after(world, t
     r = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
     assert r.status_code == 503 and r.headers["retry-after"] == "10"
     assert "the schema compiler is busy" in r.json()["error"]["message"]
+
+
+def test_a_request_its_own_tenant_keeps_waiting_is_a_429_with_retry_after(world, tmp_path):
+    app = create_app(BusyWithOwn("2 of this tenant's earlier schemas"), stub_settings(world, tmp_path))  # fmt: skip
+    client = TestClient(app, raise_server_exceptions=False)
+    r = client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert r.status_code == 429 and r.headers["retry-after"] == "10"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    assert "2 of this tenant's earlier schemas" in r.json()["error"]["message"]
+    r = client.post("/ai/run/demo", json={"prompt": "hi"}, headers=AUTH)
+    assert r.status_code == 429 and r.json()["errors"][0]["code"] == 429
 
 
 def test_an_unexpected_fault_is_a_generic_json_500(world, tmp_path):

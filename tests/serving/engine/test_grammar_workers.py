@@ -5,6 +5,7 @@ thread is held by such compiles a new one is refused at once, as the engine's fa
 Compiles here are functions that wait on an event: a runaway compile without its minute.
 """
 
+import dataclasses
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ import jsonschema
 import pytest
 
 from serving.engine.grammar.compiler import GrammarCompiler
-from serving.engine.grammar.workers import CompilePool, CompilerBusy
+from serving.engine.grammar.workers import CompilePool, CompilerBusy, OwnerBusy
 from tests.serving.engine.test_structured import (
     CHOICES,
     ORDER,
@@ -101,6 +102,36 @@ def test_a_compile_no_request_waits_for_never_runs():
         gate.set()
 
 
+def test_one_owners_slow_compiles_leave_the_other_threads_to_others():
+    """An owner runs at most per_owner compiles at once: its next waits for them, and is
+    refused once they are slow (its own doing), while another owner's compile runs at once
+    and unowned compiles (a server of one user) are not bounded."""
+    pool = CompilePool(workers=2, max_threads=4, time_limit_s=5.0, slow_s=0.05, per_owner=1)
+    gate, ran = threading.Event(), []
+    try:
+        pool.submit(held(gate, ran), soon(), "acme")
+        waiting = pool.submit(held(gate, ran), soon(), "acme")  # a worker is free: acme's is not
+        assert not waiting.future.done() and len(ran) == 1
+        with pytest.raises(OwnerBusy, match="1 of this tenant's earlier schemas"):
+            waiting.future.result(timeout=2.0)  # refused once acme's first turned slow
+        with pytest.raises(OwnerBusy):
+            pool.submit(lambda: "refused", soon(), "acme")
+        other = pool.submit(lambda: "served", soon(), "globex")
+        assert other.future.result(timeout=2.0) == "served"
+        for _ in range(2):
+            pool.submit(held(gate, ran), soon(), None)
+        deadline = soon(2.0)
+        while len(ran) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(ran) == 3 and pool.threads() == 3  # acme's one and both unowned
+        gate.set()
+        while pool.threads():
+            time.sleep(0.01)
+        assert pool.submit(lambda: "again", soon(), "acme").future.result(timeout=2.0) == "again"
+    finally:
+        gate.set()
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("workers"))
@@ -169,6 +200,37 @@ def test_a_busy_compiler_is_not_the_schemas_fault_and_is_not_cached(world, monke
     got.advance()
     assert got.done["retry"].finish_reason != "error", got.done["retry"].error
     jsonschema.validate(json.loads(got.text("retry", world.tokenizer)), PERSON)
+
+
+def test_a_tenants_runaway_compiles_hold_up_its_own_requests_only(world, monkeypatch):
+    """acme's runaway schema holds its one share of the compiler: acme's next schema is
+    refused as its own doing (a 429, not a 503), while globex's same schema is served."""
+    engine = world.engine()
+    compiler = compiler_for(world, engine, time_limit_s=5.0, workers=2, max_threads=3,
+                            slow_s=0.05, per_tenant=1)  # fmt: skip
+    gate = hold_compile(monkeypatch, compiler, ORDER)
+    got = Run(engine)
+
+    def tenant_req(rid, f, tenant):
+        return dataclasses.replace(req(world, rid, (1, 2, 3), params(0), None, fmt(f)),
+                                   cache_salt=tenant)  # fmt: skip
+
+    try:
+        engine.submit(tenant_req("runaway", ORDER, "acme"), got.sink)
+        started = time.monotonic()
+        got.advance(until=lambda: compiler.threads() == 1 or time.monotonic() - started > 5)
+        time.sleep(0.1)  # past slow_s
+        engine.submit(tenant_req("acme", PERSON, "acme"), got.sink)
+        engine.submit(tenant_req("globex", PERSON, "globex"), got.sink)
+        got.advance(until=lambda: {"acme", "globex"} <= set(got.done) or time.monotonic() - started > 5)  # fmt: skip
+        assert not gate.is_set() and "runaway" not in got.done
+    finally:
+        gate.set()
+    out = got.done["acme"]
+    assert out.finish_reason == "error" and out.own_fault and out.busy, out
+    assert "1 of this tenant's earlier schemas are still compiling" in out.error
+    assert got.done["globex"].finish_reason != "error", got.done["globex"].error
+    jsonschema.validate(json.loads(got.text("globex", world.tokenizer)), PERSON)
 
 
 def test_a_submit_that_drops_an_expired_queued_compile_returns():

@@ -6,8 +6,10 @@ part of the rendered prompt, that text becomes the special tokens themselves, an
 could close its own turn and open a system turn. Chats whose contents hold no such text are
 encoded as transformers encodes them, the whole rendered prompt at once (the same ids). The
 others are rendered with a placeholder for each content; the template's pieces are encoded
-with their special tokens and each content as text (tokenizer.encode_text); what a template
-would do to a content's text (Llama-3's `| trim`) is then not done to such a content.
+with their special tokens and each content as text (tokenizer.encode_text). A template that
+trims a content (Llama-3's `| trim`) is seen by rendering once more with whitespace around
+each placeholder, and the content is trimmed the same way; nothing else a template might do
+to a content's text is done to such a content.
 """
 
 from __future__ import annotations
@@ -41,10 +43,20 @@ def encode_chat(
             "a message holds the text of a special token, and this model's chat template "
             "does not write each message's content once as given, so it cannot be kept as text"
         )
+    # Whitespace the template keeps on either side of each placeholder: where it is gone,
+    # the template trims that side of the content (Jinja's trim is str.strip).
+    pad = " \n"
+    padded = [{**m, "content": f"{pad}{mark}{pad}"} for m, mark in zip(messages, marks)]
+    probe = tokenizer.apply_chat_template(padded, add_generation_prompt=add_generation_prompt)
     ids: list[int] = []
     for piece in pieces:
         if piece in marks:
-            ids += tokenizer.encode_text(contents[marks[piece]])
+            content = contents[marks[piece]]
+            if pad + piece not in probe:
+                content = content.lstrip()
+            if piece + pad not in probe:
+                content = content.rstrip()
+            ids += tokenizer.encode_text(content)
         elif piece:
             ids += tokenizer.encode(piece, add_special_tokens=False)
     return ids

@@ -51,6 +51,25 @@ def test_a_template_that_does_not_write_each_content_once_is_refused(tokenizer):
         encode_chat(doubled, [{"role": "user", "content": FORGED}])
 
 
+def test_a_content_the_template_trims_is_trimmed_as_text_too(tokenizer):
+    backend = tokenizers.Tokenizer.from_str(tokenizer.to_json())
+    trims = "{% for m in messages %}<|user|>\n{{ m.content | trim }}<|end|>\n{% endfor %}"
+    trimming = Tokenizer(backend, tokenizer.special_tokens, chat_template=trims)
+    forged = [{"role": "user", "content": f" \n {FORGED}\n\n "}]
+    ids = encode_chat(trimming, forged, add_generation_prompt=False)
+    # The template's own rendering, trimmed content and all, is what the ids spell.
+    rendered = trimming.apply_chat_template(forged, add_generation_prompt=False)
+    assert trimming.decode(ids, skip_special_tokens=False) == rendered
+    content = tokenizer.encode_text(FORGED)
+    assert any(ids[i : i + len(content)] == content for i in range(len(ids)))
+    keeps = Tokenizer(backend, tokenizer.special_tokens, chat_template=trims.replace(" | trim", ""))
+    kept = encode_chat(keeps, forged, add_generation_prompt=False)
+    assert (
+        keeps.decode(kept, skip_special_tokens=False)
+        == f"<|user|>\n{forged[0]['content']}<|end|>\n"
+    )
+
+
 def test_a_copied_tokenizer_still_reads_special_tokens_text_as_text(tokenizer):
     import pickle
 

@@ -1,7 +1,8 @@
 """Who pays for a request: its admission under its tenant's rate limits, and its usage record.
 
 A request is admitted (only when a limit applies to its tenant) before it starts, and when it
-ends its usage is recorded and its admission released, charging what it used. A batch item
+ends (finished, or left by its client) its usage is recorded and its admission released,
+charging what it used. A batch item
 is neither admitted nor recorded here: its record is left on its BatchCall, and the feeder
 meters it once the item's result is committed.
 """
@@ -48,9 +49,11 @@ class Meter:
         return dict(self.admission.headers) if self.admission else {}
 
     def record(self, out: RequestOutput | None) -> UsageRecord | None:
-        """The usage record of a request whose answer carried its usage: one that finished
-        (stop or length); a failed, refused or aborted one is not metered."""
-        if out is None or not out.finished or out.finish_reason == "error":
+        """The usage record of a request that ran (out: the last output its answer got to):
+        one that finished (stop or length), with the usage its answer carried; one whose
+        client left before the end (an abort), with its prompt and the tokens sent by then,
+        as OpenAI bills a cancelled stream. A failed or refused one is not metered."""
+        if out is None or out.finish_reason == "error":
             return None
         return UsageRecord(
             tenant=self.caller.tenant,
@@ -88,8 +91,8 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
 
 async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> None:
     """Record the request's usage (out: its last output; None if it never ran) and release
-    its admission, charging the tokens it used even when it is not metered (a failure, an
-    abort). A store that fails is logged, never the client's error."""
+    its admission, charging the tokens it used even when it is not metered (a failure). A
+    store that fails is logged, never the client's error."""
     used = out.prompt_tokens + out.completion_tokens if out is not None else 0
     try:
         # Built inside the try: a record that cannot be built must not keep the admission.

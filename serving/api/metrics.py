@@ -87,12 +87,15 @@ class Metrics:
         )
         self.prompt_tokens = Counter(
             "loraserve_prompt_tokens_total",
-            "Prompt tokens of finished requests.",
+            "Prompt tokens of requests that reached the engine (failed and aborted too).",
             by_adapter,
             registry=reg,
         )
         self.generation_tokens = Counter(
-            "loraserve_generation_tokens_total", "Tokens generated.", by_adapter, registry=reg
+            "loraserve_generation_tokens_total",
+            "Tokens generated and sent (failed and aborted requests' too).",
+            by_adapter,
+            registry=reg,
         )
         self.requests = Counter(
             "loraserve_requests_total",
@@ -103,7 +106,8 @@ class Metrics:
         # Tenants are bounded by the keys configured, so they label without a cap.
         self.tenant_requests = Counter(
             "loraserve_tenant_requests_total",
-            "Generation requests that reached the engine, by tenant and kind.",
+            "Generation requests metered (finished, or left by their clients), by tenant and "
+            "kind: the requests of GET /v1/usage.",
             ["tenant", "kind"],
             registry=reg,
         )

@@ -4,7 +4,7 @@ A user key sees its own tenant's usage; an admin key sees every tenant's, or one
 `?tenant=`. `start` and `end` are ISO 8601 times (UTC unless they say otherwise) or epoch
 seconds; the store keeps usage by the minute, so they resolve to the minute. Interactive
 and batch requests are counted apart. The figures equal the sum of the `usage` fields the
-answers carried.
+answers carried, and of what requests whose clients left had been sent by then.
 """
 
 from __future__ import annotations

@@ -43,8 +43,7 @@ class Tenancy:
         completion tokens); record the record (if any), committed.
 
         A request that never reached the engine has no record: its admission is charged 0. A
-        request that failed or was aborted has tokens it used but no record (its answer
-        carried no usage).
+        request that failed has tokens it used but no record (it is not billed).
         One finished past the limiter's running TTL frees nothing (its place was given away
         already) but its record is still kept.
         """

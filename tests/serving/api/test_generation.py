@@ -179,21 +179,40 @@ def closed_after(served, before: set) -> tuple[int, bool]:
     return Slow.delivered[new]
 
 
+def used(served) -> tuple[int, int, int]:
+    """(requests, prompt tokens, completion tokens) GET /v1/usage shows the key's tenant."""
+    r = httpx.get(served.url + "/v1/usage", headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    rows = [row["interactive"] for row in r.json()["data"]]
+    return tuple(sum(row[k] for row in rows) for k in ("requests", "prompt_tokens", "completion_tokens"))  # fmt: skip
+
+
+def billed_since(served, before: tuple[int, int, int]) -> tuple[int, int, int]:
+    """What one request left since `before` added to the usage (recorded once it ended)."""
+    deadline = time.monotonic() + 10
+    while (now := used(served)) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return tuple(a - b for a, b in zip(now, before, strict=True))
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/ai/run/demo"])
-def test_leaving_a_stream_aborts_the_request(slow, path):
+def test_leaving_a_stream_aborts_the_request_and_bills_what_was_sent(slow, path):
     body = {**CHAT, "max_tokens": 80, "stream": True}
     if path.startswith("/ai"):
         body = {"prompt": "hi", "max_tokens": 80, "stream": True}
-    before = set(Slow.delivered)
+    before, usage = set(Slow.delivered), used(slow)
     with httpx.stream("POST", slow.url + path, json=body, headers=AUTH) as r:
         assert r.status_code == 200
         next(line for line in r.iter_lines() if line.startswith("data:"))
     delivered, finished = closed_after(slow, before)
     assert not finished and delivered < 80
+    # Metered as OpenAI bills a cancelled stream: the prompt, and the tokens sent by then.
+    requests, prompt, completion = billed_since(slow, usage)
+    assert (requests, completion) == (1, delivered) and prompt > 0
 
 
-def test_leaving_a_json_request_aborts_it(slow):
-    before = set(Slow.delivered)
+def test_leaving_a_json_request_aborts_it_and_bills_what_was_made(slow):
+    before, usage = set(Slow.delivered), used(slow)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             slow.url + "/v1/completions",
@@ -203,3 +222,5 @@ def test_leaving_a_json_request_aborts_it(slow):
         )
     delivered, finished = closed_after(slow, before)
     assert not finished and delivered < 80
+    requests, prompt, completion = billed_since(slow, usage)
+    assert (requests, completion) == (1, delivered) and prompt > 0

@@ -120,9 +120,7 @@ class Scheduler:
         for seq in sorted(self.waiting, key=self._rank):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            version = seq.request.adapter
-            new_adapter = version is not None and version not in adapters
-            if new_adapter and not self._adapter_fits(version, adapters):
+            if not self._adapter_fits(seq.request.adapter, adapters):
                 continue  # it loads in the background; the requests behind it go on
             hits = self.blocks.num_prefix_hit_tokens(seq)  # a look-up; nothing changes yet
             n = min(seq.num_tokens - hits, budget)
@@ -132,8 +130,8 @@ class Scheduler:
             self.waiting.remove(seq)
             self.running.append(seq)
             seq.status = SeqStatus.RUNNING
-            if version:
-                adapters.add(version)
+            if seq.request.adapter:
+                adapters.add(seq.request.adapter)
             scheduled.append(Scheduled(seq, n))
             admitted.append(seq)
             budget -= n
@@ -144,17 +142,19 @@ class Scheduler:
         ranks above some running sequence (which then yields the step to it); else None.
 
         Only an admission that can happen now counts (a free sequence slot, its adapter
-        resident, its KV free), so lower classes never pause for a request that waits on.
+        resident and within max_loras, its KV free), so lower classes never pause for a
+        request that waits on: one that paused for a request _admit then turns away would
+        pause again every step, and neither would ever run.
         """
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return None
         lowest = max((self._rank(s)[0] for s in self.running), default=None)
+        adapters = {s.request.adapter for s in self.running if s.request.adapter}
         for seq in sorted(self.waiting, key=self._rank):
             level = self._rank(seq)[0]
             if lowest is None or level >= lowest:
                 return None  # nothing running ranks below the best candidate
-            version = seq.request.adapter
-            if version is not None and not self.adapter_ready(version):
+            if not self._adapter_fits(seq.request.adapter, adapters):
                 continue
             hits = self.blocks.num_prefix_hit_tokens(seq)
             if self.blocks.can_allocate(seq, hits + min(seq.num_tokens - hits, budget)):
@@ -162,8 +162,12 @@ class Scheduler:
             return None  # FCFS within the queue: no later request is admitted first
         return None
 
-    def _adapter_fits(self, version: str, adapters: set[str]) -> bool:
-        """A new adapter may join if a slot is left for it and it is resident already."""
+    def _adapter_fits(self, version: str | None, adapters: set[str]) -> bool:
+        """Whether a request of version may join the running ones (their adapters): the
+        base model or one of theirs always may; a new adapter if a slot is left for it and
+        it is resident already."""
+        if version is None or version in adapters:
+            return True
         return len(adapters) < self.config.max_loras and self.adapter_ready(version)
 
     def _preempt(self, seq: Sequence) -> None:

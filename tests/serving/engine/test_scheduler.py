@@ -105,6 +105,22 @@ def test_batch_items_do_not_yield_to_a_request_that_cannot_be_admitted_now():
     assert admitted(s) == ["b1"]
 
 
+def test_batch_items_do_not_yield_to_a_request_whose_adapter_is_over_max_loras():
+    """b1 holds the one adapter a step may have; i1's adapter, resident, must wait for it.
+    Were b1 to yield to i1, which _admit then turns away, neither would ever run again."""
+    s = scheduler(max_loras=1)
+    s.add(seq("b1", priority=Priority.BATCH, adapter="a@1"))
+    assert admitted(s) == ["b1"]
+    s.blocks.mark_computed(s.running[0], s.running[0].num_uncomputed)
+    s.running[0].token_ids.append(1)
+    s.add(seq("i1", adapter="b@1"))
+    s.add(seq("i2"))  # the base model fits beside a@1: b1 yields the step to it
+    assert admitted(s) == ["i2"]
+    assert sorted(admitted(s)) == ["b1", "i2"]  # i1 waits for a@1 to leave, b1 goes on
+    s.remove(s.running[0])  # b1 ends
+    assert "i1" in admitted(s)
+
+
 def test_aged_batch_items_no_longer_yield():
     s = scheduler(aging_steps=1)
     s.add(seq("b1", priority=Priority.BATCH))

@@ -11,9 +11,11 @@ Every refusal raises AdapterError naming the field.
 from __future__ import annotations
 
 import math
-import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import regex
 
 from adapters.bounded_json import parse_json
 from adapters.errors import AdapterError, quoted, shorten
@@ -23,6 +25,12 @@ from adapters.trainable_tokens import token_indices
 MAX_CONFIG_BYTES = 2**20  # PEFT writes about 1 KB
 MAX_PATTERNS = 4096  # a pattern per module of a 100-layer model is 700
 MAX_PATTERN_CHARS = 256
+# A tenant writes the patterns, and each is matched against the model's module names on
+# upload and again on every replica's load, so all of one config's matching is bounded in
+# time. `re` has no bound, and backtracks for hours on a pattern such as (.|.){30}Q while
+# holding the GIL; the regex module takes a timeout, lets other threads run meanwhile, and
+# backtracks far less. (A pattern per module of a 100-layer model matches in about 2.5 s.)
+MATCH_BUDGET_S = 10.0
 # LoraConfig.variants' names: a fixed set, so a metric may label by them without a cap.
 VARIANTS = (
     "alpha_pattern", "lora_bias", "rank_pattern", "trainable_token_indices", "use_dora",
@@ -53,15 +61,19 @@ class LoraConfig:
     alpha_pattern: Mapping[str, float] = field(default_factory=dict)
     base_model_name: str | None = None
     token_indices: tuple[int, ...] = ()  # trainable_token_indices (adapters.trainable_tokens)
+    _matches: _Matches = field(default_factory=lambda: _Matches(), init=False, compare=False,
+                               repr=False)  # fmt: skip
 
     def rank_of(self, name: str) -> int:
         """The rank of the module named `name` in the model (rank_pattern, else r)."""
-        return self.rank_pattern.get(_pattern_key(self.rank_pattern, name), self.rank)
+        key = self._matches.key("rank_pattern", self.rank_pattern, name)
+        return self.rank_pattern.get(key, self.rank)
 
     def scale_of(self, name: str) -> float:
         """The module's scale: alpha / r, or alpha / sqrt(r) with rsLoRA, each its own."""
         rank = self.rank_of(name)
-        alpha = self.alpha_pattern.get(_pattern_key(self.alpha_pattern, name), self.alpha)
+        key = self._matches.key("alpha_pattern", self.alpha_pattern, name)
+        alpha = self.alpha_pattern.get(key, self.alpha)
         return alpha / math.sqrt(rank) if self.use_rslora else alpha / rank
 
     @property
@@ -144,8 +156,8 @@ def _patterns(config: dict, key: str, label: str, valid, what: str) -> dict:
                 f"{label}: {key}: pattern {shorten(pattern)} is longer than {MAX_PATTERN_CHARS}"
             )
         try:
-            re.compile(pattern)
-        except re.error as exc:
+            regex.compile(pattern)
+        except regex.error as exc:
             raise AdapterError(
                 f"{label}: {key}: pattern {quoted(pattern)} is not a valid regex ({exc})"
             ) from None
@@ -156,12 +168,51 @@ def _patterns(config: dict, key: str, label: str, valid, what: str) -> dict:
     return dict(patterns)
 
 
-def _pattern_key(patterns: Mapping[str, object], name: str) -> str | None:
-    """PEFT's rule: the first key k for which `(.*\\.)?(k)$` matches the module's name."""
-    for key in patterns:
-        if re.match(rf"(.*\.)?({key})$", name):
-            return key
-    return None
+_PLAIN = regex.compile(r"[A-Za-z0-9_]+")
+
+
+class _Matches:
+    """The pattern key of each module name, found once per config, within MATCH_BUDGET_S."""
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[str, str], str | None] = {}
+        self._compiled: dict[str, regex.Pattern] = {}  # a config may hold thousands of keys
+        self._left_s = MATCH_BUDGET_S
+
+    def key(self, table: str, patterns: Mapping[str, object], name: str) -> str | None:
+        """PEFT's rule: the first key k of patterns for which `(.*\\.)?(k)$` matches name."""
+        if not patterns:
+            return None
+        if (table, name) not in self._found:
+            self._found[table, name] = self._first(table, patterns, name)
+        return self._found[table, name]
+
+    def _first(self, table: str, patterns: Mapping[str, object], name: str) -> str | None:
+        for key in patterns:
+            if _PLAIN.fullmatch(key):  # a module's own name: no regex needed
+                if name == key or name.endswith("." + key):
+                    return key
+                continue
+            began = time.monotonic()
+            try:
+                if self._left_s <= 0:
+                    raise TimeoutError
+                # concurrent: other threads (the server's event loop) run while it matches
+                pattern = self._compiled.get(key)
+                if pattern is None:
+                    pattern = self._compiled[key] = regex.compile(rf"(.*\.)?({key})$")
+                hit = pattern.match(name, timeout=max(self._left_s, 1e-3), concurrent=True)
+            except TimeoutError:
+                raise AdapterError(
+                    f"{table}: matching the model's module names took over {MATCH_BUDGET_S:g} s "
+                    f"(pattern {quoted(key)}); name modules plainly, as PEFT writes them "
+                    f"('q_proj', 'model.layers.3.self_attn.q_proj')"
+                ) from None
+            finally:
+                self._left_s -= time.monotonic() - began
+            if hit:
+                return key
+        return None
 
 
 def _flag(config: dict, key: str, label: str) -> bool:

@@ -10,6 +10,7 @@ meters it once the item's result is committed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError
 from serving.api.tenancy import rate_limited
-from serving.engine.request import GenerateRequest, RequestOutput
+from serving.engine.request import GenerateRequest, RequestOutput, SamplingParams
 from serving.usage.limits import Admission, RateLimited
 from serving.usage.store import UsageRecord
 
@@ -65,6 +66,19 @@ class Meter:
             completion_tokens=out.completion_tokens,
             time=time.time(),
         )
+
+
+def fitted_to_token_limit(
+    ctx: ApiContext, caller: Principal, sampling: SamplingParams, prompt_tokens: int
+) -> SamplingParams:
+    """sampling of a request that set no max_tokens, its output capped so that prompt and
+    output fit caller's tenant's tokens_per_minute. Uncapped, it would reserve the whole
+    context, which a smaller limit never admits: the most common chat call would be refused
+    forever. (A request whose prompt alone is larger is refused as too large.)"""
+    most = ctx.settings.limits_of(caller.tenant).get("tokens_per_minute")
+    if most is None or most - prompt_tokens < 1:
+        return sampling
+    return dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, most - prompt_tokens))
 
 
 async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) -> Admission | None:

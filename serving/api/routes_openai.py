@@ -24,6 +24,7 @@ from serving.api.batch_calls import batch_call
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
+from serving.api.metering import fitted_to_token_limit
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import (
     UNAVAILABLE,
@@ -50,6 +51,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     params = _sampling(body, s)
     rid = fmt.new_id("chatcmpl")
     ids = await chat_ids(s, body.messages)
+    if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
+        params = fitted_to_token_limit(ctx, caller, params, len(ids))
     salt = cache_salt(ctx, caller)
     request_ = GenerateRequest(
         rid, tuple(ids), params, version and version.qualified, cache_salt=salt,

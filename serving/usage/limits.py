@@ -163,8 +163,10 @@ class Limiter:
             refusals = _refusals(limits, state, tokens, now)
             if refusals:
                 limit, message, wait = max(refusals, key=lambda refusal: refusal[2])
-                retry = ("Retry-After", str(max(1, math.ceil(wait - 1e-9))))
-                raise RateLimited(limit, message, wait, (*_headers(limits, state, now), retry))
+                headers = _headers(limits, state, now)
+                if math.isfinite(wait):  # none for a request no wait lets in
+                    headers = (*headers, ("Retry-After", str(max(1, math.ceil(wait - 1e-9)))))
+                raise RateLimited(limit, message, wait, headers)
             ticket, charge = self._ticket(), None
             if limits.requests_per_minute is not None:
                 state.admitted.append(now)
@@ -229,7 +231,7 @@ def _refusals(limits: Limits, state: _Tenant, tokens: int, now: float) -> list:
             f"this request is larger than the tokens-per-minute limit: it reserves {tokens} "
             f"tokens (prompt + max_tokens), the limit is {most}; lower max_tokens or the prompt"
         )
-        found.append(("tokens", message, WINDOW_S))
+        found.append(("tokens", message, math.inf))  # no retry lets it in
     elif most is not None and state.charged + tokens > most:
         message = (
             f"rate limit reached: {most} tokens per minute; {state.charged} used or reserved "

@@ -26,6 +26,7 @@ class Held:
 
     async def generate(self, request, *, session=None):
         self.prompt_len = len(request.prompt_token_ids)
+        self.max_tokens = request.sampling.max_tokens
         self.running += 1
         self.started += 1
         self.most = max(self.most, self.running)

@@ -74,6 +74,22 @@ def test_tokens_per_minute_charges_what_requests_used(world, tmp_path):
     assert r.status_code == 429 and "tokens" in r.json()["error"]["message"]
 
 
+def test_a_chat_without_max_tokens_fits_a_token_limit_smaller_than_the_context(world, tmp_path):
+    client, held = client_for(world, tmp_path, {"globex": {"tokens_per_minute": 20}})
+    chat = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}
+    r = client.post("/v1/chat/completions", json=chat, headers=auth(GLOBEX))
+    # Not the whole context reserved (a 429 forever): the output is capped to fit the limit.
+    assert r.status_code == 200, r.text
+    assert held.max_tokens == 20 - held.prompt_len
+    r = client.post("/v1/chat/completions", json=chat, headers=auth(ACME))  # no token limit
+    assert r.status_code == 200 and held.max_tokens > 20
+    # An explicit max_tokens past the limit is refused as too large, with no Retry-After:
+    # clients that retry 429s would retry what no wait lets in.
+    r = client.post("/v1/chat/completions", json={**chat, "max_tokens": 30}, headers=auth(GLOBEX))
+    assert r.status_code == 429 and "larger than the tokens-per-minute limit" in r.text
+    assert "retry-after" not in r.headers and r.headers["x-ratelimit-limit-tokens"] == "20"
+
+
 def test_tokens_per_minute_holds_under_concurrency(world, tmp_path):
     held = Held()
     settings = stub_settings(world, tmp_path, limits_of=lambda t: {"tokens_per_minute": 100})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from adapters.errors import AdapterError, RegistryCorrupt, RegistryUnavailable
 from serving.engine.intake import Intake
 from serving.engine.kv_cache import prefix_key
 from serving.engine.request import GenerateRequest, RequestOutput
@@ -17,6 +18,8 @@ from serving.engine.sequence import Sequence
 from serving.engine.stopping import StopChecker
 from serving.engine.tracked import Sink, Tracked
 
+# An adapter the registry cannot hand over now (or whole) is not the request's doing.
+REGISTRY_FAULTS = (RegistryCorrupt, RegistryUnavailable)
 logger = logging.getLogger(__name__)
 
 
@@ -136,8 +139,11 @@ class Lifecycle:
             self.finish(t, "error", error=f"internal error: {type(exc).__name__}")
 
     def fail_broken_loads(self) -> None:
-        """Fail the requests waiting on an adapter whose load failed (not those running)."""
+        """Fail the requests waiting on an adapter whose load failed (not those running): as
+        their own fault when the adapter itself cannot be served (it does not fit the model,
+        say, published without the base model's checks), else as the engine's."""
         for version, error in self.residency.broken_loads() if self.residency else ():
+            own = isinstance(error, AdapterError) and not isinstance(error, REGISTRY_FAULTS)
             for t in list(self.tracked.values()):
                 if t.seq.request.adapter == version and not t.pinned:
-                    self.finish(t, "error", error=f"adapter {version}: {error}")
+                    self.finish(t, "error", error=f"adapter {version}: {error}", own=own)

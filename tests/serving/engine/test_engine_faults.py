@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from adapters.errors import AdapterError
 from serving.engine.request import GenerateRequest, SamplingParams
 from tests.serving.engine.test_engine_peft import greedy
 from tests.serving.engine.world import build_world
@@ -88,3 +89,35 @@ def test_a_slow_reader_gets_merged_increments_with_the_same_tokens(world):
     assert tokens == world.reference([5, 6, 7], None, 20)
     assert len(outs) < 20 and outs[-1].completion_tokens == 20
     assert "".join(o.new_text for o in outs) == world.tokenizer.decode(tokens)
+
+
+def test_an_adapter_that_does_not_fit_fails_its_requests_as_their_own_fault(world):
+    """A version the replica's loader refuses (published without the base model's checks, its
+    shapes do not fit, so the registry's load raises): its requests fail as the callers' doing
+    (a 400, not a 500), and a request on another adapter beside it is served."""
+    misfit = f"misfit@{'1' * 64}"
+
+    class Registry(dict):  # loads as engine_setup's loader does: checked against the base
+        def __getitem__(self, version):
+            if version == misfit:
+                raise AdapterError("layer 0 down_proj: shapes lora_A (8, 255) do not fit")
+            return super().__getitem__(version)
+
+    adapters, world.adapters = world.adapters, Registry(world.adapters)
+    try:
+        engine = world.engine()
+    finally:
+        world.adapters = adapters
+    done = {}
+
+    def sink(out):
+        if out.finished:
+            done[out.request_id] = out
+
+    engine.submit(GenerateRequest("misfit", (5, 6, 7), greedy(3), misfit), sink)
+    engine.submit(GenerateRequest("good", (5, 6, 7), greedy(3), world.versions["upper"]), sink)
+    engine.run_until_idle()
+    out = done["misfit"]
+    assert out.finish_reason == "error" and out.own_fault, out
+    assert "down_proj" in out.error
+    assert done["good"].finish_reason == "length"

@@ -3,12 +3,15 @@
 Storage counts every version the tenant's names have pointed to (each name's history):
 older versions stay stored and reachable as `name@digest` until the name is deleted and
 `loraserve adapters gc` collects them, so they count until then. A version stored once
-counts once per tenant. The check reads the tenant's holdings, then publishes: two uploads
-racing past the last slot can both land, which the next upload then sees.
+counts once per tenant. The check reads the tenant's holdings, then publishes, under the
+tenant's lock (tenant_lock), so that uploads racing past the last slot cannot both land
+through one API process; through several, the next upload sees what landed.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -17,6 +20,16 @@ from adapters.registry import Registry
 from serving.api.errors import ApiError
 
 MB = 2**20
+_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_locks_lock = threading.Lock()
+
+
+def tenant_lock(tenant: str) -> threading.Lock:
+    """The lock a tenant's adapter writes (publish, delete, public flag) take in this process:
+    a quota check and its publish are one step, and a delete does not remove a name's folder
+    while an upload writes into it (the store then fails, read as an unreachable registry)."""
+    with _locks_lock:
+        return _locks[tenant]
 
 
 @dataclass(frozen=True)

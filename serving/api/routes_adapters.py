@@ -13,6 +13,7 @@ and run in worker threads.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, File, Form, Query, UploadFile
@@ -35,7 +36,7 @@ from serving.api.adapter_json import entry_json, version_json
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
-from serving.api.quotas import check_quota, holdings
+from serving.api.quotas import check_quota, holdings, tenant_lock
 from serving.api.resolve import UNAVAILABLE, damaged
 from serving.api.settings import AppSettings
 
@@ -123,6 +124,11 @@ def _target_tenant(caller: Principal, tenant: str | None) -> str:
 
 
 def _validate(settings: AppSettings, files: dict, draft_files: dict | None) -> Adapter:
+    if draft_files is not None and settings.draft_spec is None:
+        # Nothing to check it against, and nothing would serve it: stored unchecked, it
+        # would fail only once a draft model is configured.
+        raise ApiError(400, "this server runs no draft model (draft.method is not "
+                            "draft_model): upload the adapter without its draft companion")  # fmt: skip
     try:
         draft = None
         if draft_files is not None:
@@ -144,9 +150,14 @@ def _validate(settings: AppSettings, files: dict, draft_files: dict | None) -> A
 
 
 def _publish(registry: Registry, name: str, adapter: Adapter, owner: str, limits) -> Version:
-    if any(limits.get(k) is not None for k in ("max_adapters", "max_adapter_mb")):
-        check_quota(holdings(registry, owner), name, adapter.digest, adapter.num_bytes, limits)
-    return registry.publish(name, adapter, owner)
+    with tenant_lock(owner):
+        if any(limits.get(k) is not None for k in ("max_adapters", "max_adapter_mb")):
+            check_quota(holdings(registry, owner), name, adapter.digest, adapter.num_bytes, limits)
+        version = registry.publish(name, adapter, owner)
+        # When the name moved there, not when the content was first stored: that may have
+        # been another tenant's upload of the same bytes, which this one must not learn of.
+        moved = registry.show(name, owner).updated
+    return dataclasses.replace(version, created=moved)
 
 
 def _visible(registry: Registry, caller: Principal, name: str, tenant: str | None) -> Entry:
@@ -155,7 +166,8 @@ def _visible(registry: Registry, caller: Principal, name: str, tenant: str | Non
 
 def _delete(registry: Registry, caller: Principal, name: str, tenant: str | None) -> None:
     entry = manageable(registry, caller.tenant, caller.is_admin, name, tenant)
-    registry.delete(name, entry.owner)
+    with tenant_lock(entry.owner):
+        registry.delete(name, entry.owner)
 
 
 def _set_public(
@@ -165,7 +177,8 @@ def _set_public(
     if not caller.is_admin:
         raise ApiError(403, "only an admin key can make an adapter public or private",
                        code="permission_denied")  # fmt: skip
-    return registry.set_public(name, entry.owner, public)
+    with tenant_lock(entry.owner):
+        return registry.set_public(name, entry.owner, public)
 
 
 async def _registry_call(fn, *args):

@@ -3,16 +3,19 @@ of one name (one winner, one clean 409), a corrupt entry that breaks nobody's li
 failing backend answered 503 without its paths."""
 
 import threading
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
 from adapters import publishing
+from serving.api import routes_adapters
 from serving.api.auth import Principal, key_id
 from serving.api.errors import ApiError
 from serving.api.quotas import Holdings, check_quota, holdings
-from tests.serving.api.served import ACME, GLOBEX, KEYS, serve
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, KEYS, serve
 
 SECOND_ACME = "acme-key-second"
 LIMITS = {"acme": {"max_adapters": 2}}
@@ -86,7 +89,29 @@ def test_reuploads_count_against_storage(served, monkeypatch):
     assert upload(served, GLOBEX, "quota-b", "ov").status_code == 201  # deleting freed it
 
 
+def test_concurrent_uploads_never_take_a_tenant_past_max_adapters(served, monkeypatch):
+    """Eight uploads of new names at once with one slot left: exactly one lands."""
+    owned = holdings(served.registry, "globex").names
+    monkeypatch.setitem(LIMITS, "globex", {"max_adapters": len(owned) + 1})
+    answers = {}
+
+    def go(i):
+        answers[i] = upload(served, GLOBEX, f"burst-{i}", ("qk", "ov")[i % 2])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.status_code for r in answers.values())
+    assert statuses == [201] + [429] * 7, [r.text for r in answers.values()]
+    assert len(holdings(served.registry, "globex").names) == len(owned) + 1
+
+
 def test_concurrent_creates_of_one_name_end_with_one_winner_and_a_409(served, monkeypatch):
+    """Two API processes (each its own tenant lock) create one name at once: the registry's
+    own claim lets one win and answers the other a clean 409."""
+    monkeypatch.setattr(routes_adapters, "tenant_lock", lambda tenant: threading.Lock())
     looked = threading.Barrier(2, timeout=30)
     real = publishing.store_version
 
@@ -185,3 +210,15 @@ def test_a_damaged_version_is_a_500_without_paths_until_uploaded_again(served):
     assert (
         httpx.post(f"{served.url}/ai/run/demo", json=body, headers=auth(GLOBEX)).status_code == 200
     )
+
+
+def test_an_upload_tells_when_its_own_name_moved_not_when_another_stored_the_bytes(served):
+    """Versions are stored once by content: the answer's `created` must not tell a tenant that
+    (and when) another tenant uploaded the same files."""
+    first = upload(served, GLOBEX, "same-bytes", "down")
+    assert first.status_code == 201
+    time.sleep(1.1)
+    began = datetime.now(UTC) - timedelta(milliseconds=5)
+    second = upload(served, ADMIN, "same-bytes", "down")  # the admin key's own tenant
+    assert second.status_code == 201 and second.json()["digest"] == first.json()["digest"]
+    assert datetime.fromisoformat(second.json()["created"]) >= began

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from adapters.base_model import BaseModelSpec
 from adapters.cli import app
-from tests.adapters.factory import peft_adapter_files, peft_config, peft_tensors
+from tests.adapters.factory import TINY_SPEC, peft_adapter_files, peft_config, peft_tensors
 from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve
 from tests.serving.engine.world import base_model
@@ -70,18 +70,20 @@ def test_upload_use_reupload_delete(served):
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
-def test_upload_with_a_draft_companion(served, tmp_path):
+def test_upload_with_a_draft_companion(world, served, tmp_path):
     draft = tmp_path / "draft"
     draft.mkdir()
     for name, data in peft_adapter_files(rank=2, seed=3).items():
         (draft / name).write_bytes(data)
-    root = served.world.root
-    done = cli(
-        served, ACME, "upload", str(root / "down"), "--name", "drafted", "--draft", str(draft)
-    )
-    assert done.exit_code == 0, done.output
-    version = served.registry.resolve("drafted", "acme")
-    assert served.registry.load(version.qualified).draft.rank == 2
+    args = ("upload", str(world.root / "down"), "--name", "drafted", "--draft", str(draft))
+    # A server without a draft model has nothing to check a companion against, nor to run it.
+    done = cli(served, ACME, *args)
+    assert done.exit_code == 1 and "this server runs no draft model" in done.output
+    with serve(world, tmp_path / "drafting", draft_spec=TINY_SPEC) as drafting:
+        done = cli(drafting, ACME, *args)
+        assert done.exit_code == 0, done.output
+        version = drafting.registry.resolve("drafted", "acme")
+        assert drafting.registry.load(version.qualified).draft.rank == 2
 
 
 def test_uploads_and_listings_name_the_lora_variants(served, tmp_path):

@@ -2,6 +2,10 @@
 
 Load figures are the whole server's; per-adapter figures cover only the adapters the key
 may see (its tenant's and the public ones; all for an admin key), and usage is its tenant's.
+`key` names the key's own tenant and scope, so the page offers only what the key may do.
+The last minute's requests and tokens are those the tenant's rate limits count (the
+limiter's sliding 60 s) where a limit keeps them; the usage store's minutes cannot show a
+sliding window, and the page names the window each figure covers.
 The shape is documented in README.md ("Dashboard").
 """
 
@@ -27,11 +31,15 @@ from serving.api.recent import WINDOW_S
 from serving.api.stats import (
     adapter_figures,
     events_by_replica,
+    last_minute,
     replica_figures,
     summary,
     usage_totals,
 )
+from serving.api.tenancy import rate_limited
 from serving.usage.limits import RATE_LIMITS
+from serving.usage.service import LIMITER_WINDOW
+from serving.usage.store import minute_of
 
 log = logging.getLogger("loraserve.api")
 
@@ -66,18 +74,22 @@ async def stats(
     events_of = events_by_replica(figures, ctx.metrics.recent.events(), now, WINDOW_S)
     # An admin's per-adapter traffic and usage are every tenant's; a user key's, its own.
     scope = tenant if not caller.is_admin else None
-    hour, ever, minute = await asyncio.gather(
+    limited = rate_limited(ctx.settings.limits_of(tenant))
+    hour, ever, minute, window = await asyncio.gather(
         _usage(ctx, start=now - HOUR_S, tenant=scope),
         _usage(ctx, start=None, tenant=scope),
         _usage(ctx, start=now - MINUTE_S, tenant=tenant),
+        _usage(ctx, start=None, tenant=tenant, group_by=LIMITER_WINDOW) if limited else _none(),
     )
     own_hour = [row for row in hour if row["tenant"] == tenant]  # the rows carry their tenant
+    recent = last_minute(minute, window[0] if window else None, minute_of(now - MINUTE_S))
     everything = [e for events in events_of.values() for e in events]
     return {
         "object": "stats",
         "time": now,
         "window_s": WINDOW_S,
         "tenant": tenant,
+        "key": {"tenant": caller.tenant, "scope": caller.scope},
         "summary": summary(figures, everything, WINDOW_S, visible),
         "replicas": [
             replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible) for f in figures
@@ -85,7 +97,7 @@ async def stats(
         "adapters": adapter_figures(
             figures, events_of, WINDOW_S, hour, ever, visible, counted=_counted(caller)
         ),
-        "usage": await _tenant_usage(ctx, tenant, minute, own_hour),
+        "usage": await _tenant_usage(ctx, tenant, recent, own_hour),
     }
 
 
@@ -107,9 +119,11 @@ def _counted(caller: Principal):
     return (lambda tenant: True) if caller.is_admin else caller.tenant.__eq__
 
 
-async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) -> list[dict]:
-    """Usage rows by adapter since start; 503 when the store cannot be read."""
-    query = ctx.tenancy.usage(start=start, end=None, group_by="adapter", tenant=tenant)
+async def _usage(
+    ctx: ApiContext, *, start: float | None, tenant: str | None, group_by: str = "adapter"
+) -> list[dict]:
+    """Usage rows by group_by since start; 503 when the store cannot be read."""
+    query = ctx.tenancy.usage(start=start, end=None, group_by=group_by, tenant=tenant)
     try:
         return await asyncio.wait_for(query, TENANCY_TIMEOUT_S)
     except Exception as exc:  # the store or the shared tenancy failed; the log says which
@@ -117,9 +131,13 @@ async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) ->
         raise ApiError(503, "the usage store cannot be read now; try again") from None
 
 
-async def _tenant_usage(ctx: ApiContext, tenant: str, minute: list, hour: list) -> dict:
-    """tenant's usage (its rows of the last minute and hour) beside its limits, and the
-    adapters it holds."""
+async def _none() -> None:
+    return None
+
+
+async def _tenant_usage(ctx: ApiContext, tenant: str, minute: dict, hour: list) -> dict:
+    """tenant's usage (its last minute's figures, its rows of the last hour) beside its
+    limits, and the adapters it holds."""
     limits = ctx.settings.limits_of(tenant)
     try:
         held = await run_in_threadpool(holdings, ctx.settings.registry, tenant)
@@ -128,7 +146,7 @@ async def _tenant_usage(ctx: ApiContext, tenant: str, minute: list, hour: list) 
         raise ApiError(503, "the adapter registry cannot be read now; try again") from None
     return {
         "tenant": tenant,
-        "last_minute": usage_totals(minute, ("interactive",)),
+        "last_minute": minute,
         "last_hour": usage_totals(hour, ("interactive", "batch")),
         "limits": {key: limits.get(key) for key in LIMITS},
         "adapters": len(held.names),

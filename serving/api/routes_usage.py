@@ -2,7 +2,12 @@
 
 A user key sees its own tenant's usage; an admin key sees every tenant's, or one with
 `?tenant=`. `start` and `end` are ISO 8601 times (UTC unless they say otherwise) or epoch
-seconds; the store keeps usage by the minute, so they resolve to the minute. Interactive
+seconds (plain ASCII decimals). The store keeps usage by the minute, so each resolves to the
+start of its minute, and the range is half-open as in OpenAI's usage API: the minutes from
+start's up to but not including end's. Ranges that meet therefore add up exactly: for any T,
+usage up to `end=T` plus usage from `start=T` is all usage, T's minute counted once (in the
+second), whether or not T is on a minute. The answer echoes `start` and `end` as given and
+the resolved bounds as `start_time` and `end_time` (epoch seconds, null when open). Interactive
 and batch requests are counted apart. The figures equal the sum of the `usage` fields the
 answers carried, and of what requests whose clients left had been sent by then.
 """
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import re
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -21,6 +26,7 @@ from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.metering import TENANCY_TIMEOUT_S
+from serving.usage.store import minute_of
 
 log = logging.getLogger("loraserve.api")
 
@@ -28,6 +34,9 @@ router = APIRouter(tags=["Usage"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
 When = Annotated[str | None, Query(description="ISO 8601 time or epoch seconds.")]
+# Epoch seconds as plain decimals only: float() would also take "1_000", " 12 ", "1e9", "inf"
+# and other scripts' digits.
+NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
 
 @router.get("/v1/usage", summary="Usage of this key's tenant (any tenant's for an admin key)")
@@ -49,6 +58,8 @@ async def usage(
     since, until = _time("start", start), _time("end", end)
     if since is not None and until is not None and since > until:
         raise ApiError(400, "start: it is after end")
+    since = None if since is None else minute_of(since)
+    until = None if until is None else minute_of(until)
     query = ctx.tenancy.usage(start=since, end=until, group_by=group_by, tenant=tenant)
     try:
         rows = await asyncio.wait_for(query, TENANCY_TIMEOUT_S)
@@ -61,6 +72,8 @@ async def usage(
         "tenant": tenant,
         "start": start,
         "end": end,
+        "start_time": since,
+        "end_time": until,
         "data": rows,
     }
 
@@ -69,13 +82,12 @@ def _time(field: str, text: str | None) -> float | None:
     """Epoch seconds of an ISO 8601 time or a number; 400 naming the field otherwise."""
     if text is None:
         return None
-    try:
+    if NUMBER.fullmatch(text):
         seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds):
-            raise ApiError(400, f"{field}: {text[:40]!r} is not a time")
+        try:  # a time an ISO 8601 date could name (years 1 to 9999), so a minute in SQLite
+            datetime.fromtimestamp(seconds, timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise ApiError(400, f"{field}: {text[:40]!r} is not a time") from None
         return seconds
     try:
         when = datetime.fromisoformat(text)

@@ -117,6 +117,24 @@ def usage_totals(rows: Iterable[dict], kinds: tuple[str, ...]) -> dict[str, int]
     }
 
 
+def last_minute(rows: Iterable[dict], window: dict | None, since: float) -> dict:
+    """The tenant's interactive requests and tokens (what its rate limits apply to) of late.
+
+    Each figure is the rate limiter's count over its sliding 60 s where `window`
+    (Limiter.window) has one, the count the limit holds the tenant to: requests admitted,
+    tokens charged (used, or reserved while a request runs). Else it comes from the usage
+    store's `rows`, whole minutes since `since`, which may cover up to 120 s.
+    `source` names each figure's origin, "limiter" or "store".
+    """
+    stored = usage_totals(rows, ("interactive",))
+    figures: dict = {"source": {}, "since": since}
+    for name in ("requests", "tokens"):
+        exact = (window or {}).get(name)
+        figures[name] = stored[name] if exact is None else exact
+        figures["source"][name] = "store" if exact is None else "limiter"
+    return figures
+
+
 def events_by_replica(figures: list[EngineFigures], local: tuple, now: float, window_s: float):
     """replica -> its requests ended in the window; `local` (this app's own) where no
     replica carries its app's (one process: the app is the only HTTP server)."""

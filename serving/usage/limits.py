@@ -211,6 +211,22 @@ class Limiter:
                 del self._tenants[tenant]
             return len(state.running)
 
+    def window(self, tenant: str) -> dict[str, int | None]:
+        """What tenant's limits count now: "requests" admitted and "tokens" charged in the
+        window (t - 60, t], each None when its limit is not set (nothing is kept for it), and
+        "running" as in_flight(). The same figures admit() holds the limits to."""
+        limits = self.limits_of(tenant)
+        with self._lock:
+            state = self._tenants.get(tenant) or _Tenant()
+            state.expire(self.clock(), self.running_ttl_s)
+            if tenant in self._tenants and state.idle():
+                del self._tenants[tenant]
+            return {
+                "requests": None if limits.requests_per_minute is None else len(state.admitted),
+                "tokens": None if limits.tokens_per_minute is None else state.charged,
+                "running": len(state.running),
+            }
+
 
 def _refusals(limits: Limits, state: _Tenant, tokens: int, now: float) -> list:
     """(limit, message, seconds until it could admit) for each limit refusing the request."""

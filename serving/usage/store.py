@@ -2,8 +2,11 @@
 
 Each finished request adds its counts to one row per (minute, tenant, key_id, adapter, kind),
 so the table grows with the minutes that saw traffic, not with the number of requests, and
-grouping by day or filtering by time still works. The price is resolution: start and end
-resolve to the minute (a minute counts when any part of it lies in [start, end]).
+grouping by day or filtering by time still works. The price is resolution: a range's start
+and end each resolve to the start of their minute, and the range is half-open, the minutes
+from start's up to but not including end's. So ranges that meet (one ending at T, the next
+starting at T) share no minute and miss none, whether or not T is on a minute: a day-by-day
+export bills each minute once. (Rounding end up instead would count end's minute in both.)
 
 The database runs in WAL mode with a busy timeout, so several processes (replicas, a batch
 feeder) can write one file at once; record() commits before it returns. A UsageStore object is
@@ -109,7 +112,7 @@ class UsageStore:
         """Add the records' counts to their minutes, in one transaction committed on return."""
         rows: dict[tuple, list[int]] = {}
         for r in records:  # sum in memory first: a batch often repeats a row's key
-            key = (int(r.time // 60) * 60, r.tenant, r.key_id, r.adapter, r.kind)
+            key = (minute_of(r.time), r.tenant, r.key_id, r.adapter, r.kind)
             counts = rows.setdefault(key, [0] * len(COUNTS))
             for i, name in enumerate(COUNTS):
                 counts[i] += getattr(r, name)
@@ -135,8 +138,9 @@ class UsageStore:
         """Usage per tenant and group, interactive and batch apart, sorted; tenant None = all.
 
         group_by: "adapter" (rows keyed "adapter"), "key" ("key_id"), "day" ("day",
-        YYYY-MM-DD in UTC) or "tenant" (the tenant alone). start and end are epoch seconds,
-        resolved to the minute; None = unbounded. Each row's `last_used` is the start (epoch
+        YYYY-MM-DD in UTC) or "tenant" (the tenant alone). start and end are epoch seconds:
+        the range holds the minutes from minute_of(start) up to, not including,
+        minute_of(end); None = unbounded. Each row's `last_used` is the start (epoch
         seconds) of the latest minute in the range that the group used.
         """
         if group_by not in GROUPS:
@@ -186,15 +190,20 @@ class UsageStore:
             raise UsageStoreError(f"usage store {self.path}: cannot {action} it: {exc}") from exc
 
 
+def minute_of(seconds: float) -> int:
+    """The start (epoch seconds) of the minute that holds `seconds`: its usage row's minute."""
+    return int(seconds // 60) * 60
+
+
 def _where(start: float | None, end: float | None, tenant: str | None) -> tuple[str, list]:
-    """The WHERE clause: minutes overlapping [start, end], of one tenant or all."""
+    """The WHERE clause: minutes in [minute_of(start), minute_of(end)), of one tenant or all."""
     clauses, args = [], []
     if start is not None:
-        clauses.append("minute > ?")  # the minute's end lies after start
-        args.append(start - 60)
+        clauses.append("minute >= ?")
+        args.append(minute_of(start))
     if end is not None:
-        clauses.append("minute <= ?")
-        args.append(end)
+        clauses.append("minute < ?")
+        args.append(minute_of(end))
     if tenant is not None:
         clauses.append("tenant = ?")
         args.append(tenant)

@@ -27,15 +27,25 @@ function residency(placed, replicas) {
   return parts.length ? parts.join(", ") : "registry";
 }
 
-/** One adapter's row; figures from stats where it has them. */
+/** Whether the key (stats' `key`: its tenant and scope) may delete the adapter: an admin
+ * key any, a user key its own tenant's only. Unknown until stats come: no. */
+export function manageable(adapter, key) {
+  return Boolean(key) && (key.scope === "admin" || adapter.owner === key.tenant);
+}
+
+/** One adapter's row; figures from stats where it has them, Delete where the key may. */
 function row(adapter, figures, stats, onDelete) {
   const replicaNames = (stats?.replicas ?? []).map((r, i) => `r${i + 1} = ${r.replica}`);
   const cell = (text, attrs = {}) => el("td", attrs, text);
-  const button = el("button", {
-    type: "button", class: "danger small",
-    "aria-label": `Delete ${adapter.name}${adapter.owner ? ` of ${adapter.owner}` : ""}`,
-  }, "Delete");
-  button.addEventListener("click", () => onDelete(adapter));
+  const action = el("td");
+  if (manageable(adapter, stats?.key)) {
+    const button = el("button", {
+      type: "button", class: "danger small",
+      "aria-label": `Delete ${adapter.name}${adapter.owner ? ` of ${adapter.owner}` : ""}`,
+    }, "Delete");
+    button.addEventListener("click", () => onDelete(adapter));
+    action.append(button);
+  }
   const key = `${adapter.owner}/${adapter.name}`;
   return el("tr", { "data-adapter": adapter.name, "data-owner": adapter.owner, "data-key": key },
     el("th", { scope: "row" }, adapter.name),
@@ -51,7 +61,7 @@ function row(adapter, figures, stats, onDelete) {
     cell(stats ? ago(figures?.last_used, stats.time) : DASH),
     cell(num(figures?.requests_1h ?? (stats ? 0 : null), 0), { class: "num" }),
     cell(num(figures?.tokens_1h ?? (stats ? 0 : null), 0), { class: "num" }),
-    el("td", {}, button));
+    action);
 }
 
 /** The table's state: the last listing and the last stats, either redrawn when it changes. */

@@ -58,6 +58,16 @@ function usageLine(label, used, limit, unit = "") {
   return parts;
 }
 
+/** The label of a last-minute figure, naming its window: the rate limiter's sliding 60 s
+ * (what the limit holds), or the usage store's whole minutes since `since`. */
+function recentLabel(what, minute, name) {
+  if (minute.source?.[name] === "limiter") return `${what}, last 60 s`;
+  if (minute.since == null) return `${what}, last minute`;
+  const since = new Date(minute.since * 1000)
+    .toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return `${what} since ${since}`;
+}
+
 /** Redraw the usage panel from /v1/stats' `usage` (null for an admin key naming no tenant). */
 export function drawUsage(panel, usage) {
   if (!usage) {
@@ -70,8 +80,10 @@ export function drawUsage(panel, usage) {
   panel.replaceChildren(
     el("p", {}, "Tenant ", el("strong", {}, usage.tenant ?? ""), "."),
     el("dl", { class: "usage" },
-      ...usageLine("Requests, last minute", minute.requests, limits.requests_per_minute),
-      ...usageLine("Tokens, last minute", minute.tokens, limits.tokens_per_minute),
+      ...usageLine(recentLabel("Requests", minute, "requests"), minute.requests,
+        limits.requests_per_minute),
+      ...usageLine(recentLabel("Tokens", minute, "tokens"), minute.tokens,
+        limits.tokens_per_minute),
       ...usageLine("Adapters held", usage.adapters, limits.max_adapters),
       ...usageLine("Adapter storage", usage.adapter_mb, limits.max_adapter_mb, " MB"),
       el("dt", {}, "Concurrent requests allowed"),

@@ -1,6 +1,7 @@
 """GET /dashboard in a real chromium against a real server: the page loads cleanly and asks
-nothing of any other host, shows each key its own adapters, uploads and deletes through the
-API, draws live figures, and fits a desk and a phone."""
+nothing of any other host, shows each key its own adapters, offers Delete only where the key
+may delete, uploads and deletes through the API, draws live figures, and fits a desk and a
+phone."""
 
 import re
 import threading
@@ -19,7 +20,7 @@ from tests.serving.api.browser import (
     latest,
     row_names,
 )
-from tests.serving.api.served import ACME, GLOBEX, serve
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, serve
 from tests.serving.batch.openai_batch import chat, client, line, start
 
 # The one error chromium logs for an answer the test provoked on purpose (a refused upload).
@@ -151,6 +152,26 @@ def test_each_key_sees_its_own_adapters(served, browser):
         page.wait_for_selector('#adapters tr[data-adapter="qk"]')
         assert row_names(page) == {"qk"}
         assert watch.errors == []
+
+
+def test_delete_is_offered_only_where_the_key_may_delete(world, tmp_path, browser):
+    # A server of its own: globex's public adapter would be in every other test's listings.
+    with serve(world, tmp_path, limits_of=lambda t: {"requests_per_minute": 30}) as served:
+        served.registry.publish("qk", world.adapters[world.versions["qk"]], "globex")
+        served.registry.set_public("qk", "globex", True)
+        own = {"upper", "rot13", "mlp"}
+        for key, deletable in ((ACME, own), (ADMIN, own | {"qk"})):
+            with dashboard(browser, served.url, key) as (page, watch):
+                page.wait_for_selector('#adapters tr[data-adapter="upper"] button')
+                assert "qk" in row_names(page)  # listed: public, usable by every tenant
+                offered = "rows => rows.map(r => r.dataset.adapter)"
+                assert (
+                    set(page.eval_on_selector_all("#adapters tr:has(button)", offered)) == deletable
+                )
+                page.wait_for_selector("#usage dl")  # each last-minute figure names its window
+                text = page.inner_text("#usage")
+                assert "Requests, last 60 s" in text and "Tokens since " in text, text
+                assert watch.errors == []
 
 
 def test_a_wrong_key_shows_the_apis_message(served, browser):

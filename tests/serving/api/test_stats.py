@@ -1,15 +1,23 @@
 """GET /v1/stats over a real server: rates and TTFTs equal what the requests themselves saw,
-adapter figures are scoped to what the key may see, usage equals the answers' `usage`."""
+adapter figures are scoped to what the key may see, usage equals the answers' `usage`, and
+the last minute's figures never exceed what the rate limiter admitted in its window."""
 
 import time
 
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from adapters.names import OPERATOR
+from serving.api import create_app
 from serving.api.recent import Recent, percentile, rates
-from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve
+from serving.api.tenancy import LocalTenancy, limits_getter
+from serving.usage.service import Tenancy
+from serving.usage.store import UsageStore
+from tests.serving.api.held import Held, post
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve, stub_settings
+from tests.serving.usage.fakes import FakeClock
 
 LIMITS = {"acme": {"requests_per_minute": 600, "max_adapters": 5}}
 
@@ -76,14 +84,15 @@ def test_figures_equal_the_requests_and_are_scoped(served):
     usage = s["usage"]
     acme = [u for t, _, u, _ in usages if t == "acme"]
     assert usage["tenant"] == "acme"
-    assert (
-        usage["last_minute"]
-        == usage["last_hour"]
-        == {
-            "requests": len(acme),
-            "tokens": sum(u["prompt_tokens"] + u["completion_tokens"] for u in acme),
-        }
-    )
+    expected = {
+        "requests": len(acme),
+        "tokens": sum(u["prompt_tokens"] + u["completion_tokens"] for u in acme),
+    }
+    assert usage["last_hour"] == expected
+    minute = usage["last_minute"]
+    assert {k: minute[k] for k in expected} == expected
+    # acme has a requests limit: its requests are the limiter's; no tokens limit, the store's
+    assert minute["source"] == {"requests": "limiter", "tokens": "store"}
     assert usage["limits"] == {
         "requests_per_minute": 600, "tokens_per_minute": None, "concurrent_requests": None,
         "max_adapters": 5, "max_adapter_mb": None,
@@ -139,3 +148,47 @@ def test_window_rates_and_percentiles_against_numpy():
     for q, key in ((50, "ttft_p50_s"), (99, "ttft_p99_s")):
         assert got[key] == pytest.approx(np.percentile(window, q, method="inverted_cdf"))
     assert percentile([], 50) is None and rates([], 10)["ttft_p99_s"] is None
+
+
+def test_last_minute_never_exceeds_what_the_limiter_admitted(world, tmp_path):
+    # The limiter's clock is a fake one: 61 s pass for the limiter while the usage store's
+    # records stay in this minute, as they do in the minute after a burst.
+    clock = FakeClock()
+    limits = {"acme": {"requests_per_minute": 30, "tokens_per_minute": 100_000}}
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: limits.get(t, {}))
+    usage = UsageStore("sqlite:///:memory:")
+    tenancy = LocalTenancy(Tenancy(usage, limits_getter(settings.limits_of), clock))
+    held = Held()
+    held.release.set()
+    client = TestClient(create_app(held, settings, tenancy))
+
+    def last_minute(key=ACME):
+        r = client.get("/v1/stats", headers=auth(key))
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["last_minute"]
+
+    burst = [post(client, ACME) for _ in range(31)]
+    assert [r.status_code for r in burst] == [200] * 30 + [429]
+    minute = last_minute()
+    assert minute["requests"] == 30  # what the limiter admitted in its window
+    assert minute["tokens"] == sum(r.json()["usage"]["total_tokens"] for r in burst[:30])
+    clock.advance(61)
+    assert last_minute()["requests"] == 0
+    later = [post(client, ACME) for _ in range(2)]
+    assert [r.status_code for r in later] == [200, 200]
+    minute = last_minute()
+    assert (minute["requests"], minute["tokens"]) == (2, 10)  # 3 prompt + 2 completion each
+    assert minute["source"] == {"requests": "limiter", "tokens": "limiter"}
+    # globex has no rate limit: the store's minutes since `since`, named as such
+    assert post(client, GLOBEX).status_code == 200
+    minute = last_minute(GLOBEX)
+    assert minute["source"] == {"requests": "store", "tokens": "store"}
+    assert minute["requests"] == 1 and minute["since"] % 60 == 0
+    assert time.time() - 120 < minute["since"] <= time.time() - 60
+    usage.close()
+
+
+def test_the_answer_names_the_keys_tenant_and_scope(served):
+    assert stats(served, ACME)["key"] == {"tenant": "acme", "scope": "user"}
+    admin = stats(served, ADMIN, tenant="acme")
+    assert admin["key"] == {"tenant": "ops", "scope": "admin"} and admin["tenant"] == "acme"

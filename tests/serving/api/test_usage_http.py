@@ -1,18 +1,23 @@
 """Usage metering over HTTP: after a mixed workload with a restart in the middle, the totals of
 GET /v1/usage equal the sums of the `usage` fields the answers carried, per tenant, adapter
-and key; a user key sees its own tenant only."""
+and key; a user key sees its own tenant only; ranges are half-open on minutes, so ranges
+that meet add up to the whole."""
 
 import json
 from collections import Counter, defaultdict
+from datetime import datetime, timezone
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from adapters.names import OPERATOR
+from serving.api import create_app
 from serving.api.tenancy import LocalTenancy, limits_getter
 from serving.usage.service import Tenancy
-from serving.usage.store import UsageStore
-from tests.serving.api.served import ACME, ADMIN, GLOBEX, KEYS, MODEL_ID, serve
+from serving.usage.store import UsageRecord, UsageStore
+from tests.serving.api.held import Held
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, KEYS, MODEL_ID, serve, stub_settings
 
 TOKENS = ("prompt_tokens", "cached_tokens", "completion_tokens")
 
@@ -156,3 +161,62 @@ def test_time_window_and_bad_queries(metered):
     ):
         r = httpx.get(f"{url}/v1/usage", params=params, headers=auth(ADMIN))
         assert r.status_code == 400 and field in r.text, (params, r.text)
+
+
+T = datetime(2024, 3, 1, 0, 0, tzinfo=timezone.utc).timestamp()  # midnight, a minute's start
+
+
+@pytest.fixture
+def dated(world, tmp_path):
+    """An app on a stub generator over a store holding usage around T, at known times."""
+    t = tenancy(tmp_path / "usage.db")
+    times = (T - 3600, T - 61, T - 1, T, T + 0.5, T + 30, T + 59.9, T + 60, T + 61, T + 7200)
+    t.tenancy.store.record(
+        [UsageRecord("acme", "k1", "base", "interactive", 10 + i, i, i, time=at)
+         for i, at in enumerate(times)]
+    )  # fmt: skip
+    app = create_app(Held(), stub_settings(world, tmp_path), t)
+    with TestClient(app) as client:
+        yield client
+    t.tenancy.close()
+
+
+def requests_in(client, **params):
+    r = client.get("/v1/usage", params={"group_by": "tenant", **params}, headers=auth(ACME))
+    assert r.status_code == 200, r.text
+    return r.json(), totals(r.json()["data"])
+
+
+@pytest.mark.parametrize("cut", [0, 0.5, 30, 59.9, 60, 61, -1])
+@pytest.mark.parametrize("form", ["epoch", "iso"])
+def test_ranges_that_meet_count_every_minute_once(dated, cut, form):
+    at = T + cut
+    when = f"{at:.3f}" if form == "epoch" else datetime.fromtimestamp(at, timezone.utc).isoformat()
+    _, whole = requests_in(dated)
+    before, up_to = requests_in(dated, end=when)
+    after, from_ = requests_in(dated, start=when)
+    assert up_to + from_ == whole and up_to and from_  # usage on both sides, none twice
+    minute = int(at // 60 * 60)
+    assert (before["end"], before["end_time"], before["start_time"]) == (when, minute, None)
+    assert (after["start"], after["start_time"], after["end_time"]) == (when, minute, None)
+
+
+def test_a_day_holds_its_midnight_minute_and_not_the_next(dated):
+    day = {"start": "2024-02-29T00:00:00Z", "end": "2024-03-01T00:00:00Z"}
+    answer, got = requests_in(dated, **day)
+    assert got["requests"] == 3  # T - 3600, T - 61, T - 1: usage at T is the next day's
+    assert (answer["start_time"], answer["end_time"]) == (T - 86400, T)
+    _, next_day = requests_in(dated, start="2024-03-01T00:00:00Z", end="2024-03-02")
+    assert next_day["requests"] == 7
+    _, empty = requests_in(dated, start=f"{T + 1}", end=f"{T + 59}")  # inside one minute
+    assert empty["requests"] == 0
+
+
+@pytest.mark.parametrize(
+    "text", ["1_709_251_200", "١٧٠٩٢٥١٢٠٠", " 1709251200", "1e9", "inf", "0x10", "1e400"]
+)
+def test_epoch_seconds_are_plain_ascii_decimals(dated, text):
+    r = dated.get("/v1/usage", params={"start": text}, headers=auth(ACME))
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("start: "), r.text
+    assert requests_in(dated, start="1709251200.5")[0]["start_time"] == 1709251200
+    assert requests_in(dated, end="-60")[1]["requests"] == 0

@@ -14,6 +14,7 @@ from serving.usage import (
     UsageStoreError,
     limits_from_config,
 )
+from serving.usage.service import LIMITER_WINDOW
 from tests.serving.usage.fakes import FakeClock
 
 
@@ -91,6 +92,34 @@ def test_without_a_store_usage_is_not_kept():
     tenancy = Tenancy(None, lambda tenant: Limits())
     tenancy.finish(tenancy.admit("acme", 5), _record())
     assert tenancy.usage(group_by="day") == []
+    tenancy.close()
+
+
+def test_the_limiters_window_is_read_as_a_usage_query(url):
+    clock = FakeClock()
+    limits = {"acme": Limits(30, 10_000), "solo": Limits(requests_per_minute=5)}
+    tenancy = Tenancy(UsageStore(url), lambda t: limits.get(t, Limits()), clock)
+
+    def window(tenant="acme"):
+        [row] = tenancy.usage(group_by=LIMITER_WINDOW, tenant=tenant)
+        assert row.pop("tenant") == tenant
+        return row
+
+    burst = [tenancy.admit("acme", 100) for _ in range(30)]
+    for admission in burst[:20]:
+        tenancy.finish(admission, _record())  # 50 tokens used of the 100 reserved
+    assert window() == {"requests": 30, "tokens": 20 * 50 + 10 * 100, "running": 10}
+    clock.advance(60)  # the window is (t - 60, t]: the burst has left it, 10 still run
+    assert window() == {"requests": 0, "tokens": 0, "running": 10}
+    tenancy.admit("acme", 7)
+    assert window() == {"requests": 1, "tokens": 7, "running": 11}
+    tenancy.admit("solo", 7)
+    assert window("solo") == {"requests": 1, "tokens": None, "running": 1}
+    assert window("free") == {"requests": None, "tokens": None, "running": 0}
+    assert "free" not in tenancy.limiter._tenants  # reading keeps no state
+    assert tenancy.usage(group_by="tenant") != []  # other queries still read the store
+    with pytest.raises(ValueError, match="name the tenant"):
+        tenancy.usage(group_by=LIMITER_WINDOW)
     tenancy.close()
 
 

@@ -2,6 +2,7 @@
 
 import random
 import sqlite3
+from collections import Counter
 from datetime import datetime, timezone
 
 import pytest
@@ -28,7 +29,9 @@ def _expected(records, group_by, start=None, end=None, tenant=None) -> list[dict
     rows = {}
     for r in records:
         minute = r.time // 60 * 60
-        if (start is not None and minute + 60 <= start) or (end is not None and minute > end):
+        if (start is not None and minute < start // 60 * 60) or (
+            end is not None and minute >= end // 60 * 60
+        ):
             continue
         if tenant is not None and r.tenant != tenant:
             continue
@@ -87,7 +90,7 @@ def test_grouped_sums_are_exact(store, group_by):
 
 @pytest.mark.parametrize(
     ("start", "end"),
-    [(T0, None), (None, T0), (T0 + 30, T0 + 3600), (T0 + 60, T0 + 61), (T0 + 7200, T0)],
+    [(T0, None), (None, T0), (T0 + 30, T0 + 3600), (T0 + 60, T0 + 121), (T0 + 7200, T0)],
 )
 def test_start_and_end_resolve_to_the_minute(store, start, end):
     records = _random_records(random.Random(11), 400)
@@ -97,14 +100,46 @@ def test_start_and_end_resolve_to_the_minute(store, start, end):
         assert rows == _expected(records, group_by, start, end)
 
 
-def test_a_minute_counts_when_any_part_of_it_is_in_the_range(store):
+def test_ranges_are_half_open_on_minutes(store):
     store.record([_rec(time=T0 + 10), _rec(time=T0 + 70)])  # minutes T0 and T0 + 60
     requests = lambda **kw: store.totals(**kw)["interactive"]["requests"]  # noqa: E731
-    assert requests(start=T0 + 59, end=T0 + 59) == 1  # inside minute T0, not its record's second
-    assert requests(start=T0 + 60, end=T0 + 60) == 1
-    assert requests(start=T0 + 59, end=T0 + 60) == 2
+    assert requests(start=T0, end=T0 + 60) == 1  # minute T0 only
+    assert requests(start=T0 + 59, end=T0 + 60) == 1  # start resolves to minute T0
+    assert requests(start=T0 + 60, end=T0 + 120) == 1  # minute T0 + 60 only
+    assert requests(start=T0 + 59, end=T0 + 119) == 1  # end's minute T0 + 60 is left out
+    assert requests(start=T0 + 59, end=T0 + 59) == 0  # an empty range
+    assert requests(start=T0 + 30, end=T0 + 120) == 2
     assert requests(start=T0 + 120) == 0
-    assert requests(end=T0 - 0.001) == 0
+    assert requests(end=T0 + 59.999) == 0
+    assert requests(end=T0 + 60) == 1
+
+
+@pytest.mark.parametrize("cut", [0, 0.5, 10, 59.999, 60, 61, 90, 3600])
+def test_ranges_that_meet_add_up_to_all_usage(store, cut):
+    # Usage before, in and after T's minute, T on a minute boundary or not: what ends at T
+    # plus what starts at T is everything, each minute once (a day-by-day export's sum).
+    records = _random_records(random.Random(5), 300)
+    records += [_rec(time=T0 + cut + d) for d in (-61, -1, -0.001, 0, 0.001, 1, 59, 61)]
+    store.record(records)
+    T = T0 + cut
+    for group_by in GROUP_KEYS:
+        whole = store.query(group_by=group_by)
+        before = store.query(group_by=group_by, end=T)
+        after = store.query(group_by=group_by, start=T)
+        assert _sums(before) + _sums(after) == _sums(whole)
+        assert before and after
+    assert _sums(store.query(start=T, end=T)) == _sums([])
+
+
+def _sums(rows) -> Counter:
+    """Every count of rows, per (tenant, group, kind, count)."""
+    out = Counter()
+    for row in rows:
+        group = tuple(v for k, v in row.items() if k not in (*KINDS, "last_used"))
+        for kind in KINDS:
+            for name in COUNTS:
+                out[(*group, kind, name)] += row[kind][name]
+    return out
 
 
 def test_interactive_and_batch_are_counted_apart(store):
@@ -226,7 +261,7 @@ def test_last_used_is_the_latest_minute_in_range(store):
     store.record([_rec(time=T0), _rec(time=T0 + 150), _rec(adapter="acme/sql", time=T0 + 61)])
     rows = {r["adapter"]: r["last_used"] for r in store.query(group_by="adapter")}
     assert rows == {"base": MINUTE + 120, "acme/sql": MINUTE + 60}
-    before = store.query(group_by="adapter", end=T0 + 100)
+    before = store.query(group_by="adapter", end=T0 + 120)
     assert {r["adapter"]: r["last_used"] for r in before} == {
         "base": MINUTE,
         "acme/sql": MINUTE + 60,

@@ -3,7 +3,7 @@ registry or on a server.
 
 With --registry URI the registry is used directly, in the namespace of --tenant (default
 "default"; list without it shows every tenant's names), and `gc` collects the versions
-nothing uses any more. Otherwise the commands go to a running server (--server, default
+nothing uses any more; only upload makes a registry that does not exist yet. Otherwise the commands go to a running server (--server, default
 http://127.0.0.1:8000) with the key in LORASERVE_API_KEY, whose tenant is the namespace
 unless --tenant names another (which the server allows admin keys only), and the server
 validates against the model it serves. Every failure prints one line naming the problem
@@ -66,15 +66,31 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
-def _catalogue(registry: str | None, server: str | None) -> Registry | RemoteCatalogue:
-    """The registry named by --registry, else the server (--server or the default)."""
+def _catalogue(
+    registry: str | None,
+    server: str | None,
+    *,
+    name: str | None = None,
+    tenant: str | None = None,
+    create: bool = False,
+) -> Registry | RemoteCatalogue:
+    """The registry named by --registry, else the server (--server or the default).
+
+    name and tenant, when given, are checked first, so a bad one gets the same message
+    either way and nothing is opened or sent for it. Only create (an upload) makes a
+    registry that is not there yet; reading a mistyped one must not leave it behind.
+    """
     if registry is not None and server is not None:
         _fail("give either --registry or --server, not both")
-    if registry is None:
-        return RemoteCatalogue(server or DEFAULT_SERVER)
     try:
-        return Registry(registry)
-    except AdapterError as exc:
+        if name is not None:
+            validate_name(name)
+        if tenant is not None:
+            validate_tenant(tenant)
+        if registry is None:
+            return RemoteCatalogue(server or DEFAULT_SERVER)
+        return Registry(registry, create=create)
+    except (AdapterError, RemoteError) as exc:
         _fail(str(exc))
     except (OSError, ValueError, ImportError) as exc:
         _fail(f"cannot open registry {registry}: {exc}")
@@ -93,10 +109,8 @@ def upload(
     tenant: TenantOption = None,
 ) -> None:
     """Validate an adapter locally, then publish it; prints name@digest."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, name=name, tenant=tenant, create=True)
     try:
-        validate_name(name)
-        validate_tenant(tenant or DEFAULT_TENANT)
         spec = BaseModelSpec.from_dir(base) if base else None
         with _progress() as progress:
             task = progress.add_task("validating", total=None)
@@ -134,7 +148,7 @@ def list_(
     ] = None,
 ) -> None:
     """List adapters: name, version, owner, public, rank, LoRA variants, modules, size."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, tenant=tenant)
     try:
         entries = catalogue.list(tenant)
     except (AdapterError, RemoteError) as exc:
@@ -164,7 +178,7 @@ def show(
     tenant: TenantOption = None,
 ) -> None:
     """Show one adapter and its version history."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, name=name, tenant=tenant)
     try:
         entry = catalogue.show(name, _owner(catalogue, tenant))
     except (AdapterError, RemoteError) as exc:
@@ -181,7 +195,7 @@ def delete(
     tenant: TenantOption = None,
 ) -> None:
     """Delete a name (its versions stay readable to replicas that loaded them)."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, name=name, tenant=tenant)
     try:
         catalogue.delete(name, _owner(catalogue, tenant))
     except (AdapterError, RemoteError) as exc:
@@ -198,7 +212,7 @@ def public(
     tenant: TenantOption = None,
 ) -> None:
     """Mark an adapter public (usable by every tenant), or private with --off (servers: admins)."""
-    catalogue = _catalogue(registry, server)
+    catalogue = _catalogue(registry, server, name=name, tenant=tenant)
     try:
         entry = catalogue.set_public(name, _owner(catalogue, tenant), not off)
     except (AdapterError, RemoteError) as exc:

@@ -107,11 +107,12 @@ class Registry:
     logged on "loraserve.registry"); it only grows.
     """
 
-    def __init__(self, uri: str, **storage_options) -> None:
+    def __init__(self, uri: str, *, create: bool = True, **storage_options) -> None:
+        """The registry at uri, made if absent; create=False: RegistryUnavailable instead."""
         self.uri = uri
         self.skipped = 0
         self._skipped_lock = threading.Lock()
-        self._store = Store(uri, **storage_options)
+        self._store = Store(uri, create=create, **storage_options)
         self._cat = Catalogue(self._store, self._skip)
 
     def publish(

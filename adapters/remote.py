@@ -3,20 +3,18 @@
 The bearer key comes from LORASERVE_API_KEY and its tenant is the namespace; `tenant`
 names another one (`?tenant=`, or the form field on upload), which the server allows
 admin keys only. Every failure raises RemoteError with one line to show: the server's
-own error message, or why the server could not be reached.
+own error message, why the server could not be reached, or what is wrong with its URL or
+the key.
 """
 
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Callable
 from urllib.parse import quote
 
-import httpx
-
 from adapters.format import Adapter
-from adapters.http_json import KEY_VAR, TIMEOUT, RemoteError, call_json
+from adapters.http_json import RemoteError, call_json, open_client, server_url
 from adapters.registry import Entry
 from adapters.sources import CONFIG, WEIGHTS
 
@@ -28,10 +26,9 @@ class RemoteCatalogue:
     """
 
     def __init__(self, url: str, key: str | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.key = os.environ.get(KEY_VAR) if key is None else key
-        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=TIMEOUT)
+        """RemoteError, before any request, if url or the key is malformed."""
+        self.url = server_url(url)
+        self._client, self.key = open_client(self.url, key)
 
     def upload(
         self,

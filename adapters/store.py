@@ -36,7 +36,10 @@ _EXCLUSIVE = threading.Lock()  # makes "xb" check-then-create atomic within this
 class Store:
     """A root folder behind an fsspec URL, with atomic writes and tolerant reads."""
 
-    def __init__(self, uri: str, **storage_options) -> None:
+    def __init__(self, uri: str, *, create: bool = True, **storage_options) -> None:
+        """The store at uri, its root folder made if absent; with create=False an absent
+        root raises RegistryUnavailable instead, so that reading a mistyped URI does not
+        leave an empty registry behind."""
         if not isinstance(uri, str) or not uri:
             raise AdapterError("registry: a URL or folder is required (file://, memory://, s3://)")
         self.uri = uri
@@ -46,6 +49,12 @@ class Store:
             raise AdapterError(f"registry {uri!r}: cannot open it ({exc})") from None
         self.root = root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)  # fsync applies
+        if not create:
+            with self._io("check", ""):
+                present = self.fs.isdir(self.root or "/")
+            if not present:
+                raise RegistryUnavailable(f"no registry at {uri}")
+            return
         with self._io("create", ""):
             self.fs.makedirs(self.root or "/", exist_ok=True)
 

@@ -9,7 +9,6 @@ exits with status 1; a file with a malformed line sends nothing.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -23,7 +22,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from adapters.http_json import DEFAULT_SERVER, KEY_VAR, TIMEOUT, RemoteError, call_json
+from adapters.http_json import (
+    DEFAULT_SERVER,
+    TIMEOUT,
+    RemoteError,
+    api_key,
+    call_json,
+    server_url,
+)
 
 POLL_S = 0.5
 # OpenAI batch statuses after which nothing changes any more.
@@ -62,8 +68,10 @@ class _Server:
     """JSON calls to a loraserve server; any failure ends the command with its message."""
 
     def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self.key = os.environ.get(KEY_VAR)
+        try:  # a malformed URL or key is named here, before any request
+            self.url, self.key = server_url(url), api_key()
+        except RemoteError as exc:
+            _fail(str(exc))
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         self.client = _client(self.url, headers)
 

@@ -114,6 +114,23 @@ def test_an_unreachable_server_is_one_line(tmp_path):
         assert line.startswith(f"error: cannot reach the server at {url}")
 
 
+@pytest.mark.parametrize(
+    ("server", "key", "want"),
+    [
+        ("127.0.0.1:8000", "k-1", "error: invalid server URL '127.0.0.1:8000': expected http://HOST:PORT"),
+        ("http://[::1", "k-1", "error: invalid server URL 'http://[::1' (Invalid port: ':1'): expected"),
+        ("http://127.0.0.1:8000", "kä", "error: LORASERVE_API_KEY holds characters a key cannot have"),
+    ],
+)  # fmt: skip
+def test_a_malformed_server_url_or_key_is_one_line_and_nothing_is_sent(scripted, server, key, want):
+    sent = scripted({})
+    for args in (["status", BATCH_ID], ["results", BATCH_ID]):
+        done = batch(*args, "--server", server, key=key)
+        [line] = error_lines(done)
+        assert line.startswith(want) and "Traceback" not in done.output
+    assert not sent.seen
+
+
 def test_submit_sends_every_body_with_the_key_and_prints_only_the_id(tmp_path, scripted):
     queued = {"status": "queued", "request_id": BATCH_ID, "model": "@cf/x/y"}
     server = scripted({("POST", "/ai/run/@cf/x/y"): [(200, {"result": queued, "success": True})]})

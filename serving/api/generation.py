@@ -124,17 +124,18 @@ class Generation:
         out = self._last
         reason = (out.finish_reason or "stop") if out.finished else "abort"
         status = {"abort": CLIENT_CLOSED, "error": failed(out).status}.get(reason, 200)
+        # A batch item's wait is by design; it would only blur the interactive latencies.
+        interactive = self.meter.kind == "interactive"
+        ttft = self._ttft if interactive else None
         self._ctx.metrics.observe(
             self.label,
             status=status,
             finish_reason=reason,
-            ttft=self._ttft,
-            e2e=time.perf_counter() - self._t0,
+            ttft=ttft,
+            e2e=time.perf_counter() - self._t0 if interactive else None,
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
         )
-        # A batch item's wait is by design; it would only blur the interactive TTFT.
-        ttft = self._ttft if self.meter.kind == "interactive" else None
         name = version_label(self.meter.adapter) if self.meter.adapter else BASE
         self._ctx.metrics.recent.add(self.meter.caller.tenant, name, ttft, out.completion_tokens)
         if self.meter.adapter:

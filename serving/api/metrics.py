@@ -66,21 +66,21 @@ class Metrics:
         reg, by_adapter = self.registry, ["adapter"]
         self.ttft = Histogram(
             "loraserve_time_to_first_token_seconds",
-            "From request arrival to its first output.",
+            "From an interactive request's arrival to its first output.",
             by_adapter,
             buckets=TTFT_BUCKETS,
             registry=reg,
         )
         self.tpot = Histogram(
             "loraserve_time_per_output_token_seconds",
-            "Mean time per output token after the first, per request.",
+            "Mean time per output token after the first, per interactive request.",
             by_adapter,
             buckets=TPOT_BUCKETS,
             registry=reg,
         )
         self.e2e = Histogram(
             "loraserve_e2e_request_latency_seconds",
-            "From request arrival to its last output.",
+            "From an interactive request's arrival to its last output.",
             by_adapter,
             buckets=E2E_BUCKETS,
             registry=reg,
@@ -139,14 +139,18 @@ class Metrics:
         status: int,
         finish_reason: str,
         ttft: float | None,
-        e2e: float,
+        e2e: float | None,
         prompt_tokens: int,
         completion_tokens: int,
     ) -> None:
-        """Record one request that reached the engine, when it ends."""
+        """Record one request that reached the engine, when it ends; its latencies (ttft,
+        e2e) only where they are given: a batch item's include its queue's wait, by design,
+        and would set off latency alerts whenever a large batch runs."""
         self.requests.labels(label, finish_reason, str(status)).inc()
         self.prompt_tokens.labels(label).inc(prompt_tokens)
         self.generation_tokens.labels(label).inc(completion_tokens)
+        if e2e is None:
+            return
         self.e2e.labels(label).observe(e2e)
         if ttft is not None:
             self.ttft.labels(label).observe(ttft)

@@ -2,15 +2,22 @@
 gauges per replica, an adapter label set that stays bounded, and adapter names shown only to
 an admin key."""
 
+import asyncio
+
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.format import load_adapter
+from serving.api import create_app
+from serving.api.batch_calls import run_item
 from serving.api.metrics import AdapterLabels, Metrics
+from serving.batch.records import Item
 from serving.engine.figures import EngineFigures
 from tests.adapters.peft_models import save_peft_adapter
-from tests.serving.api.served import ACME, ADMIN, MODEL_ID, serve
+from tests.serving.api.held import Held
+from tests.serving.api.served import ACME, ADMIN, KEYS, MODEL_ID, serve, stub_settings
 from tests.serving.engine.world import base_model
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
@@ -198,3 +205,22 @@ def test_pseudonyms_depend_on_the_keys():
     assert adapter_labels(hidden) == {one.pseudonym("upper")}
     assert one.pseudonym("upper") != other.pseudonym("upper") != "upper"
     assert one.pseudonym("base") == "base" and one.pseudonym("other") == "other"
+
+
+def test_batch_items_are_counted_but_kept_out_of_the_latency_histograms(world, tmp_path):
+    """A batch item's latency includes its queue's wait, by design: counted as a request,
+    it would set off TTFT alerts whenever a large batch runs."""
+    held = Held()
+    held.release.set()
+    app = create_app(held, stub_settings(world, tmp_path))
+    client = TestClient(app, raise_server_exceptions=False)
+    item = Item("job", 0, "acme", KEYS[ACME].key_id, MODEL_ID, "/ai/run", {"prompt": "hi"})
+    assert asyncio.run(run_item(app, item)).status == 200
+    r = client.post(f"/ai/run/{MODEL_ID}", json={"prompt": "hi"}, headers=AUTH)
+    assert r.status_code == 200
+    samples = samples_of(client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text)
+    done = {"adapter": "base", "finish_reason": "length", "status": "200"}
+    assert value(samples, "loraserve_requests_total", **done) == 2  # both requests
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
+                 "time_per_output_token_seconds"):  # fmt: skip
+        assert value(samples, f"loraserve_{name}_count", adapter="base") == 1, name

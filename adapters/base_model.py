@@ -35,6 +35,14 @@ class BaseModelSpec:
     def hidden_size(self) -> int:
         return self.shapes["q_proj"][0]
 
+    def largest_adapter_bytes(self, rank: int) -> int:
+        """The tensors' size of the largest adapter this model takes at `rank`: float32 A
+        and B on every linear of every layer and the outer modules, with a DoRA magnitude
+        and a lora_B bias per module (out floats each)."""
+        per_layer = sum(rank * (i + o) + 2 * o for i, o in self.shapes.values())
+        outer = sum(rank * (i + o) + 2 * o for i, o in self.outer_shapes.values())
+        return 4 * (self.num_layers * per_layer + outer)
+
     def without_outer(self) -> BaseModelSpec:
         """The same spec with no LoRA on the embedding or the LM head."""
         return dataclasses.replace(self, outer_shapes={})

@@ -74,7 +74,8 @@ def create_app(
 
         batch.bind(lambda item: run_item(app, item), meter)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes,
-                       max_batch_bytes=settings.max_batch_bytes)  # fmt: skip
+                       max_batch_bytes=settings.max_batch_bytes,
+                       max_upload_bytes=settings.max_upload_bytes)  # fmt: skip
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
     install_error_handlers(app)

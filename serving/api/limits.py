@@ -1,7 +1,8 @@
 """Refuse request bodies above a size limit while they are read, before any route sees them.
 
 Batch payloads (a queued Workers-AI batch, an uploaded batch file) have their own limit,
-batch.max_payload_mb; every other body has server.max_body_mb.
+batch.max_payload_mb; adapter uploads theirs, the largest adapter the served model takes at
+lora.max_lora_rank (AppSettings.max_upload_bytes); every other body has server.max_body_mb.
 
 A compressed body (Content-Encoding) is answered 415: nothing here inflates it, so neither
 the count nor the routes could read it. A declared Content-Length above the limit is
@@ -25,9 +26,16 @@ TRUE = frozenset({"1", "true", "on", "yes", "y", "t"})
 class BodyLimit:
     """ASGI middleware: HTTP bodies larger than max_body_bytes get a 413 JSON answer."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_batch_bytes: int | None = None):
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        max_batch_bytes: int | None = None,
+        max_upload_bytes: int | None = None,
+    ):
         self.app, self.max_body_bytes = app, max_body_bytes
         self.max_batch_bytes = max_batch_bytes if max_batch_bytes is not None else max_body_bytes
+        self.max_upload_bytes = max_upload_bytes if max_upload_bytes is not None else max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,11 +46,13 @@ class BodyLimit:
             text = f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
             await send_error(send, scope.get("path", ""), 415, text)
             return
-        batch = _is_batch_payload(scope)
-        limit = self.max_batch_bytes if batch else self.max_body_bytes
+        kind = "batch" if _is_batch_payload(scope) else "upload" if _is_upload(scope) else "body"
+        limit = {"batch": self.max_batch_bytes, "upload": self.max_upload_bytes}.get(
+            kind, self.max_body_bytes
+        )
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await self._refuse(scope, send, limit, batch)
+            await self._refuse(scope, send, limit, kind)
             return
         chunks, size = [], 0
         while True:
@@ -53,7 +63,7 @@ class BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > limit:
-                await self._refuse(scope, send, limit, batch)
+                await self._refuse(scope, send, limit, kind)
                 return
             chunks.append(body)
             if not message.get("more_body", False):
@@ -61,10 +71,20 @@ class BodyLimit:
         whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
-    async def _refuse(self, scope: Scope, send: Send, limit: int, batch: bool) -> None:
-        what, key = ("batch payload", "batch.max_payload_mb") if batch else ("request body", None)
-        text = f"the {what} is larger than the limit of {limit / 2**20:g} MiB"
-        await send_error(send, scope.get("path", ""), 413, text + (f" ({key})" if key else ""))
+    async def _refuse(self, scope: Scope, send: Send, limit: int, kind: str) -> None:
+        what, why = {
+            "batch": ("batch payload", " (batch.max_payload_mb)"),
+            "upload": ("adapter upload", ", a float32 adapter at lora.max_lora_rank on every "
+                       "module"),
+            "body": ("request body", " (server.max_body_mb)"),
+        }[kind]  # fmt: skip
+        text = f"the {what} is larger than the limit of {limit / 2**20:.4g} MiB{why}"
+        await send_error(send, scope.get("path", ""), 413, text)
+
+
+def _is_upload(scope: Scope) -> bool:
+    """A POST of an adapter (the route takes no other body)."""
+    return scope.get("path", "") == "/v1/adapters" and scope.get("method") == "POST"
 
 
 def _is_batch_payload(scope: Scope) -> bool:

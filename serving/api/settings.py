@@ -36,6 +36,11 @@ class AppSettings:
     insecure: bool = False
     max_body_bytes: int = 32 * 2**20
     max_batch_bytes: int = 10 * 2**20  # a queued batch's or batch file's body (batch.*)
+    # An adapter upload's body (POST /v1/adapters), None: max_body_bytes. upload_limit()
+    # sizes it to the largest adapter the served model takes, which server.max_body_mb,
+    # sized for prompts, is far below for real models (a rank-16 Llama-3-8B adapter on
+    # every linear is 84 MB in bfloat16).
+    max_upload_bytes: int | None = None
     vocab_size: int | None = None  # token ids a prompt may hold; None: the tokenizer's
     # A stream whose client stops reading is closed, and its request aborted, once one write
     # has waited this long (a reader that keeps up never makes a write wait).
@@ -61,21 +66,39 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         draft = served_spec(model_folder(cfg.draft.path), cfg.model.dtype, cfg.lora.embeddings)
     # Before the registry is opened (which creates its folder): a bad keys file touches nothing.
     keys = load_keys(cfg.server.api_keys_file)
+    base_spec = served_spec(folder, cfg.model.dtype, cfg.lora.embeddings)
     return AppSettings(
         model_id=cfg.model.id,
         max_model_len=min(cfg.model.max_model_len, context),
         tokenizer=load_tokenizer(folder),
         registry=Registry(cfg.lora.registry),
-        base_spec=served_spec(folder, cfg.model.dtype, cfg.lora.embeddings),
+        base_spec=base_spec,
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
         keys=keys,
         insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         max_batch_bytes=cfg.batch.max_payload_mb * 2**20,
+        max_upload_bytes=upload_limit(
+            cfg.server.max_body_mb * 2**20, cfg.lora.max_lora_rank, base_spec, draft
+        ),
         vocab_size=model.vocab_size,
         limits_of=cfg.limits.for_tenant,
     )
+
+
+UPLOAD_OVERHEAD = 2**20  # configs, safetensors headers and the multipart framing
+
+
+def upload_limit(
+    body_limit: int, rank: int, base: BaseModelSpec, draft: BaseModelSpec | None
+) -> int:
+    """The largest adapter upload worth reading: a float32 adapter at `rank` on every module
+    of the model (and of the draft model, its companion), never below body_limit."""
+    largest = base.largest_adapter_bytes(rank)
+    if draft is not None:
+        largest += draft.largest_adapter_bytes(rank)
+    return max(body_limit, largest + UPLOAD_OVERHEAD)
 
 
 def served_spec(model_dir, dtype: str, embeddings: bool = False) -> BaseModelSpec:

@@ -143,7 +143,13 @@ class ServerSection(_Section):
     insecure: bool = Field(
         False, description="Serve beyond loopback even with no API keys (every caller is admin)."
     )
-    max_body_mb: int = Field(32, gt=0, description="Largest request body accepted, in MiB.")
+    max_body_mb: int = Field(
+        32,
+        gt=0,
+        description="Largest request body accepted, in MiB. Batch payloads have "
+        "batch.max_payload_mb, and adapter uploads a limit of their own: the largest float32 "
+        "adapter the served model takes at lora.max_lora_rank (never below this).",
+    )
     max_queue: int = Field(256, gt=0, description="Waiting requests before answering 429.")
     stream_interval_ms: float = Field(
         100, ge=0, description="Longest pause between a stream's messages under load; 0 = each."

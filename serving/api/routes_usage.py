@@ -22,6 +22,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
+from adapters.errors import AdapterError
+from adapters.names import validate_tenant
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
@@ -55,6 +57,11 @@ async def usage(
                 code="permission_denied",
             )  # fmt: skip
         tenant = caller.tenant
+    elif tenant is not None:
+        try:  # as /v1/stats answers it: a name no tenant can have is a 400, not an empty list
+            validate_tenant(tenant)
+        except AdapterError as exc:
+            raise ApiError(400, f"tenant: {exc}") from None
     since, until = _time("start", start), _time("end", end)
     if since is not None and until is not None and since > until:
         raise ApiError(400, "start: it is after end")

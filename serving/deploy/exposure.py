@@ -18,11 +18,15 @@ to the replicas as an argument, so no replica depends on its own environment or 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
+from adapters.names import OPERATOR
 from serving.api.auth import ENV_VAR, Principal, load_keys
 from serving.api.gate import is_loopback as gate_is_loopback
 from serving.config import ServeConfig
+
+log = logging.getLogger("loraserve")
 
 # Stands for the proxy host when the Serve controller cannot be asked: not loopback.
 UNKNOWN_HOST = "<unknown: the Serve controller did not answer>"
@@ -55,9 +59,15 @@ def check_open_server(
 
 
 def load_checked_keys(cfg: ServeConfig) -> dict[str, Principal]:
-    """This process's keys (env and server.api_keys_file); OpenServerError per the rule."""
+    """This process's keys (env and server.api_keys_file); OpenServerError per the rule.
+    Warns of limits.tenants entries that name no key's tenant: a typo ('Bob' for 'bob')
+    would otherwise leave the tenant on the defaults without a word."""
     keys = load_keys(cfg.server.api_keys_file)
     check_open_server([cfg.server.host], keys, cfg.server.insecure)
+    tenants = {p.tenant for p in keys.values()} | {OPERATOR}
+    for name in sorted(set(cfg.limits.tenants) - tenants) if keys else ():
+        log.warning("limits.tenants.%s: no API key belongs to a tenant of that name, so its "
+                    "limits apply to no one yet (tenants: %s)", name, ", ".join(sorted(tenants)))  # fmt: skip
     return keys
 
 

@@ -158,6 +158,7 @@ def test_time_window_and_bad_queries(metered):
         ({"start": "yesterday"}, "start"),
         ({"end": "nan"}, "end"),
         ({"start": "2030-01-01", "end": "2020-01-01"}, "start"),
+        ({"tenant": "a/b"}, "tenant"),
     ):
         r = httpx.get(f"{url}/v1/usage", params=params, headers=auth(ADMIN))
         assert r.status_code == 400 and field in r.text, (params, r.text)

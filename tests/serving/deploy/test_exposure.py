@@ -69,3 +69,15 @@ def test_build_passes_the_env_and_file_keys_to_the_ingress(tmp_path, monkeypatch
     keys_file.write_text("k2 ops admin\n")
     app = build({"config": _config(tmp_path, host="0.0.0.0", api_keys_file=str(keys_file))})
     assert _ingress_keys(app) == {**KEY, "k2": Principal("ops", "admin")}
+
+
+def test_limits_for_a_tenant_no_key_names_are_warned_of(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("LORASERVE_API_KEYS", "k1:bob:user")
+    path = Path(_config(tmp_path, host="127.0.0.1"))
+    config = yaml.safe_load(path.read_text())
+    config["limits"] = {"tenants": {"Bob": {"requests_per_minute": 5}, "bob": {}}}
+    path.write_text(yaml.safe_dump(config))
+    with caplog.at_level("WARNING", logger="loraserve"):
+        build({"config": str(path)})
+    warned = [r.getMessage() for r in caplog.records if "limits.tenants" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("limits.tenants.Bob: no API key belongs")

@@ -30,7 +30,7 @@ from adapters.errors import (
 from adapters.format import Adapter, parse_adapter
 from adapters.names import validate_name
 from adapters.registry import Entry, Registry, Version
-from adapters.sources import CONFIG, WEIGHTS
+from adapters.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
 from adapters.visibility import manageable, visible_entry
 from serving.api.adapter_json import entry_json, version_json
 from serving.api.auth import Principal, authenticate
@@ -53,7 +53,17 @@ async def upload(
     caller: Caller,
     name: Annotated[str, Form(description="The adapter's name.")],
     config: Annotated[UploadFile, File(alias=CONFIG, description="PEFT's adapter config.")],
-    weights: Annotated[UploadFile, File(alias=WEIGHTS, description="The LoRA tensors.")],
+    weights: Annotated[
+        UploadFile | None, File(alias=WEIGHTS, description="The LoRA tensors (required).")
+    ] = None,
+    pickled: Annotated[
+        UploadFile | None,
+        File(
+            alias=PICKLE_WEIGHTS,
+            description="Refused: pickle is never loaded (a 400 that "
+            "says how to convert it to adapter_model.safetensors).",
+        ),
+    ] = None,
     draft_config: Annotated[UploadFile | None, File(alias=DRAFT_CONFIG)] = None,
     draft_weights: Annotated[UploadFile | None, File(alias=DRAFT_WEIGHTS)] = None,
     tenant: Annotated[str | None, Form(description="Admin keys: publish for this tenant.")] = None,
@@ -62,7 +72,11 @@ async def upload(
     owner = _target_tenant(caller, tenant)
     if (draft_config is None) != (draft_weights is None):
         raise ApiError(400, f"a draft companion needs both {DRAFT_CONFIG} and {DRAFT_WEIGHTS}")
-    files = {CONFIG: await config.read(), WEIGHTS: await weights.read()}
+    files = {CONFIG: await config.read()}
+    if weights is not None:
+        files[WEIGHTS] = await weights.read()
+    elif pickled is not None:  # named, never read: parse_adapter says how to convert it
+        files[PICKLE_WEIGHTS] = b""
     draft = None
     if draft_config is not None:
         draft = {CONFIG: await draft_config.read(), WEIGHTS: await draft_weights.read()}

@@ -169,6 +169,16 @@ MALFORMED = [
         r"layer 0 q_proj: lora_A \(8, \d+\) and lora_B \(\d+, 8\) do not fit rank 4 \(rank_pattern",
     ),
     (
+        "alpha past float's range",
+        lambda: _with_config(lora_alpha=10**400),
+        "lora_alpha must be a number, got 1000",
+    ),
+    (
+        "alpha pattern past float's range",
+        lambda: _with_config(alpha_pattern={"q_proj": 10**400}),
+        r"alpha_pattern\['q_proj'\] must be a number",
+    ),
+    (
         "rank pattern not a regex",
         lambda: _with_config(rank_pattern={"q_proj(": 4}),
         r"rank_pattern: pattern 'q_proj\(' is not a valid regex",

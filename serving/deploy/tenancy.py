@@ -11,6 +11,9 @@ crosses Ray exactly as it was made.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -75,7 +78,15 @@ class HandleTenancy:
     async def finish(
         self, admission: Admission | None, record: UsageRecord | None, tokens_used: int
     ) -> None:
-        await self.handle.finish.remote(admission, record, tokens_used)
+        # Made outside the request's context: Serve cancels the calls a request has in flight
+        # when it cancels the request (its client left), and this one, the request's usage
+        # record and its admission's release, is made just then for a client that left.
+        call = self._finish(admission, record, tokens_used)
+        task = asyncio.get_running_loop().create_task(call, context=contextvars.Context())
+        await asyncio.shield(task)
+
+    async def _finish(self, *args) -> None:
+        await self.handle.finish.remote(*args)
 
     async def usage(self, **query) -> list[dict]:
         return await self.handle.usage.remote(query)

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -75,3 +83,29 @@ class Stream(threading.Thread):
             self.failure = exc
             if not self.started.broken:
                 self.started.abort()
+
+
+@contextlib.contextmanager
+def launched(root: Path, config: Path) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """`loraserve serve --config config` as a user runs it, in a session of its own with HOME
+    and Ray's temp dir under root and a short temp folder: (the process, its log). If it is
+    still running at the end, its own process group is killed, never `ray stop`."""
+    # Short: launch.ray_temp_dir() puts Ray's sockets under $XDG_CACHE_HOME when it is short.
+    cache = tempfile.mkdtemp(prefix="lsserve-")
+    env = {**os.environ, "HOME": str(root / "home"), "XDG_CACHE_HOME": cache}
+    env.pop("LORASERVE_API_KEYS", None)
+    log = root / "serve.log"
+    exe = Path(sys.executable).parent / "loraserve"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [str(exe), "serve", "--config", str(config)], env=env, cwd=root,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield proc, log
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(cache, ignore_errors=True)

@@ -6,20 +6,13 @@ request, so it lands. The server runs as test_stop.py runs it, in a session of i
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serving.deploy.demo_served import PROMPT, STREAM_TIMEOUT_S, write_demo_config
+from tests.serving.deploy.demo_served import PROMPT, STREAM_TIMEOUT_S, launched, write_demo_config
 from tests.serving.deploy.served import free_port, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -28,18 +21,8 @@ pytestmark = pytest.mark.slow
 def test_a_stream_its_client_leaves_is_billed(tmp_path):
     port = free_port()
     config = write_demo_config(tmp_path, port)
-    cache = tempfile.mkdtemp(prefix="lsabort-")  # short: Ray's socket paths must fit
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": cache}
-    env.pop("LORASERVE_API_KEYS", None)
-    log = tmp_path / "serve.log"
-    exe = Path(sys.executable).parent / "loraserve"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(exe), "serve", "--config", str(config)], env=env, cwd=tmp_path,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    try:
+    with launched(tmp_path, config) as (proc, log):
         wait_ready(url)
         before = _used(url)
         body = {"model": "demo", "messages": [{"role": "user", "content": PROMPT}],
@@ -59,12 +42,6 @@ def test_a_stream_its_client_leaves_is_billed(tmp_path):
         assert requests == 1 and 4 <= completion < 200, (now, before, log.read_text()[-2000:])
         proc.send_signal(signal.SIGINT)
         proc.wait(90)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _used(url: str) -> tuple[int, int]:

@@ -7,21 +7,20 @@ under a temp folder; if it hangs, its own process group is killed, never `ray st
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serving.deploy.demo_served import PROMPT, STREAM_TIMEOUT_S, Stream, write_demo_config
+from tests.serving.deploy.demo_served import (
+    PROMPT,
+    STREAM_TIMEOUT_S,
+    Stream,
+    launched,
+    write_demo_config,
+)
 from tests.serving.deploy.served import free_port, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -34,19 +33,8 @@ EXIT_TIMEOUT_S = 90  # the drain (replica.DRAIN_TIMEOUT_S) and Ray's shutdown
 def test_sigint_lets_streams_in_flight_finish(tmp_path):
     port = free_port()
     config = write_demo_config(tmp_path, port)
-    # Short: launch.ray_temp_dir() puts Ray's sockets under $XDG_CACHE_HOME when it is short.
-    cache = tempfile.mkdtemp(prefix="lsstop-")
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": cache}
-    env.pop("LORASERVE_API_KEYS", None)
-    log = tmp_path / "serve.log"
-    exe = Path(sys.executable).parent / "loraserve"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(exe), "serve", "--config", str(config)], env=env, cwd=tmp_path,
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    try:
+    with launched(tmp_path, config) as (proc, log):
         wait_ready(url)
         expected = {m: _complete(url, m) for m in MODELS}  # greedy: what each stream must say
         started = threading.Barrier(len(MODELS) + 1, timeout=STREAM_TIMEOUT_S)
@@ -66,12 +54,6 @@ def test_sigint_lets_streams_in_flight_finish(tmp_path):
         assert any(n < len(s.events) for n, s in zip(at_signal, streams, strict=True))
         proc.wait(EXIT_TIMEOUT_S)
         assert proc.returncode == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _complete(url: str, model: str) -> tuple[str, int]:

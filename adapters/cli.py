@@ -134,7 +134,7 @@ def upload(
     except OSError as exc:
         _fail(f"registry write failed: {exc}")
     for warning in dict.fromkeys(warnings):
-        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     out.print(ref, highlight=False)
 
 

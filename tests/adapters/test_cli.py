@@ -280,3 +280,21 @@ def test_garbage_archive_is_one_line(tmp_path):
     )
     assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1, done.output
     assert "not a readable archive" in done.stderr
+
+
+def test_a_warning_is_one_line_however_narrow_the_terminal(tmp_path, base_dir):
+    files = peft_adapter_files(seed=2)
+    config = json.loads(files["adapter_config.json"])
+    config["base_model_name_or_path"] = "some-org/a-base-model-with-a-rather-long-name-" + "x" * 40
+    files["adapter_config.json"] = json.dumps(config).encode()
+    adapter = write(tmp_path / "w", files)
+    done = runner.invoke(
+        app,
+        ["adapters", "upload", str(adapter), "--name", "warned", "--base", str(base_dir),
+         "--registry", f"file://{tmp_path / 'reg'}"],
+        env={"COLUMNS": "60"},
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    warned = [line for line in done.stderr.splitlines() if "trained on" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "its shapes fit" in warned[0]

@@ -38,7 +38,6 @@ from serving.api.stats import (
 )
 from serving.api.tenancy import rate_limited
 from serving.usage.limits import RATE_LIMITS
-from serving.usage.service import LIMITER_WINDOW
 from serving.usage.store import minute_of
 
 log = logging.getLogger("loraserve.api")
@@ -79,10 +78,10 @@ async def stats(
         _usage(ctx, start=now - HOUR_S, tenant=scope),
         _usage(ctx, start=None, tenant=scope),
         _usage(ctx, start=now - MINUTE_S, tenant=tenant),
-        _usage(ctx, start=None, tenant=tenant, group_by=LIMITER_WINDOW) if limited else _none(),
+        _window(ctx, tenant) if limited else _none(),
     )
     own_hour = [row for row in hour if row["tenant"] == tenant]  # the rows carry their tenant
-    recent = last_minute(minute, window[0] if window else None, minute_of(now - MINUTE_S))
+    recent = last_minute(minute, window, minute_of(now - MINUTE_S))
     everything = [e for events in events_of.values() for e in events]
     return {
         "object": "stats",
@@ -119,11 +118,17 @@ def _counted(caller: Principal):
     return (lambda tenant: True) if caller.is_admin else caller.tenant.__eq__
 
 
-async def _usage(
-    ctx: ApiContext, *, start: float | None, tenant: str | None, group_by: str = "adapter"
-) -> list[dict]:
-    """Usage rows by group_by since start; 503 when the store cannot be read."""
-    query = ctx.tenancy.usage(start=start, end=None, group_by=group_by, tenant=tenant)
+async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) -> list[dict]:
+    """Usage rows by adapter since start; 503 when the store cannot be read."""
+    return await _ask(ctx.tenancy.usage(start=start, end=None, group_by="adapter", tenant=tenant))
+
+
+async def _window(ctx: ApiContext, tenant: str) -> dict:
+    """What tenant's rate limits count now; 503 when the shared tenancy cannot be reached."""
+    return await _ask(ctx.tenancy.window(tenant))
+
+
+async def _ask(query):
     try:
         return await asyncio.wait_for(query, TENANCY_TIMEOUT_S)
     except Exception as exc:  # the store or the shared tenancy failed; the log says which

@@ -38,6 +38,10 @@ class TenancyClient(Protocol):
         """Usage rows (serving.usage.store.UsageStore.query)."""
         ...
 
+    async def window(self, tenant: str) -> dict[str, int | None]:
+        """What tenant's rate limits count now (serving.usage.limits.Limiter.window)."""
+        ...
+
 
 class LocalTenancy:
     """A Tenancy in this process: admission under its lock, store writes in worker threads."""
@@ -55,6 +59,9 @@ class LocalTenancy:
 
     async def usage(self, **query) -> list[dict]:
         return await run_in_threadpool(lambda: self.tenancy.usage(**query))
+
+    async def window(self, tenant: str) -> dict[str, int | None]:
+        return self.tenancy.window(tenant)  # counters under a lock: no I/O
 
 
 def limits_getter(

@@ -47,6 +47,9 @@ class TenancyService:
     def usage(self, query: dict) -> list[dict]:
         return self.tenancy.usage(**query)
 
+    def window(self, tenant: str) -> dict[str, int | None]:
+        return self.tenancy.window(tenant)
+
     def __del__(self):
         tenancy = getattr(self, "tenancy", None)
         if tenancy is not None:
@@ -90,3 +93,6 @@ class HandleTenancy:
 
     async def usage(self, **query) -> list[dict]:
         return await self.handle.usage.remote(query)
+
+    async def window(self, tenant: str) -> dict[str, int | None]:
+        return await self.handle.window.remote(tenant)

@@ -15,8 +15,6 @@ from serving.config import LimitsSection
 from serving.usage.limits import RATE_LIMITS, RUNNING_TTL_S, Admission, Limiter, Limits
 from serving.usage.store import UsageRecord, UsageStore
 
-LIMITER_WINDOW = "limiter_window"  # usage(group_by=...) for the rate limiter's own counts
-
 
 class Tenancy:
     """A Limiter and a UsageStore behind one door; no store = usage is not kept."""
@@ -66,20 +64,15 @@ class Tenancy:
         group_by: str = "adapter",
         tenant: str | None = None,
     ) -> list[dict]:
-        """Usage rows (UsageStore.query); none when usage is not kept.
-
-        group_by=LIMITER_WINDOW answers instead one row, tenant's Limiter.window(): what its
-        rate limits count over the sliding 60 s, exact where the store keeps minutes. It is a
-        usage query so that it reaches a shared Tenancy through any client that forwards
-        usage queries, the deployment's handle included.
-        """
-        if group_by == LIMITER_WINDOW:
-            if tenant is None:
-                raise ValueError("the limiter's window is one tenant's: name the tenant")
-            return [{"tenant": tenant, **self.limiter.window(tenant)}]
+        """Usage rows (UsageStore.query); none when usage is not kept."""
         if self.store is None:
             return []
         return self.store.query(start=start, end=end, group_by=group_by, tenant=tenant)
+
+    def window(self, tenant: str) -> dict[str, int | None]:
+        """What tenant's rate limits count over the sliding 60 s (Limiter.window): exact,
+        where the store keeps whole minutes."""
+        return self.limiter.window(tenant)
 
     def close(self) -> None:
         """Close the store; requests admitted but unfinished are simply forgotten."""

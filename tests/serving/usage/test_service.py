@@ -14,7 +14,6 @@ from serving.usage import (
     UsageStoreError,
     limits_from_config,
 )
-from serving.usage.service import LIMITER_WINDOW
 from tests.serving.usage.fakes import FakeClock
 
 
@@ -95,15 +94,13 @@ def test_without_a_store_usage_is_not_kept():
     tenancy.close()
 
 
-def test_the_limiters_window_is_read_as_a_usage_query(url):
+def test_the_limiters_window_counts_what_the_limits_hold_to(url):
     clock = FakeClock()
     limits = {"acme": Limits(30, 10_000), "solo": Limits(requests_per_minute=5)}
     tenancy = Tenancy(UsageStore(url), lambda t: limits.get(t, Limits()), clock)
 
     def window(tenant="acme"):
-        [row] = tenancy.usage(group_by=LIMITER_WINDOW, tenant=tenant)
-        assert row.pop("tenant") == tenant
-        return row
+        return tenancy.window(tenant)
 
     burst = [tenancy.admit("acme", 100) for _ in range(30)]
     for admission in burst[:20]:
@@ -117,9 +114,6 @@ def test_the_limiters_window_is_read_as_a_usage_query(url):
     assert window("solo") == {"requests": 1, "tokens": None, "running": 1}
     assert window("free") == {"requests": None, "tokens": None, "running": 0}
     assert "free" not in tenancy.limiter._tenants  # reading keeps no state
-    assert tenancy.usage(group_by="tenant") != []  # other queries still read the store
-    with pytest.raises(ValueError, match="name the tenant"):
-        tenancy.usage(group_by=LIMITER_WINDOW)
     tenancy.close()
 
 

@@ -139,9 +139,12 @@ class CompilePool:
             dropped += [(job, CompilerBusy(self._busy())) for job in self._queue]
             self._queue = deque()
         # Nor is anything a job waits for due when its owner's share has turned slow.
-        dropped += [(job, OwnerBusy(self._owner_busy()))
-                    for job in self._queue if self._owner_slow(job.owner, now)]  # fmt: skip
-        self._queue = deque(job for job in self._queue if not self._owner_slow(job.owner, now))
+        slow = {owner for owner in {job.owner for job in self._queue}
+                if self._owner_slow(owner, now)}  # fmt: skip
+        dropped += [
+            (job, OwnerBusy(self._owner_busy())) for job in self._queue if job.owner in slow
+        ]
+        self._queue = deque(job for job in self._queue if job.owner not in slow)
         waiting = deque()  # jobs whose owner runs its share now: they keep their place
         while self._queue and len(self._running) < self.max_threads:
             if len(self._fresh(now)) >= self.workers:

@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from serving.cli import app
 from tests.adapters.factory import TINY_BASE, peft_adapter_files
+from tests.adapters.malformed import MALFORMED
 from tests.adapters.peft_models import save_peft_adapter
-from tests.adapters.test_format import MALFORMED
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ from adapters.errors import AdapterError
 from adapters.format import parse_adapter
 from adapters.peft_config import LoraConfig
 from tests.adapters.factory import TINY_SPEC
-from tests.adapters.test_format import _with_config
+from tests.adapters.malformed import with_config
 
 NAMES = [
     "base_model.model.model.layers.0.self_attn.q_proj",
@@ -45,7 +45,7 @@ def test_the_first_key_that_matches_wins_as_in_peft(order):
 
 
 def test_a_backtracking_pattern_is_matched_promptly():
-    files = _with_config(rank_pattern={"(.|.){30}Q": 4}, alpha_pattern={"(a|aa)*b": 2})
+    files = with_config(rank_pattern={"(.|.){30}Q": 4}, alpha_pattern={"(a|aa)*b": 2})
     done: list = []
     thread = threading.Thread(target=lambda: done.append(parse_adapter(files, base=TINY_SPEC)),
                               daemon=True)  # fmt: skip
@@ -59,6 +59,6 @@ def test_matching_past_the_budget_is_refused_with_a_clear_message(monkeypatch):
     monkeypatch.setattr(peft_config, "MATCH_BUDGET_S", 0.0)
     with pytest.raises(AdapterError, match=r"rank_pattern: matching the model's module names "
                                            r"took over 0 s \(pattern 'q_pr.j'\)"):  # fmt: skip
-        parse_adapter(_with_config(rank_pattern={"q_pr.j": 4}), base=TINY_SPEC)
+        parse_adapter(with_config(rank_pattern={"q_pr.j": 4}), base=TINY_SPEC)
     # A plain module name needs no regex, and no budget.
-    parse_adapter(_with_config(rank_pattern={"q_proj": 8}), base=TINY_SPEC)
+    parse_adapter(with_config(rank_pattern={"q_proj": 8}), base=TINY_SPEC)

@@ -8,7 +8,7 @@ same integers can always reuse the same device tensor.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -25,6 +25,9 @@ def device_table(values: tuple[int, ...], dtype: torch.dtype, device: torch.devi
     return _cached(values, dtype, str(device))
 
 
-@lru_cache(maxsize=1024)
+# Never evicted: a captured CUDA graph reads a table at its address for as long as the graph
+# lives, and an evicted table's memory would go to other tensors. The tables are a few
+# per LoRA layer of each slab, tens of bytes each.
+@cache
 def _cached(values: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
     return upload(torch.tensor(values, dtype=dtype), device)

@@ -14,6 +14,8 @@ the padding does to a batch is then checked where no GPU is.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels import HostIndex
@@ -28,6 +30,18 @@ from serving.model.linear import StepLora
 from serving.model.llama import ATTN_MODULES, MLP_MODULES, LlamaModel, StepInputs
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class _Captured:
+    """One size's graph and every tensor made outside it that it reads: a replay reads them
+    at their capture-time addresses, so they live as long as the graph (a freed one's memory
+    goes to other tensors, and the replay reads theirs)."""
+
+    graph: torch.cuda.CUDAGraph
+    buffer: torch.Tensor  # [buffer_len] int64: the step's index values (decode_batch layout)
+    logits: torch.Tensor  # [size, vocab] float32: the graph's output, overwritten each replay
+    inputs: tuple  # the StepInputs, StepLora and AttentionPlan the capture ran on
 
 
 class DecodeGraphs:
@@ -49,7 +63,7 @@ class DecodeGraphs:
         self._lora_ok = slab is None or all(
             slab.module_ranks(0, group)._base is not None for group in (ATTN_MODULES, MLP_MODULES)
         )
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[int, _Captured] = {}
         if capture:
             pool = torch.cuda.graph_pool_handle()
             for size in reversed(self.sizes):  # largest first: the smaller reuse its memory
@@ -79,13 +93,14 @@ class DecodeGraphs:
                                step.host, ranks)  # fmt: skip
         if not self.capture:
             return self.model.forward(self._eager_step(values, size), self.kv, self.slab)[:n]
-        graph, buffer, logits = self._graphs[size]
+        captured = self._graphs[size]
         # One copy from pinned memory; the graph's kernels follow it on the same stream.
-        buffer.copy_(torch.tensor(values, dtype=torch.int64).pin_memory(), non_blocking=True)
-        graph.replay()
-        return logits[:n].clone()  # the next replay overwrites the graph's output
+        values = torch.tensor(values, dtype=torch.int64).pin_memory()
+        captured.buffer.copy_(values, non_blocking=True)
+        captured.graph.replay()
+        return captured.logits[:n].clone()  # the next replay overwrites the graph's output
 
-    def _capture(self, size: int, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, size: int, pool) -> _Captured:
         device = self.model.embed.device
         empty = HostIndex((0,), (), (), (), None, ())
         ranks = self.slab.host_ranks if self.slab is not None else None
@@ -115,7 +130,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
             logits = run()
-        return graph, buffer, logits
+        return _Captured(graph, buffer, logits, (step, lora, plan))
 
     def _eager_step(self, values: list[int], size: int) -> StepInputs:
         """The padded step the graph of `size` would run, as an ordinary step with host lists."""

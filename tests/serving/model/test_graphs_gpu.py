@@ -36,7 +36,9 @@ def served(world, *, fp8: bool):
     return loaded, slab
 
 
-def test_a_decode_step_does_not_sync(world):
+def test_a_decode_step_does_not_sync(world, monkeypatch):
+    # The serving path: without LORASERVE_CHECKS' per-layer checks, which read back on purpose.
+    monkeypatch.setenv("LORASERVE_CHECKS", "0")
     loaded, slab = served(world, fp8=True)
     model = loaded.model
     slots = [slab.acquire(v) for v in world.adapters] + [-1]

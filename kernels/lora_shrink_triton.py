@@ -1,9 +1,15 @@
 """Triton kernel for lora_shrink: out[s, t] = x[t] @ A_s[slot(t)].T over adapter segments.
 
-Grid: (m-blocks x n-blocks of the longest segment, segments, slices). A
+Grid: (m-blocks x n-blocks of the longest segment x k-splits, segments, slices). A
 program loads its segment's A tile once for BLOCK_M tokens; programs past
 their segment's length or past its rank return at once, so a rank-8 adapter
 in a rank-64 slab reads and multiplies 8 rows, not 64.
+
+Split-K: a decode batch has one or a few tokens per segment, so without it a handful of
+programs each stream a whole [rank, hidden] A sequentially and the GPU idles (a 1B model's
+down_proj at batch 32: 32 programs of 128 serial steps). With few programs, each split of
+hidden writes its partial sum to a scratch buffer, and a second kernel adds the splits up in
+a fixed order (deterministic, unlike atomics) and stores them as the one-split kernel would.
 """
 
 from __future__ import annotations
@@ -14,8 +20,26 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.device_info import multiprocessors
 from kernels.device_tables import device_table
 from kernels.segments import Segments
+
+# Split only while the grid is under this many programs per multiprocessor, and no split
+# shorter than MIN_SPLIT_K elements of hidden (a few BLOCK_K steps).
+PROGRAMS_PER_SM, MIN_SPLIT_K, MAX_SPLITS = 4, 256, 32
+
+
+@triton.jit
+def _segment(seg_starts_ptr, seg_slots_ptr, seg_ranks_ptr, slice_ranks_ptr, seg, slice_id,
+             num_slots, HAS_SLICE_RANKS: tl.constexpr):  # fmt: skip
+    """(start, end, rank, slot) of segment seg for slice slice_id."""
+    start = tl.load(seg_starts_ptr + seg)
+    end = tl.load(seg_starts_ptr + seg + 1)
+    rank = tl.load(seg_ranks_ptr + seg)
+    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
+    if HAS_SLICE_RANKS:  # a module of a lower rank than its slot's (rank_pattern) costs its own
+        rank = tl.minimum(rank, tl.load(slice_ranks_ptr + slice_id * num_slots + slot))
+    return start, end, rank, slot
 
 
 @triton.jit
@@ -30,11 +54,14 @@ def _lora_shrink_kernel(
     slice_ranks_ptr,  # [num_slices, num_slots] int32: each slice's own rank per slot
     num_slots,
     hidden,
+    k_per_split,  # elements of hidden per split, a multiple of BLOCK_K (hidden: no split)
     stride_xm,
     stride_xk,
+    stride_op,  # out's stride between splits (a scratch [splits, ...] buffer when split)
     stride_os,
     stride_om,
     stride_on,
+    num_splits,
     MAX_RANK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -42,19 +69,16 @@ def _lora_shrink_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_SLICE_RANKS: tl.constexpr,
 ):
-    pid_mn = tl.program_id(0)
+    pid_mnk = tl.program_id(0)
     seg = tl.program_id(1)
     slice_id = tl.program_id(2)
     num_n_blocks: tl.constexpr = (MAX_RANK + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid_mn // num_n_blocks
-    pid_n = pid_mn % num_n_blocks
+    pid_k = pid_mnk % num_splits
+    pid_m = pid_mnk // num_splits // num_n_blocks
+    pid_n = pid_mnk // num_splits % num_n_blocks
 
-    start = tl.load(seg_starts_ptr + seg)
-    end = tl.load(seg_starts_ptr + seg + 1)
-    rank = tl.load(seg_ranks_ptr + seg)
-    slot = tl.load(seg_slots_ptr + seg).to(tl.int64)
-    if HAS_SLICE_RANKS:  # a module of a lower rank than its slot's (rank_pattern) costs its own
-        rank = tl.minimum(rank, tl.load(slice_ranks_ptr + slice_id * num_slots + slot))
+    start, end, rank, slot = _segment(seg_starts_ptr, seg_slots_ptr, seg_ranks_ptr,
+                                      slice_ranks_ptr, seg, slice_id, num_slots, HAS_SLICE_RANKS)  # fmt: skip
     if start + pid_m * BLOCK_M >= end or pid_n * BLOCK_N >= rank:
         return
 
@@ -70,9 +94,11 @@ def _lora_shrink_kernel(
 
     # float32 accumulator: bf16 partial sums over thousands of terms drift
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(hidden, k_start + k_per_split)
+    for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < hidden
+        mask_k = offs_k < k_end
         x_tile = tl.load(
             x_ptr + tokens[:, None] * stride_xm + offs_k[None, :] * stride_xk,
             mask=mask_m[:, None] & mask_k[None, :],
@@ -85,8 +111,55 @@ def _lora_shrink_kernel(
         )  # [BLOCK_K, BLOCK_N]
         acc += tl.dot(x_tile, a_tile, input_precision=DOT_PRECISION)
 
-    out = out_ptr + slice_id * stride_os + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    out = (out_ptr + pid_k * stride_op + slice_id * stride_os + tokens[:, None] * stride_om
+           + offs_n[None, :] * stride_on)  # fmt: skip
     tl.store(out, acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _lora_shrink_sum_kernel(
+    part_ptr,  # [num_splits, num_slices, num_tokens, max_rank] float32: the splits' sums
+    out_ptr,  # [num_slices, num_tokens, max_rank] float32
+    token_order_ptr,
+    seg_starts_ptr,
+    seg_slots_ptr,
+    seg_ranks_ptr,
+    slice_ranks_ptr,
+    num_slots,
+    stride_pp,
+    stride_ps,
+    stride_pm,
+    stride_os,
+    stride_om,
+    stride_on,
+    num_splits,
+    MAX_RANK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_SLICE_RANKS: tl.constexpr,
+):
+    """out[s, t, :rank] = sum over splits of part[k, s, t, :rank], for the shrink's live tiles."""
+    pid_mn = tl.program_id(0)
+    seg = tl.program_id(1)
+    slice_id = tl.program_id(2)
+    num_n_blocks: tl.constexpr = (MAX_RANK + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid_mn // num_n_blocks
+    pid_n = pid_mn % num_n_blocks
+    start, end, rank, _slot = _segment(seg_starts_ptr, seg_slots_ptr, seg_ranks_ptr,
+                                       slice_ranks_ptr, seg, slice_id, num_slots, HAS_SLICE_RANKS)  # fmt: skip
+    if start + pid_m * BLOCK_M >= end or pid_n * BLOCK_N >= rank:
+        return
+    offs_m = start + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < end
+    tokens = tl.load(token_order_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = mask_m[:, None] & (offs_n < rank)[None, :]
+    part = part_ptr + slice_id * stride_ps + tokens[:, None] * stride_pm + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(num_splits):  # in order: the same sum on every run
+        acc += tl.load(part + k * stride_pp, mask=mask, other=0.0)
+    out = out_ptr + slice_id * stride_os + tokens[:, None] * stride_om + offs_n[None, :] * stride_on
+    tl.store(out, acc, mask=mask)
 
 
 def lora_shrink_triton(
@@ -95,8 +168,14 @@ def lora_shrink_triton(
     out: torch.Tensor,
     segments: Segments,
     slice_ranks: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
 ) -> None:
-    """Launch the shrink kernel; arguments already checked by kernels.lora_ops."""
+    """Launch the shrink kernel; arguments already checked by kernels.lora_ops.
+
+    num_splits: how many parts hidden is summed in (None: as many as fill the GPU, 1 on
+    the CPU's interpreter).
+    """
     if segments.num_segments == 0:
         return
     hidden = x.shape[1]
@@ -105,29 +184,40 @@ def lora_shrink_triton(
     block_n = max(16, min(64, triton.next_power_of_2(max_rank)))
     block_k = 64 if hidden >= 64 else max(16, triton.next_power_of_2(hidden))
     a_table = device_table(tuple(a.data_ptr() for a in lora_a), torch.int64, x.device)
-    grid = (
-        triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n),
-        segments.num_segments,
-        len(lora_a),
-    )
+    tiles = triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n)
+    programs = tiles * segments.num_segments * len(lora_a)
+    if num_splits is None:
+        num_splits = _splits(programs, hidden, x.device)
+    k_per_split = triton.cdiv(triton.cdiv(hidden, num_splits), block_k) * block_k
+    num_splits = triton.cdiv(hidden, k_per_split)  # no empty split
+    # [num_splits, num_slices, T, max_rank] scratch when split; uninitialised: the sum reads
+    # only what the splits wrote.
+    part = out if num_splits == 1 else out.new_empty((num_splits, *out.shape))
+    split_stride = 0 if num_splits == 1 else part.stride(0)
+    grid = (tiles * num_splits, segments.num_segments, len(lora_a))
+    ranks = segments.seg_ranks if slice_ranks is None else slice_ranks
+    num_slots = lora_a[0].shape[0]
     # Launch on x's GPU, whichever is current.
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _lora_shrink_kernel[grid](
             x,
             a_table,
-            out,
+            part,
             segments.token_order,
             segments.seg_starts,
             segments.seg_slots,
             segments.seg_ranks,
-            segments.seg_ranks if slice_ranks is None else slice_ranks,
-            lora_a[0].shape[0],
+            ranks,
+            num_slots,
             hidden,
+            k_per_split,
             x.stride(0),
             x.stride(1),
+            split_stride,
             out.stride(0),
             out.stride(1),
             out.stride(2),
+            num_splits,
             MAX_RANK=max_rank,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
@@ -135,3 +225,19 @@ def lora_shrink_triton(
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             HAS_SLICE_RANKS=slice_ranks is not None,
         )
+        if num_splits > 1:
+            _lora_shrink_sum_kernel[(tiles, segments.num_segments, len(lora_a))](
+                part, out, segments.token_order, segments.seg_starts, segments.seg_slots,
+                segments.seg_ranks, ranks, num_slots, part.stride(0), part.stride(1),
+                part.stride(2), out.stride(0), out.stride(1), out.stride(2), num_splits,
+                MAX_RANK=max_rank, BLOCK_M=block_m, BLOCK_N=block_n,
+                HAS_SLICE_RANKS=slice_ranks is not None,
+            )  # fmt: skip
+
+
+def _splits(programs: int, hidden: int, device: torch.device) -> int:
+    """Splits of hidden that bring the grid to PROGRAMS_PER_SM programs per multiprocessor."""
+    if device.type != "cuda":
+        return 1  # the interpreter runs programs one by one: splitting only adds work
+    want = triton.cdiv(PROGRAMS_PER_SM * multiprocessors(device), programs)
+    return max(1, min(want, hidden // MIN_SPLIT_K, MAX_SPLITS))

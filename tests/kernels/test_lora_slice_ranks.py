@@ -13,7 +13,7 @@ from kernels.lora_shrink_triton import lora_shrink_triton
 SLOT_RANKS = torch.tensor([8, 16, 4, 0], dtype=torch.int32)  # slot 3 is empty
 # [slices, slots]: each module's own rank, at most its slot's; 0 = the adapter leaves it out
 SLICE_RANKS = torch.tensor([[8, 2, 4, 0], [3, 16, 0, 0], [0, 7, 1, 0]], dtype=torch.int32)
-HIDDEN, WIDTHS, MAX_RANK = 24, (20, 8, 8), 16
+HIDDEN, WIDTHS, MAX_RANK = 100, (20, 8, 8), 16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter without a GPU
 
 
@@ -65,13 +65,15 @@ def test_cpu_path_matches_the_oracle(dtype, with_ranks):
     torch.testing.assert_close(got.double(), oracle(x, a, b, slots, scales, y), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["whole", "split-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_triton_kernels_stop_at_each_slices_rank(dtype):
+def test_triton_kernels_stop_at_each_slices_rank(dtype, num_splits):
     x, a, b, slots, scales, y = world(dtype, seed=1)
     segments = build_segments(slots.to(DEVICE), SLOT_RANKS.to(DEVICE))
     ranks = SLICE_RANKS.to(DEVICE)
     t = torch.full((len(WIDTHS), x.shape[0], MAX_RANK), float("nan"), device=DEVICE)
-    lora_shrink_triton(x.to(DEVICE), tuple(t_.to(DEVICE) for t_ in a), t, segments, ranks)
+    a_dev = tuple(t_.to(DEVICE) for t_ in a)
+    lora_shrink_triton(x.to(DEVICE), a_dev, t, segments, ranks, num_splits=num_splits)
     t = t.cpu()
     for s in range(len(WIDTHS)):
         for tok, slot in enumerate(slots.tolist()):

@@ -6,6 +6,7 @@ because every program instance runs in Python there.
 """
 
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -46,10 +47,11 @@ def _stacks(stacks):
     return tuple(s.to(DEVICE) for s in (stacks if isinstance(stacks, list) else [stacks]))
 
 
-def _triton_shrink(x, lora_a, out, segments):
+def _triton_shrink(x, lora_a, out, segments, num_splits=None):
     """The launcher on DEVICE (the interpreter without CUDA); the result lands in `out`."""
     out3 = (out if out.dim() == 3 else out.unsqueeze(0)).to(DEVICE)
-    lora_shrink_triton(x.to(DEVICE), _stacks(lora_a), out3, _on_device(segments))
+    lora_shrink_triton(x.to(DEVICE), _stacks(lora_a), out3, _on_device(segments),
+                       num_splits=num_splits)  # fmt: skip
     out.copy_(out3.view(out.shape).cpu())
 
 
@@ -68,6 +70,26 @@ def test_shrink(case):
 def test_shrink_three_slices():
     case = Case(torch.float32, 9, 40, (8, 16, 5), 16, "uniform", (40,), seed=5)
     check_shrink(case, _triton_shrink, num_a_slices=3)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3])
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(torch.float32, 7, 130, (16, 3, 9), 16, "uniform", (130,), seed=21),
+        Case(torch.float16, 40, 200, (8, 3, 32, 1), 32, "skewed", (200,), seed=22),
+    ],
+    ids=str,
+)
+def test_shrink_split_k(case, num_splits):
+    """hidden summed in parts (the last one short), the parts added by a second kernel: the
+    oracle's result, and base-only rows and columns past a rank still untouched."""
+    check_shrink(case, partial(_triton_shrink, num_splits=num_splits))
+
+
+def test_shrink_three_slices_split_k():
+    case = Case(torch.float32, 9, 140, (8, 16, 5), 16, "uniform", (140,), seed=23)
+    check_shrink(case, partial(_triton_shrink, num_splits=3), num_a_slices=3)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

@@ -3,13 +3,17 @@
     quantize_fp8:  w ~= w_q.float() * scale[:, None],  w_q float8_e4m3fn, |w_q| <= 448
     fp8_linear:    y = x @ (w_q * scale[:, None]).T  (+ bias)
 
-On CUDA sm_89+ the matmul runs in FP8 through `torch._scaled_mm`, with each
-token's activations scaled on the fly (dynamic per-token scales); elsewhere
+On CUDA sm_89+ a batch of up to SMALL_M rows streams the FP8 weight through a Triton
+kernel that widens it in registers (kernels/fp8_small_m_triton.py); a larger one runs
+in FP8 through `torch._scaled_mm`, with each token's activations scaled on the fly
+(dynamic per-token scales); elsewhere
 the weight is dequantized to x's dtype and multiplied normally, which is the
 same arithmetic up to the activation rounding.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import torch
 
@@ -54,8 +58,15 @@ def fp8_linear(
 ) -> torch.Tensor:
     """y [..., out] = x [..., in] @ (w_q * scale[:, None]).T + bias."""
     _check_linear(x, w_q, scale, bias)
-    if x.is_cuda and _has_fp8_tensor_cores(x.device) and _scaled_mm_shapes_ok(w_q):
-        return _scaled_mm_linear(x, w_q, scale, bias)
+    if x.is_cuda and _has_fp8_tensor_cores(x.device):
+        from kernels.fp8_small_m_triton import SMALL_M, fp8_linear_small_m
+
+        rows = x.shape[:-1].numel()
+        if rows <= SMALL_M:  # decode sizes: bound by reading the weight, not by the matmul
+            y = fp8_linear_small_m(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
+            return y.reshape(*x.shape[:-1], w_q.shape[0])
+        if _scaled_mm_shapes_ok(w_q):
+            return _scaled_mm_linear(x, w_q, scale, bias)
     y = x @ dequantize_fp8(w_q, scale, x.dtype).T
     return y + bias if bias is not None else y
 
@@ -81,7 +92,16 @@ def _scaled_mm_linear(x, w_q, scale, bias):
 
 
 def _has_fp8_tensor_cores(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    return _capability(torch.cuda.current_device() if device.index is None else device.index) >= (
+        8,
+        9,
+    )
+
+
+@cache
+def _capability(index: int) -> tuple[int, int]:
+    # Asked once per device: the query costs more host time than a decode-size linear.
+    return torch.cuda.get_device_capability(index)
 
 
 def _scaled_mm_shapes_ok(w_q: torch.Tensor) -> bool:

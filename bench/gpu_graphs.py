@@ -18,13 +18,13 @@ from adapters.base_model import BaseModelSpec
 from adapters.format import parse_adapter
 from adapters.slab import AdapterSlab
 from bench.adapters import adapter_files
+from bench.model import BLOCK, planned_decode
 from bench.model_shapes import SHAPES, config_for, random_state
 from bench.timing import interleaved_seconds
-from serving.engine.step_plan import StepSeq, build_step
 from serving.model.decode_graphs import DecodeGraphs
 from serving.model.llama import LlamaModel
 
-BLOCK, CONTEXT, ADAPTERS = 16, 512, 32
+CONTEXT, ADAPTERS = 512, 32
 
 
 def graph_rows(device: str, dry_run: bool):
@@ -43,7 +43,7 @@ def graph_rows(device: str, dry_run: bool):
     rows = []
     with torch.inference_mode():
         for batch in batches:
-            step = _decode(batch, per_seq, config.vocab_size, slots, context)
+            step = planned_decode(batch, context, config.vocab_size, slots)
             assert graphs.covers(step)
             s = interleaved_seconds({
                 "graphs": partial(graphs.forward, step),
@@ -53,8 +53,8 @@ def graph_rows(device: str, dry_run: bool):
                              f"{min(batch, len(slots))} adapters", s["graphs"], s["eager"], None,
                              dry_run))  # fmt: skip
         batch = max(batches)
-        mixed = _decode(batch, per_seq, config.vocab_size, slots, context)
-        base = _decode(batch, per_seq, config.vocab_size, [-1], context)
+        mixed = planned_decode(batch, context, config.vocab_size, slots)
+        base = planned_decode(batch, context, config.vocab_size, [-1])
         s = interleaved_seconds({
             "mixed": partial(graphs.forward, mixed), "base": partial(graphs.forward, base),
         }, rounds=1 if dry_run else 3)  # fmt: skip
@@ -73,16 +73,6 @@ def _slab(shape: str, device: str, dtype, count: int) -> AdapterSlab:
     adapters = {f"a{i}": parse_adapter(adapter_files(spec, i), base=spec) for i in range(count)}
     return AdapterSlab(spec, num_slots=count, max_rank=16, max_cpu_loras=0, dtype=dtype,
                        loader=adapters.__getitem__, device=device)  # fmt: skip
-
-
-def _decode(batch: int, per_seq: int, vocab: int, slots: list[int], context: int):
-    """A decode step at position context - 1 of each of batch sequences, own blocks each."""
-    gen = torch.Generator().manual_seed(batch)
-    return build_step([
-        StepSeq([int(torch.randint(0, vocab, (1,), generator=gen))], context - 1,
-                list(range(i * per_seq, (i + 1) * per_seq)), slots[i % len(slots)])
-        for i in range(batch)
-    ], BLOCK)  # fmt: skip
 
 
 def _row(what, shape, a: float, b: float, target: float | None, dry_run: bool):

@@ -1,12 +1,16 @@
-"""The CUDA model check of bench/gpu_all.py: an 8B-shaped decode step, FP8 against bf16."""
+"""The CUDA model check of bench/gpu_all.py: an 8B-shaped decode step, FP8 against bf16,
+run eagerly and replayed from CUDA graphs (as the engine runs decode steps on a GPU)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
-from bench.model import BLOCK, decode_step
+from bench.model import BLOCK, decode_step, planned_decode
 from bench.model_shapes import config_for, random_state
 from bench.timing import interleaved_seconds
+from serving.model.decode_graphs import DecodeGraphs
 from serving.model.llama import LlamaModel
 
 CONTEXT = 512
@@ -22,31 +26,30 @@ def model_rows(device: str, dry_run: bool):
     fp8 = LlamaModel(config, state, fp8=True, dtype=dtype)
     del state
     blocks = max(batches) * -(-CONTEXT // BLOCK)
-    kv = {
-        "bf16": bf16.allocate_kv(blocks, BLOCK, device),
-        "fp8": fp8.allocate_kv(blocks, BLOCK, device),
-    }
+    models = {"bf16": bf16, "fp8": fp8}
+    kv = {name: m.allocate_kv(blocks + 1, BLOCK, device) for name, m in models.items()}
+    graphs = {
+        name: DecodeGraphs(m, kv[name], None, scratch_block=blocks, block_size=BLOCK,
+                           max_context=CONTEXT, max_batch=max(batches), capture=not dry_run)
+        for name, m in models.items()
+    }  # fmt: skip
     rows = []
     for batch in batches:
         step = _to(decode_step(batch, CONTEXT, config.vocab_size), device)
-        s = interleaved_seconds(
-            {
-                "bf16": lambda step=step: bf16.forward(step, kv["bf16"]),
-                "fp8": lambda step=step: fp8.forward(step, kv["fp8"]),
-            },
-            rounds=3,
-        )
-        ratio = s["fp8"] / s["bf16"]
-        rows.append(
-            (
-                "decode step fp8 / bf16",
-                f"{shape}, batch {batch}, context {CONTEXT}",
-                f"{s['fp8'] * 1e3:.2f} ms vs {s['bf16'] * 1e3:.2f} ms",
-                f"{ratio:.2f}x",
+        planned = planned_decode(batch, CONTEXT, config.vocab_size, [-1])
+        s = interleaved_seconds({
+            **{name: partial(m.forward, step, kv[name]) for name, m in models.items()},
+            **{f"{name} graphs": partial(g.forward, planned) for name, g in graphs.items()},
+        }, rounds=3)  # fmt: skip
+        for how, suffix in (("eager", ""), ("graphs", " graphs")):
+            fp8_s, bf16_s = s["fp8" + suffix], s["bf16" + suffix]
+            ratio = fp8_s / bf16_s
+            rows.append((
+                f"decode step fp8 / bf16 ({how})", f"{shape}, batch {batch}, context {CONTEXT}",
+                f"{fp8_s * 1e3:.2f} ms vs {bf16_s * 1e3:.2f} ms", f"{ratio:.2f}x",
                 "<= 0.65x" if not dry_run else "(dry run)",
                 ("yes" if ratio <= 0.65 else "no") if not dry_run else "-",
-            )
-        )
+            ))  # fmt: skip
     return rows
 
 

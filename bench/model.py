@@ -16,9 +16,23 @@ import torch
 
 from bench.model_shapes import SHAPES, config_for, random_state, weight_bytes
 from bench.timing import interleaved_seconds, machine
+from serving.engine.step_plan import StepSeq, build_step
 from serving.model.llama import LlamaModel, StepInputs
 
 BLOCK = 16
+
+
+def planned_decode(batch: int, context: int, vocab: int, slots: list[int]) -> StepInputs:
+    """A decode step at position context - 1 of each of batch sequences, own blocks each, as
+    the engine builds it (host lists included, so decode graphs can run it); sequence i uses
+    adapter slot slots[i % len(slots)] (-1: base only)."""
+    per_seq = -(-context // BLOCK)
+    gen = torch.Generator().manual_seed(batch)
+    return build_step([
+        StepSeq([int(torch.randint(0, vocab, (1,), generator=gen))], context - 1,
+                list(range(i * per_seq, (i + 1) * per_seq)), slots[i % len(slots)])
+        for i in range(batch)
+    ], BLOCK)  # fmt: skip
 
 
 def decode_step(batch: int, context: int, vocab: int) -> StepInputs:

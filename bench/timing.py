@@ -42,6 +42,24 @@ def interleaved_seconds(
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def replayed(fn: Callable[[], object], repeats: int, device: str) -> Callable[[], object]:
+    """A callable running fn `repeats` times: on CUDA one replay of a graph capturing them all,
+    so its time over repeats is the kernels' own, without the host's launch costs (which a
+    decode step replayed from graphs does not pay either)."""
+    if device != "cuda":
+        return lambda: [fn() for _ in range(repeats)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiles and caches outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    return graph.replay
+
+
 def copier(device: str = "cpu", nbytes: int = 256 * 2**20) -> tuple[Callable[[], object], int]:
     """A large tensor copy, well beyond the caches, and the bytes it moves (read + write)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from serving.api.errors import ApiError
 from serving.batch.feeder import Feeder, ResultHook, Runner
 from serving.batch.records import ItemRecord, Job, NewItem, StoredFile
-from serving.batch.store import BatchStore, BatchStoreError
+from serving.batch.store import BatchQueueFull, BatchStore, BatchStoreError
 
 log = logging.getLogger("loraserve.batch")
 UNREACHABLE = "the batch store cannot be reached now; retry shortly"
@@ -28,13 +28,23 @@ def store_unreachable() -> ApiError:
     return ApiError(503, UNREACHABLE, headers={"Retry-After": "1"})
 
 
+def queue_full(exc: BatchQueueFull) -> ApiError:
+    """The 429 of a submit past the tenant's batch_queued_requests; no Retry-After, since
+    room comes back as its queued requests end, not at a time known now."""
+    hint = "" if exc.asked > exc.limit else "; submit again once some have ended"
+    return ApiError(429, f"batch limit: {exc}{hint}", code="batch_queue_full")
+
+
 class BatchClient(Protocol):
     """The batch store as the routes use it; every call is scoped to one tenant."""
 
     async def submit(
         self, *, tenant: str, key_id: str, model: str, api: str, endpoint: str,
         items: Sequence[NewItem], input_file_id: str | None = None, metadata: dict | None = None,
+        max_pending: int | None = None,
     ) -> Job: ...  # fmt: skip
+
+    async def pending(self, tenant: str) -> int: ...
 
     async def job(self, tenant: str, job_id: str) -> Job | None: ...
 
@@ -86,10 +96,16 @@ class LocalBatch:
             self.feeder = None
 
     async def submit(self, **job) -> Job:
-        submitted = await self._call(lambda: self.store.submit(**job))
+        try:
+            submitted = await self._call(lambda: self.store.submit(**job))
+        except BatchQueueFull as exc:
+            raise queue_full(exc) from None
         if self.feeder is not None:
             self.feeder.wake()
         return submitted
+
+    async def pending(self, tenant: str) -> int:
+        return await self._call(self.store.pending, tenant)
 
     async def job(self, tenant: str, job_id: str) -> Job | None:
         return await self._call(self.store.job, tenant, job_id)

@@ -107,6 +107,7 @@ async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller):
         tenant=caller.tenant, key_id=caller.key_id, model=ctx.settings.model_id, api=OPENAI,
         endpoint=body.endpoint, items=[NewItem(line.body, line.custom_id) for line in lines],
         input_file_id=body.input_file_id, metadata=body.metadata,
+        max_pending=ctx.settings.limits_of(caller.tenant).get("batch_queued_requests"),
     )  # fmt: skip
     return openai_batch(job)
 

@@ -46,7 +46,8 @@ router = APIRouter(tags=["Operations"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
 HOUR_S, MINUTE_S = 3600.0, 60.0
-LIMITS = (*RATE_LIMITS, "max_adapters", "max_adapter_mb")  # every limit a tenant may have
+# every limit a tenant may have
+LIMITS = (*RATE_LIMITS, "max_adapters", "max_adapter_mb", "batch_queued_requests")
 
 
 @router.get("/v1/stats", summary="Live figures per replica and summed, for the dashboard")
@@ -142,7 +143,7 @@ async def _none() -> None:
 
 async def _tenant_usage(ctx: ApiContext, tenant: str, minute: dict, hour: list) -> dict:
     """tenant's usage (its last minute's figures, its rows of the last hour) beside its
-    limits, and the adapters it holds."""
+    limits, the adapters it holds and its batch requests not yet ended."""
     limits = ctx.settings.limits_of(tenant)
     try:
         held = await run_in_threadpool(holdings, ctx.settings.registry, tenant)
@@ -156,4 +157,14 @@ async def _tenant_usage(ctx: ApiContext, tenant: str, minute: dict, hour: list) 
         "limits": {key: limits.get(key) for key in LIMITS},
         "adapters": len(held.names),
         "adapter_mb": round(sum(held.sizes.values()) / MB, 3),
+        "batch_pending": await _batch_pending(ctx, tenant),
     }
+
+
+async def _batch_pending(ctx: ApiContext, tenant: str) -> int | None:
+    """tenant's batch requests not yet ended; None while the batch store cannot answer (the
+    rest of the page still can)."""
+    try:
+        return await ctx.batch.pending(tenant)
+    except ApiError:
+        return None

@@ -113,8 +113,10 @@ async def _queue(model: str, body: WorkersAIRequest, ctx: ApiContext, caller: Pr
                 item.external_reference)
         for item in body.requests
     ]  # fmt: skip
+    most = ctx.settings.limits_of(caller.tenant).get("batch_queued_requests")
     job = await ctx.batch.submit(tenant=caller.tenant, key_id=caller.key_id, model=model,
-                                 api=WORKERS_AI, endpoint="/ai/run", items=items)  # fmt: skip
+                                 api=WORKERS_AI, endpoint="/ai/run", items=items,
+                                 max_pending=most)  # fmt: skip
     result = {"status": "queued", "request_id": job.id, "model": model}
     return {"result": result, "success": True, "errors": [], "messages": []}
 

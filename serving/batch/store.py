@@ -26,6 +26,7 @@ from serving.batch.queue import ItemQueue, close_if_ended
 from serving.batch.records import (
     CANCELLED,
     QUEUED,
+    RUNNING,
     ItemRecord,
     ItemResult,
     Job,
@@ -65,6 +66,19 @@ class BatchStoreError(RuntimeError):
     """A batch database that cannot be opened or used; the message names its path."""
 
 
+class BatchQueueFull(ValueError):
+    """A submit that would take its tenant past its limit of batch requests not yet ended."""
+
+    def __init__(self, pending: int, limit: int, asked: int) -> None:
+        self.pending, self.limit, self.asked = pending, limit, asked
+        if asked > limit:
+            reason = f"a batch of {asked} requests is more than this tenant's limit of {limit}"
+        else:
+            reason = (f"this tenant has {pending} batch request(s) queued or running and may "
+                      f"have at most {limit}; {asked} more would pass it")  # fmt: skip
+        super().__init__(reason)
+
+
 class BatchStore(FileTable, ItemQueue):
     """Jobs, items and files in one SQLite file (or in memory)."""
 
@@ -88,13 +102,23 @@ class BatchStore(FileTable, ItemQueue):
     def submit(
         self, *, tenant: str, key_id: str, model: str, api: str, endpoint: str,
         items: Sequence[NewItem], input_file_id: str | None = None, metadata: dict | None = None,
+        max_pending: int | None = None,
     ) -> Job:  # fmt: skip
-        """Store a job and all its items, queued; committed before it returns."""
+        """Store a job and all its items, queued; committed before it returns.
+
+        max_pending: the most requests the tenant may have queued or running, this job's
+        included (None: no limit); BatchQueueFull past it. Counted in the transaction that
+        inserts, so concurrent submits cannot pass it together.
+        """
         if not items:
             raise ValueError("a batch needs at least one request")
         job = Job(new_id("batch_"), tenant, model, api, endpoint, len(items), 0, 0,
                   time.time(), input_file_id=input_file_id, metadata=dict(metadata or {}))  # fmt: skip
         with self._write() as db:
+            if max_pending is not None:
+                pending = _pending(db, tenant)
+                if pending + len(items) > max_pending:
+                    raise BatchQueueFull(pending, max_pending, len(items))
             seq = db.execute(
                 f"INSERT INTO jobs (key_id, {_JOB_COLUMNS}) VALUES ({', '.join('?' * 18)})",
                 (key_id, *_job_row(job)),
@@ -163,6 +187,11 @@ class BatchStore(FileTable, ItemQueue):
             )  # fmt: skip
         return gone
 
+    def pending(self, tenant: str) -> int:
+        """tenant's requests queued or running, over all its jobs."""
+        with self._reading() as db:
+            return _pending(db, tenant)
+
     def queued(self) -> int:
         """Items waiting to be taken, over every job."""
         with self._reading() as db:
@@ -201,6 +230,14 @@ class BatchStore(FileTable, ItemQueue):
             yield
         except (OSError, sqlite3.Error) as exc:
             raise BatchStoreError(f"batch store {self.path}: cannot {action} it: {exc}") from exc
+
+
+def _pending(db: sqlite3.Connection, tenant: str) -> int:
+    # Only unfinished jobs hold such items: an ended job's are done, failed or cancelled.
+    return db.execute(
+        "SELECT COUNT(*) FROM jobs j JOIN items i ON i.job = j.seq WHERE j.tenant = ? "
+        "AND j.finished IS NULL AND i.state IN (?, ?)", (tenant, QUEUED, RUNNING),
+    ).fetchone()[0]  # fmt: skip
 
 
 def _seq(db: sqlite3.Connection, tenant: str, job_id: str) -> int | None:

@@ -195,6 +195,9 @@ class TenantLimitsSection(_Section):
     concurrent_requests: Limit = Field(None, description="Requests running at once.")
     max_adapters: Limit = Field(None, description="Adapters the tenant may own.")
     max_adapter_mb: Limit = Field(None, description="Total MB of all stored versions of its names.")
+    batch_queued_requests: Limit = Field(
+        None, description="Batch requests queued or running at once, over all its batches."
+    )
 
 
 class LimitsSection(TenantLimitsSection):
@@ -216,14 +219,14 @@ class LimitsSection(TenantLimitsSection):
         return {name: limits.model_dump(exclude_unset=True) for name, limits in value.items()}
 
     def for_tenant(self, name: str) -> dict[str, int | None]:
-        """The five limits of one tenant: each key its override gives, else the default."""
+        """The limits of one tenant: each key its override gives, else the default."""
         override = self.tenants.get(name)
         given = override.model_fields_set if override is not None else set()
         keys = TenantLimitsSection.model_fields
         return {key: getattr(override if key in given else self, key) for key in keys}
 
     def any_set(self, *keys: str) -> bool:
-        """Whether any of these limits (all five by default) is set, by default or for a tenant."""
+        """Whether any of these limits (all by default) is set, by default or for a tenant."""
         keys = keys or tuple(TenantLimitsSection.model_fields)
         return any(getattr(s, k) is not None for s in (self, *self.tenants.values()) for k in keys)
 

@@ -84,6 +84,7 @@ class HandleBatch:
             "files",
             "file_content",
             "delete_file",
+            "pending",
         }
     )
 
@@ -92,6 +93,9 @@ class HandleBatch:
 
     async def submit(self, **job) -> Job:
         return await self._reach(self.handle.submit.remote(job))
+
+    async def pending(self, tenant: str) -> int:
+        return await self._call("pending", tenant)
 
     async def job(self, tenant: str, job_id: str) -> Job | None:
         return await self._call("job", tenant, job_id)

@@ -37,6 +37,7 @@ limits:
   concurrent_requests: 4
   max_adapters: 10
   max_adapter_mb: 200
+  batch_queued_requests: 5000
   tenants:
     acme: {requests_per_minute: 600, concurrent_requests: null}
     beta.team_2: {}
@@ -61,7 +62,7 @@ batch: {store: "sqlite:///ROOT/loraserve-batch.db", max_payload_mb: 10, ttl_hour
        max_in_flight: 8}
 usage: {store: "sqlite:///ROOT/loraserve-usage.db"}
 limits: {requests_per_minute: null, tokens_per_minute: null, concurrent_requests: null,
-         max_adapters: null, max_adapter_mb: null, tenants: {}}
+         max_adapters: null, max_adapter_mb: null, batch_queued_requests: null, tenants: {}}
 """
 
 
@@ -192,6 +193,7 @@ def test_a_tenant_override_replaces_only_the_keys_it_gives(tmp_path):
         "concurrent_requests": 4,
         "max_adapters": 10,
         "max_adapter_mb": 200,
+        "batch_queued_requests": 5000,
     }
     assert _limits(limits) == defaults
     # An explicit null is "no limit" for that tenant, not "fall back to the default".

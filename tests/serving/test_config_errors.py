@@ -172,6 +172,7 @@ LIMIT_KEYS = (
     "concurrent_requests",
     "max_adapters",
     "max_adapter_mb",
+    "batch_queued_requests",
 )
 
 

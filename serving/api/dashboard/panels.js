@@ -86,6 +86,7 @@ export function drawUsage(panel, usage) {
         limits.tokens_per_minute),
       ...usageLine("Adapters held", usage.adapters, limits.max_adapters),
       ...usageLine("Adapter storage", usage.adapter_mb, limits.max_adapter_mb, " MB"),
+      ...usageLine("Batch requests pending", usage.batch_pending, limits.batch_queued_requests),
       el("dt", {}, "Concurrent requests allowed"),
       el("dd", {}, limits.concurrent_requests == null ? "no limit" : num(limits.concurrent_requests, 0)),
       el("dt", {}, "Last hour"),

@@ -5,8 +5,6 @@ import dataclasses
 import sqlite3
 import time
 
-import pytest
-
 from serving.batch.records import (
     CANCELLED,
     DONE,
@@ -18,18 +16,6 @@ from serving.batch.records import (
     NewItem,
 )
 from serving.batch.store import BatchStore
-
-
-@pytest.fixture
-def url(tmp_path):
-    return f"sqlite:///{tmp_path / 'batch.db'}"
-
-
-@pytest.fixture
-def store(url):
-    s = BatchStore(url)
-    yield s
-    s.close()
 
 
 def submit(store, n, tenant="acme", name="job", **extra):

@@ -1,0 +1,70 @@
+"""A tenant's batch backlog in the store: what counts as pending, the limit a submit is held
+to (counted in the transaction that inserts), and tenants kept apart."""
+
+import threading
+
+import pytest
+
+from serving.batch.store import BatchQueueFull, BatchStore
+from tests.serving.batch.test_store import ok, submit
+
+
+def test_queued_and_running_count_and_ended_items_do_not(store):
+    first = submit(store, 4)
+    submit(store, 2, tenant="globex")
+    assert store.pending("acme") == 4 and store.pending("globex") == 2
+    taken = store.claim(3)  # running now: still pending
+    assert store.pending("acme") + store.pending("globex") == 6
+    acme = [item for item in taken if item.tenant == "acme"]
+    store.finish(acme[0], ok())
+    assert store.pending("acme") == 3
+    store.cancel("acme", first.id)  # its queued items end; the running one runs on
+    running = sum(item.tenant == "acme" for item in taken) - 1
+    assert store.pending("acme") == running
+    assert store.pending("initech") == 0
+
+
+def test_a_submit_past_the_limit_stores_nothing_and_says_why(store):
+    submit(store, 3, max_pending=5)
+    with pytest.raises(BatchQueueFull) as exc:
+        submit(store, 3, max_pending=5)
+    assert "has 3 batch request(s) queued or running and may have at most 5" in str(exc.value)
+    assert len(store.jobs("acme")) == 1 and store.pending("acme") == 3
+    submit(store, 2, max_pending=5)  # exactly up to the limit
+    submit(store, 7, tenant="globex", max_pending=5 + 2)  # another tenant's own count
+    assert store.pending("acme") == 5
+
+
+def test_a_batch_larger_than_the_limit_is_refused_on_its_own(store):
+    with pytest.raises(BatchQueueFull, match="a batch of 4 requests is more than this tenant's"):
+        submit(store, 4, max_pending=3)
+    assert store.jobs("acme") == []
+
+
+def test_ended_items_make_room(store):
+    submit(store, 2, max_pending=2)
+    for item in store.claim(2):
+        store.finish(item, ok())
+    submit(store, 2, max_pending=2)
+
+
+def test_concurrent_submits_from_two_connections_cannot_pass_it_together(store, url):
+    """Each submit counts and inserts in one IMMEDIATE transaction: of 12 racing submits of
+    one request each, from two connections, exactly the limit's worth get in."""
+    other = BatchStore(url)
+    accepted, refused = [], []
+
+    def one(s, i):
+        try:
+            accepted.append(submit(s, 1, name=f"r{i}", max_pending=5))
+        except BatchQueueFull:
+            refused.append(i)
+
+    threads = [threading.Thread(target=one, args=((store, other)[i % 2], i)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    other.close()
+    assert len(accepted) == 5 and len(refused) == 7
+    assert store.pending("acme") == 5

@@ -4,13 +4,15 @@ A caller of tenant T, user or admin alike, generates with T's own adapter of a n
 has one, else with the public adapter of that name, else with none: another tenant's
 private adapter answers exactly as a missing one does, so it cannot be told apart.
 Changing or deleting is narrower: a user key manages its own tenant's names only; an
-admin may name any owner, and without one manages what it reads. A public adapter of
-another tenant is visible to a user but not its to change (NotOwner).
+admin may name any owner, and without one manages its own tenant's. A public adapter of
+another tenant is visible to a user but not its to change (NotOwner), and an admin changes
+it only by naming its owner: `delete upper` from an admin key must not take away the
+operator's `upper` that every tenant uses.
 """
 
 from __future__ import annotations
 
-from adapters.errors import NotOwner, UnknownAdapter
+from adapters.errors import AdapterError, NotOwner, UnknownAdapter
 from adapters.names import parse_ref, validate_tenant
 from adapters.registry import Entry, Registry, Version
 
@@ -51,8 +53,8 @@ def manageable(
     registry: Registry, tenant: str, is_admin: bool, name: str, owner: str | None = None
 ) -> Entry:
     """The entry a caller of tenant may change or delete: owner's name, or (owner None)
-    tenant's own, else the public one of that name. A user names no owner but its own
-    tenant, and a public adapter of another tenant is NotOwner; an admin may manage any."""
+    tenant's own. A user names no owner but its own tenant, and a public adapter of another
+    tenant is NotOwner; an admin may manage any, naming its owner when it is not its own."""
     validate_tenant(tenant)
     target = tenant if owner is None else validate_tenant(owner)
     if (is_admin or target == tenant) and registry.exists(name, target):
@@ -65,5 +67,11 @@ def manageable(
         raise NotOwner(
             f"adapter {name!r} is public and belongs to another tenant; "
             "only its owner or an admin can change it"
+        )
+    if owner is None:
+        raise AdapterError(
+            f"adapter {name!r} is the public adapter of tenant {public_owner!r}, not of this "
+            f"key's tenant {tenant!r}: name its owner to change it (?tenant={public_owner}, "
+            f"or --tenant {public_owner})"
         )
     return registry.show(name, public_owner)

@@ -187,7 +187,8 @@ def _delete(registry: Registry, caller: Principal, name: str, tenant: str | None
 def _set_public(
     registry: Registry, caller: Principal, name: str, tenant: str | None, public: bool
 ) -> Entry:
-    entry = _visible(registry, caller, name, tenant)  # 404 first, as everywhere
+    # 404 first, as everywhere; an admin names the owner of another tenant's public adapter
+    entry = manageable(registry, caller.tenant, caller.is_admin, name, tenant)
     if not caller.is_admin:
         raise ApiError(403, "only an admin key can make an adapter public or private",
                        code="permission_denied")  # fmt: skip

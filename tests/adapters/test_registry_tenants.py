@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.errors import NameConflict, NotOwner, UnknownAdapter
+from adapters.errors import AdapterError, NameConflict, NotOwner, UnknownAdapter
 from adapters.registry import Registry
 from adapters.visibility import manageable, resolve_for, visible_entry
 from tests.adapters.registry_helpers import assert_consistent, assert_same_adapter, make_adapter
@@ -152,10 +152,14 @@ def test_list_visible_shows_a_tenants_own_name_over_a_public_one(reg):
     assert [(e.name, e.owner) for e in reg.list_visible("initech")] == [("support-bot", "acme")]
 
 
-def test_an_admin_manages_the_public_adapter_it_reads(reg):
+def test_an_admin_names_the_owner_of_a_public_adapter_it_changes(reg):
+    """An admin reads another tenant's public adapter by its name alone, but changes it only
+    naming its owner: a delete meant for its own tenant must not take everyone's away."""
     reg.set_public("sql", "acme", True)
     assert visible_entry(reg, "ops", True, "sql").owner == "acme"
-    entry = manageable(reg, "ops", True, "sql")
+    with pytest.raises(AdapterError, match=r"public adapter of tenant 'acme'.*\?tenant=acme"):
+        manageable(reg, "ops", True, "sql")
+    entry = manageable(reg, "ops", True, "sql", owner="acme")
     assert (entry.name, entry.owner, entry.public) == ("sql", "acme", True)
     # The admin's own tenant's name comes first; another owner is named explicitly.
     reg.publish("sql", make_adapter(seed=6), owner="ops")

@@ -166,6 +166,11 @@ def test_operator_preloads_cannot_be_squatted_or_deleted_by_a_tenant(served):
     assert workers(served, ACME, "upper").json()["result"]["response"] == want(served, "upper")
     assert httpx.delete(f"{served.url}/v1/adapters/upper", headers=auth(GLOBEX)).status_code == 200
     assert served.registry.exists("upper", OPERATOR)
+    # an admin key changes another tenant's public adapter only by naming its owner
+    r = httpx.delete(f"{served.url}/v1/adapters/upper", headers=auth(ADMIN))
+    assert r.status_code == 400 and f"?tenant={OPERATOR}" in r.json()["error"]["message"]
+    r = httpx.patch(f"{served.url}/v1/adapters/upper", json={"public": False}, headers=auth(ADMIN))
+    assert r.status_code == 400 and served.registry.public_owner("upper") == OPERATOR
     # the admin may delete the operator's (and only then is it gone for everyone)
     r = httpx.delete(f"{served.url}/v1/adapters/upper?tenant={OPERATOR}", headers=auth(ADMIN))
     assert r.status_code == 200 and workers(served, ACME, "upper").status_code == 404

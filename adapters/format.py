@@ -126,7 +126,9 @@ def parse_adapter(
         raise AdapterError(f"{label}: {WEIGHTS} is missing")
     config = parse_config(files[CONFIG], label, max_rank)
     scan = stored_digest is None
-    modules, tokens, skipped = _parse_weights(files[WEIGHTS], label, config, base, scan=scan)
+    modules, tokens, skipped, ignored = _parse_weights(
+        files[WEIGHTS], label, config, base, scan=scan
+    )
     if scan:
         for scale, group in _by_scale(modules).items():
             pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in group)
@@ -139,6 +141,12 @@ def parse_adapter(
         if skipped
         else []
     )
+    if ignored:
+        notes.append(
+            f"{label}: ignored the weights of {len(ignored)} module(s) that {CONFIG} does not "
+            f"target ({', '.join(where(*k) for k in ignored[:3])}{', ...' if len(ignored) > 3 else ''}), "
+            "as PEFT does"
+        )
     trained_on = config.base_model_name
     if base_name and trained_on and trained_on != base_name:
         notes.append(
@@ -163,8 +171,9 @@ def parse_adapter(
 
 def _parse_weights(
     data: bytes, label: str, config: LoraConfig, base: BaseModelSpec | None, scan: bool
-) -> tuple[dict[tuple[int, str], LoraModule], TrainableTokens | None, list[str]]:
-    """The modules, the trainable tokens, and the names of the base-weight copies skipped."""
+) -> tuple[dict[tuple[int, str], LoraModule], TrainableTokens | None, list[str], list]:
+    """The modules, the trainable tokens, the names of the base-weight copies skipped, and
+    the (layer, module) pairs whose weights the config's target fields leave unselected."""
     header = check_header(data, f"{label}: {WEIGHTS}")
     names, seen, skipped = {}, set(), []
     for name in header:
@@ -197,13 +206,18 @@ def _parse_weights(
         parts[OUTER_LAYER, "embed_tokens", "model.embed_tokens"] = tokens
     vocab, hidden = (base.vocab_size, base.hidden_size) if base else (0, None)
     rows = read_tokens(config.token_indices, tokens.get("tokens"), label, vocab, hidden)
+    # As PEFT loads it: a module the config does not select gets no LoRA, whatever the file holds.
+    ignored = sorted((layer, module) for layer, module, name in parts if not config.selects(name))
     modules = {}
     for (layer, module, model_name), found in sorted(parts.items()):
+        if (layer, module) in ignored:
+            continue
         here = f"{label}: {where(layer, module)}"
         modules[(layer, module)] = _module(here, layer, module, model_name, found, config, base)
     if not modules:
-        raise AdapterError(f"{label}: {WEIGHTS} holds no LoRA module (lora_A and lora_B)")
-    return modules, rows, skipped
+        chosen = " that its target_modules select" if ignored else ""
+        raise AdapterError(f"{label}: {WEIGHTS} holds no LoRA module (lora_A and lora_B){chosen}")
+    return modules, rows, skipped, ignored
 
 
 def _module(where, layer, module, name, found, config: LoraConfig, base) -> LoraModule:

@@ -1,8 +1,9 @@
 """PEFT's adapter_config.json for a LoRA adapter: what is served, what is refused and why.
 
 Served: rank and alpha (rsLoRA's alpha / sqrt(r) too), DoRA (`use_dora`), per-module
-ranks and alphas (`rank_pattern`, `alpha_pattern`), a bias on lora_B (`lora_bias`) and
-trainable tokens (`trainable_token_indices`, on embed_tokens).
+ranks and alphas (`rank_pattern`, `alpha_pattern`), a bias on lora_B (`lora_bias`),
+trainable tokens (`trainable_token_indices`, on embed_tokens), and which modules get LoRA
+(`target_modules`, `exclude_modules`, `layers_to_transform`: adapters.peft_targets).
 A pattern applies to a module as PEFT applies it: the first key `k` for which
 `(.*\\.)?(k)$` matches the module's name in the model (`model.layers.3.self_attn.q_proj`).
 Every refusal raises AdapterError naming the field.
@@ -19,6 +20,7 @@ import regex
 
 from adapters.bounded_json import parse_json
 from adapters.errors import AdapterError, quoted, shorten
+from adapters.peft_targets import Targets, parse_targets
 from adapters.sources import CONFIG
 from adapters.trainable_tokens import token_indices
 
@@ -61,8 +63,13 @@ class LoraConfig:
     alpha_pattern: Mapping[str, float] = field(default_factory=dict)
     base_model_name: str | None = None
     token_indices: tuple[int, ...] = ()  # trainable_token_indices (adapters.trainable_tokens)
+    targets: Targets = field(default_factory=Targets)  # the modules PEFT puts LoRA on
     _matches: _Matches = field(default_factory=lambda: _Matches(), init=False, compare=False,
                                repr=False)  # fmt: skip
+
+    def selects(self, name: str) -> bool:
+        """Whether PEFT puts LoRA on the module named `name` (adapters.peft_targets)."""
+        return self.targets.selects(name, self._matches.full)
 
     def rank_of(self, name: str) -> int:
         """The rank of the module named `name` in the model (rank_pattern, else r)."""
@@ -140,6 +147,7 @@ def parse_config(data: bytes, label: str, max_rank: int) -> LoraConfig:
         alpha_pattern={k: float(v) for k, v in alphas.items()},
         base_model_name=trained_on if isinstance(trained_on, str) else None,
         token_indices=token_indices(config, label),
+        targets=parse_targets(config, label),
     )
 
 
@@ -193,26 +201,36 @@ class _Matches:
                 if name == key or name.endswith("." + key):
                     return key
                 continue
-            began = time.monotonic()
-            try:
-                if self._left_s <= 0:
-                    raise TimeoutError
-                # concurrent: other threads (the server's event loop) run while it matches
-                pattern = self._compiled.get(key)
-                if pattern is None:
-                    pattern = self._compiled[key] = regex.compile(rf"(.*\.)?({key})$")
-                hit = pattern.match(name, timeout=max(self._left_s, 1e-3), concurrent=True)
-            except TimeoutError:
-                raise AdapterError(
-                    f"{table}: matching the model's module names took over {MATCH_BUDGET_S:g} s "
-                    f"(pattern {quoted(key)}); name modules plainly, as PEFT writes them "
-                    f"('q_proj', 'model.layers.3.self_attn.q_proj')"
-                ) from None
-            finally:
-                self._left_s -= time.monotonic() - began
-            if hit:
+            if self._timed(table, key, rf"(.*\.)?({key})$", name, full=False):
                 return key
         return None
+
+    def full(self, table: str, pattern: str, name: str) -> bool:
+        """Whether the whole of name matches the regex pattern (a target/exclude string)."""
+        if (table, name) not in self._found:
+            hit = self._timed(table, pattern, pattern, name, full=True)
+            self._found[table, name] = pattern if hit else None
+        return self._found[table, name] is not None
+
+    def _timed(self, table: str, key: str, source: str, name: str, *, full: bool) -> bool:
+        began = time.monotonic()
+        try:
+            if self._left_s <= 0:
+                raise TimeoutError
+            pattern = self._compiled.get(source)
+            if pattern is None:
+                pattern = self._compiled[source] = regex.compile(source)
+            # concurrent: other threads (the server's event loop) run while it matches
+            match = pattern.fullmatch if full else pattern.match
+            return match(name, timeout=max(self._left_s, 1e-3), concurrent=True) is not None
+        except TimeoutError:
+            raise AdapterError(
+                f"{table}: matching the model's module names took over {MATCH_BUDGET_S:g} s "
+                f"(pattern {quoted(key)}); name modules plainly, as PEFT writes them "
+                f"('q_proj', 'model.layers.3.self_attn.q_proj')"
+            ) from None
+        finally:
+            self._left_s -= time.monotonic() - began
 
 
 def _flag(config: dict, key: str, label: str) -> bool:

@@ -23,9 +23,9 @@ def with_tensors(tensors, **config):
     return {CONFIG: json.dumps(peft_config(**config)).encode(), WEIGHTS: save(tensors)}
 
 
-def _renamed(old, new):
+def _renamed(old, new, **config):
     t = peft_tensors()
-    return with_tensors({k.replace(old, new): v for k, v in t.items()})
+    return with_tensors({k.replace(old, new): v for k, v in t.items()}, **config)
 
 
 def _poisoned(value):
@@ -115,7 +115,7 @@ MALFORMED = [
     ("bad rank", lambda: with_config(r=0), "r must be a positive integer"),
     (
         "module the base lacks",
-        lambda: _renamed("q_proj", "qkv_proj"),
+        lambda: _renamed("q_proj", "qkv_proj", modules=("qkv_proj", "v_proj")),
         "the base model has no module 'qkv_proj'",
     ),
     (

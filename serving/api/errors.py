@@ -49,6 +49,12 @@ class ApiError(Exception):
         self.status, self.message, self.code = status, message, code
         self.headers = dict(headers or {})
 
+    def __reduce__(self):
+        # Pickled whole: raised in another deployment (the Batch one), it crosses Ray to the
+        # route intact. Without this, unpickling calls ApiError(message) and fails, and Ray
+        # hands over a stand-in that no route recognises.
+        return type(self), (self.status, self.message, self.code, self.headers)
+
 
 def is_workers_ai(path: str) -> bool:
     """Whether path is a Workers-AI route, which answers errors in its own shape."""

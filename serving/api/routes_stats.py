@@ -162,9 +162,9 @@ async def _tenant_usage(ctx: ApiContext, tenant: str, minute: dict, hour: list) 
 
 
 async def _batch_pending(ctx: ApiContext, tenant: str) -> int | None:
-    """tenant's batch requests not yet ended; None while the batch store cannot answer (the
-    rest of the page still can)."""
+    """tenant's batch requests not yet ended; None while the batch store cannot answer in the
+    page's time (a restarting Batch replica): the rest of the page still can."""
     try:
-        return await ctx.batch.pending(tenant)
-    except ApiError:
+        return await asyncio.wait_for(ctx.batch.pending(tenant), TENANCY_TIMEOUT_S)
+    except (ApiError, TimeoutError):
         return None

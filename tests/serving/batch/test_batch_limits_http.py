@@ -5,6 +5,7 @@ other tenants are not held to it; room comes back as requests end; /v1/stats sho
 Items run on a generator that holds every request until released, so what is pending is
 known exactly."""
 
+import asyncio
 import json
 import time
 
@@ -12,7 +13,9 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.api import create_app
+from serving.api import create_app, routes_stats
+from serving.api.batch_client import LocalBatch
+from serving.batch.store import BatchStore
 from tests.serving.api.held import Held, auth
 from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, stub_settings
 
@@ -81,3 +84,25 @@ def test_openai_batches_are_held_to_the_same_count(app):
     one = c.files.create(file=("one.jsonl", data.splitlines()[0]), purpose="batch")
     c.batches.create(input_file_id=one.id, endpoint="/v1/completions", completion_window="24h")
     assert pending(client) == 3
+
+
+class _StuckBatch(LocalBatch):
+    """A batch client whose store answers how much is pending far too late (a restarting
+    replica)."""
+
+    async def pending(self, tenant):
+        await asyncio.sleep(5)
+        return 7
+
+
+def test_stats_answer_without_the_backlog_when_the_batch_store_does_not(
+    world, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(routes_stats, "TENANCY_TIMEOUT_S", 0.2)
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: LIMITS.get(t, {}))
+    batch = _StuckBatch(BatchStore("sqlite:///"), max_in_flight=1, ttl_s=60)
+    client = TestClient(create_app(Held(), settings, batch=batch), raise_server_exceptions=False)
+    started = time.monotonic()
+    r = client.get("/v1/stats", headers=auth(ACME))
+    assert r.status_code == 200 and r.json()["usage"]["batch_pending"] is None
+    assert time.monotonic() - started < 4

@@ -39,12 +39,22 @@ class ItemQueue:
         ]
 
     def release(self, item: Item) -> bool:
-        """Put a running item back in the queue (a transient failure: it runs again)."""
+        """Put a running item back in the queue (a transient failure: it runs again), or,
+        when its job was cancelled meanwhile, drop it as the job's queued items were."""
         with self._write() as db:
-            return db.execute(
-                "UPDATE items SET state = ? WHERE idx = ? AND state = ? AND job = "
-                "(SELECT seq FROM jobs WHERE id = ?)", (QUEUED, item.index, RUNNING, item.job_id),
-            ).rowcount > 0  # fmt: skip
+            row = db.execute("SELECT seq, cancelling FROM jobs WHERE id = ?", (item.job_id,))
+            found = row.fetchone()
+            if found is None:
+                return False
+            seq, cancelling = found
+            state = CANCELLED if cancelling is not None else QUEUED
+            changed = db.execute(
+                "UPDATE items SET state = ? WHERE job = ? AND idx = ? AND state = ?",
+                (state, seq, item.index, RUNNING),
+            ).rowcount  # fmt: skip
+            if changed and state == CANCELLED:
+                close_if_ended(db, seq, time.time())
+            return changed > 0
 
     def finish(self, item: Item, result: ItemResult) -> bool:
         """Commit item's result and its job's counts; False (and nothing written) when the

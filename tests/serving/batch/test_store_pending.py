@@ -68,3 +68,14 @@ def test_concurrent_submits_from_two_connections_cannot_pass_it_together(store, 
     other.close()
     assert len(accepted) == 5 and len(refused) == 7
     assert store.pending("acme") == 5
+
+
+def test_a_cancelled_jobs_item_released_after_a_transient_failure_does_not_run_again(store):
+    job = submit(store, 2)
+    [item] = store.claim(1)
+    store.cancel("acme", job.id)  # the running item runs on; the queued one is dropped
+    store.release(item)  # its run failed transiently: it would be retried, but not now
+    assert store.claim(5) == []
+    assert store.pending("acme") == 0
+    ended = store.job("acme", job.id)
+    assert ended.finished is not None and ended.completed == ended.failed == 0

@@ -62,7 +62,9 @@ def fp8_linear(
         from kernels.fp8_small_m_triton import SMALL_M, fp8_linear_small_m
 
         rows = x.shape[:-1].numel()
-        if rows <= SMALL_M:  # decode sizes: bound by reading the weight, not by the matmul
+        # Decode sizes: bound by reading the weight, not by the matmul. (A bias of another
+        # dtype than x's takes the path below, whose addition promotes the output's dtype.)
+        if rows <= SMALL_M and (bias is None or bias.dtype == x.dtype):
             y = fp8_linear_small_m(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
             return y.reshape(*x.shape[:-1], w_q.shape[0])
         if _scaled_mm_shapes_ok(w_q):

@@ -88,6 +88,9 @@ def fp8_linear_small_m(
     already checked by kernels.fp8."""
     m, k = x.shape
     n = w_q.shape[0]
+    # The kernel indexes them flat (views are accepted by the checks); no copy when they are.
+    scale = scale.contiguous()
+    bias = bias.contiguous() if bias is not None else None
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y

@@ -193,7 +193,9 @@ def lora_shrink_triton(
     # [num_splits, num_slices, T, max_rank] scratch when split; uninitialised: the sum reads
     # only what the splits wrote.
     part = out if num_splits == 1 else out.new_empty((num_splits, *out.shape))
-    split_stride = 0 if num_splits == 1 else part.stride(0)
+    # The first kernel writes where it was given: out itself (any strides), or the scratch
+    # (its own, contiguous strides), which the sum kernel then reads into out.
+    strides = (0, *out.stride()) if num_splits == 1 else part.stride()
     grid = (tiles * num_splits, segments.num_segments, len(lora_a))
     ranks = segments.seg_ranks if slice_ranks is None else slice_ranks
     num_slots = lora_a[0].shape[0]
@@ -213,10 +215,7 @@ def lora_shrink_triton(
             k_per_split,
             x.stride(0),
             x.stride(1),
-            split_stride,
-            out.stride(0),
-            out.stride(1),
-            out.stride(2),
+            *strides,
             num_splits,
             MAX_RANK=max_rank,
             BLOCK_M=block_m,

@@ -51,6 +51,17 @@ def test_matches_the_dequantized_product(m, k, n, dtype, bias):
     assert rel < TOLERANCE[dtype]
 
 
+def test_strided_scale_and_bias():
+    """scale and bias as views with a stride: the kernel reads them flat after all."""
+    x, w_q, scale, b = inputs(3, 48, 20, torch.float32, seed=5, bias=True)
+    strided_scale = torch.stack([scale, scale * 9], dim=1)[:, 0]  # stride 2
+    strided_bias = torch.stack([b, b - 5], dim=1)[:, 0]
+    assert strided_scale.stride() == (2,) and strided_bias.stride() == (2,)
+    on = [t.to(DEVICE) for t in (x, w_q)]
+    y = fp8_linear_small_m(*on, strided_scale.to(DEVICE), strided_bias.to(DEVICE)).cpu()
+    torch.testing.assert_close(y.double(), reference(x, w_q, scale, b), rtol=1e-5, atol=1e-5)
+
+
 def test_strided_rows_and_no_rows():
     """x as a view with a row stride past its width; zero rows give an empty output."""
     x, w_q, scale, _ = inputs(6, 48, 20, torch.float32, seed=4, bias=False)
@@ -73,3 +84,12 @@ def test_fp8_linear_on_cuda_either_side_of_small_m(m):
     want = reference(x, w_q, scale, b)
     rel = (y.double() - want).norm() / want.norm()
     assert rel < (1e-2 if m <= SMALL_M else 5e-2)  # the GEMM also rounds x to FP8
+
+
+@pytest.mark.gpu
+def test_the_output_dtype_does_not_depend_on_the_row_count():
+    """A bias of another dtype than x's promotes the output the same way on both paths."""
+    x, w_q, scale, b = inputs(SMALL_M + 1, 64, 32, torch.bfloat16, seed=9, bias=True)
+    args = (w_q.cuda(), scale.cuda(), b.float().cuda())
+    few, many = (fp8_linear(x[:n].cuda(), *args) for n in (4, SMALL_M + 1))
+    assert few.dtype == many.dtype == torch.float32

@@ -130,3 +130,29 @@ def test_dispatch_on_cuda_matches_cpu(dtype):
         results.append(y.cpu().double())
     tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
     torch.testing.assert_close(results[1], results[0], atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "inside a wider buffer"])
+def test_shrink_split_k_into_a_strided_out(layout):
+    """Split-K sums its parts in a scratch buffer of its own strides and stores them into
+    out by out's: a transposed out, or one a view inside a wider buffer whose margins must
+    stay as they were."""
+    case = Case(torch.float32, 9, 140, (8, 16, 5), 16, "uniform", (140,), seed=24)
+    margins = []
+
+    def shrink(x, lora_a, out, segments):
+        out3 = out if out.dim() == 3 else out.unsqueeze(0)
+        slices, tokens, rank = out3.shape
+        if layout == "transposed":
+            buf = torch.empty(slices, rank, tokens, device=DEVICE).transpose(1, 2)
+        else:
+            wide = torch.full((slices, tokens, rank + 6), 7.0, device=DEVICE)
+            buf = wide[:, :, 3 : 3 + rank]
+            margins.append(wide)
+        buf.copy_(out3)
+        lora_shrink_triton(x.to(DEVICE), _stacks(lora_a), buf, _on_device(segments), num_splits=3)
+        out3.copy_(buf.cpu())
+
+    check_shrink(case, shrink, num_a_slices=3)
+    for wide in margins:
+        assert (wide[:, :, :3] == 7.0).all() and (wide[:, :, -3:] == 7.0).all()

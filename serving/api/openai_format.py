@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import Sequence
@@ -48,8 +49,8 @@ def chat_logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> dic
     """Chat's {"content": [{token, logprob, bytes, top_logprobs}]}."""
 
     def entry(token_id: int, logprob: float) -> dict:
-        text = _token_text(tokenizer, token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        raw = tokenizer.token_bytes(token_id)
+        return {"token": _token_text(raw), "logprob": logprob, "bytes": list(raw)}
 
     return {
         "content": [
@@ -63,15 +64,19 @@ def completion_logprobs(
     tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offset: int = 0
 ) -> dict:
     """Completions' {tokens, token_logprobs, top_logprobs, text_offset}."""
-    tokens = [_token_text(tokenizer, lp.token_id) for lp in logprobs]
-    offsets, at = [], offset
-    for text in tokens:
+    raws = [tokenizer.token_bytes(lp.token_id) for lp in logprobs]
+    # A token's offset counts the characters complete before it: one that ends or continues
+    # a multi-byte character points at that character.
+    offsets, at, chars = [], offset, codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for raw in raws:
         offsets.append(at)
-        at += len(text)
+        at += len(chars.decode(raw))
     return {
-        "tokens": tokens,
+        "tokens": [_token_text(raw) for raw in raws],
         "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": [{_token_text(tokenizer, t): v for t, v in lp.top} for lp in logprobs],
+        "top_logprobs": [
+            {_token_text(tokenizer.token_bytes(t)): v for t, v in lp.top} for lp in logprobs
+        ],
         "text_offset": offsets,
     }
 
@@ -134,5 +139,10 @@ def completion_chunk(rid: str, created: int, model: str, choices: list[dict], **
     }
 
 
-def _token_text(tokenizer: Tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+def _token_text(raw: bytes) -> str:
+    """A token's bytes as its text, or, part of a character, as OpenAI writes such a token:
+    'bytes:\\xf0\\x9f' (distinct per token, where the text would be U+FFFD for each)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)

@@ -21,6 +21,7 @@ import tokenizers
 from serving.model.chat_template import compile_chat_template, render_chat_template
 from serving.model.errors import ChatTemplateError, ModelLoadError
 from serving.model.hf_config import read_eos_token_ids
+from serving.model.token_bytes import token_bytes_table
 
 # the named special tokens transformers exposes to chat templates
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -51,6 +52,7 @@ class Tokenizer:
         # The same tokenizer reading special tokens' text as plain text (encode_text): made on
         # first use, as only a chat content holding such text needs it
         self._as_text: tokenizers.Tokenizer | None = None
+        self._token_bytes: list[bytes] | None = None  # made on first use (logprobs ask it)
         # The text of each added special token ('<|system|>', '<|end|>', ...)
         self.special_texts: tuple[str, ...] = tuple(
             t.content for t in backend.get_added_tokens_decoder().values() if t.special
@@ -80,6 +82,13 @@ class Tokenizer:
         for token, i in self._backend.get_vocab(with_added_tokens=True).items():
             vocab[i] = token
         return vocab
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes in the text (serving.model.token_bytes); a token that is
+        part of a multi-byte character has part of its bytes."""
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes_table(self._backend)
+        return self._token_bytes[token_id]
 
     def special_token_ids(self) -> frozenset[int]:
         """The ids of added tokens marked special (never part of decoded text)."""

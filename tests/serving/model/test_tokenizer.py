@@ -121,3 +121,16 @@ def test_clean_up_tokenization_spaces_as_transformers_5(tmp_path, kind):
     for _ in range(100):
         ids = ours.encode("".join(rng.choices(pieces, k=rng.randrange(1, 12))))
         assert "".join(_stream(ours, ids)[0]) + _stream(ours, ids)[1] == ours.decode(ids)
+
+
+def test_token_bytes_join_to_the_texts_bytes(pair):
+    """Each token's own bytes, joined, are the UTF-8 of the text transformers decodes: also
+    where a token holds only part of a character (accents, CJK, emoji in byte tokens)."""
+    ours, ref = pair
+    for text in [*SAMPLES, "😀 日本語 é"]:
+        ids = ours.encode(text, add_special_tokens=False)
+        joined = b"".join(ours.token_bytes(i) for i in ids)
+        decoded = ref.decode(ids, skip_special_tokens=False)
+        # Metaspace decoders drop the space a first "▁" stands for: leading spaces aside.
+        assert joined.decode("utf-8").lstrip(" ") == decoded.lstrip(" "), text
+    assert ours.token_bytes(ours.eos_token_ids[0]) == b"</s>"

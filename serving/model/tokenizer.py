@@ -85,10 +85,12 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes in the text (serving.model.token_bytes); a token that is
-        part of a multi-byte character has part of its bytes."""
+        part of a multi-byte character has part of its bytes. An id past the vocabulary (a
+        model's embedding may have more rows than its tokenizer has tokens) has none, as it
+        decodes to nothing."""
         if self._token_bytes is None:
             self._token_bytes = token_bytes_table(self._backend)
-        return self._token_bytes[token_id]
+        return self._token_bytes[token_id] if 0 <= token_id < len(self._token_bytes) else b""
 
     def special_token_ids(self) -> frozenset[int]:
         """The ids of added tokens marked special (never part of decoded text)."""

@@ -61,6 +61,8 @@ def complete(served, body, key):
 @example(fields={"temperature": 1e-40}, route="completions")  # each once failed every request
 @example(fields={"temperature": 1e-46}, route="ai-run")
 @example(fields={"temperature": 0.5, "repetition_penalty": 1e-40}, route="completions")
+# top logprobs of ids past the tokenizer's vocabulary (the model has more embedding rows)
+@example(fields={"temperature": 0.0, "logprobs": 5}, route="completions")
 def test_a_drawn_request_never_harms_its_neighbour_nor_gets_a_5xx(served, alone, fields, route):
     innocent = {}
     thread = threading.Thread(target=lambda: innocent.update(r=complete(served, INNOCENT, ACME)))

@@ -134,3 +134,6 @@ def test_token_bytes_join_to_the_texts_bytes(pair):
         # Metaspace decoders drop the space a first "▁" stands for: leading spaces aside.
         assert joined.decode("utf-8").lstrip(" ") == decoded.lstrip(" "), text
     assert ours.token_bytes(ours.eos_token_ids[0]) == b"</s>"
+    # a model's embedding may have rows past the vocabulary: such an id decodes to nothing
+    past = ours.vocab_size + 3
+    assert ours.token_bytes(past) == b"" and ours.decode([past]) == ""

@@ -60,24 +60,65 @@ def chat_logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> dic
     }
 
 
+class TextOffsets:
+    """text_offset of each token of one completion, carried across a stream's chunks.
+
+    A token's offset counts the characters of the text whose bytes all come before it: one
+    that ends or continues a multi-byte character points at that character, and a stray
+    byte's U+FFFD is counted before the token that shows it was stray. Held bytes carry from
+    chunk to chunk, so a stream's offsets equal the whole answer's.
+    """
+
+    def __init__(self) -> None:
+        self._chars = 0  # characters complete so far
+        self._held = b""  # bytes after them: the start of a character not yet complete
+
+    def take(self, raw: bytes) -> int:
+        """The offset of the token whose bytes are raw; the next token's follows it."""
+        held, ends = len(self._held), []
+        tail = self._held + raw
+        at = _char_ends(tail, ends)
+        before = sum(1 for end in ends if end <= held)
+        offset = self._chars + before
+        self._chars, self._held = self._chars + len(ends), tail[at:]
+        return offset
+
+
+def _char_ends(data: bytes, ends: list[int]) -> int:
+    """Append where each character of data ends (an invalid run is one U+FFFD, as the
+    tokenizer's decode has it); return how many bytes they take: the rest may still be the
+    start of a character."""
+    at = 0
+    while True:
+        try:
+            text, _ = codecs.utf_8_decode(data[at:], "strict", False)
+        except UnicodeDecodeError as bad:  # the valid characters, then the invalid run
+            text, bad_end = data[at : at + bad.start].decode("utf-8"), at + bad.end
+        else:
+            bad_end = None
+        for char in text:
+            at += len(char.encode("utf-8"))
+            ends.append(at)
+        if bad_end is None:
+            return at
+        at = bad_end
+        ends.append(at)
+
+
 def completion_logprobs(
-    tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offset: int = 0
+    tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob], offsets: TextOffsets | None = None
 ) -> dict:
-    """Completions' {tokens, token_logprobs, top_logprobs, text_offset}."""
+    """Completions' {tokens, token_logprobs, top_logprobs, text_offset}; offsets carries a
+    stream's count from chunk to chunk (None: these are the whole completion's tokens)."""
     raws = [tokenizer.token_bytes(lp.token_id) for lp in logprobs]
-    # A token's offset counts the characters complete before it: one that ends or continues
-    # a multi-byte character points at that character.
-    offsets, at, chars = [], offset, codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for raw in raws:
-        offsets.append(at)
-        at += len(chars.decode(raw))
+    offsets = TextOffsets() if offsets is None else offsets
     return {
         "tokens": [_token_text(raw) for raw in raws],
         "token_logprobs": [lp.logprob for lp in logprobs],
         "top_logprobs": [
             {_token_text(tokenizer.token_bytes(t)): v for t, v in lp.top} for lp in logprobs
         ],
-        "text_offset": offsets,
+        "text_offset": [offsets.take(raw) for raw in raws],
     }
 
 

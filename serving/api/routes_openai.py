@@ -180,7 +180,7 @@ async def _chat_events(
 async def _completion_events(
     ctx: ApiContext, gen: Generation, rid: str, body: CompletionRequest
 ) -> AsyncIterator[str]:
-    created, tokenizer, offset = fmt.now(), ctx.settings.tokenizer, 0
+    created, tokenizer, offsets = fmt.now(), ctx.settings.tokenizer, fmt.TextOffsets()
     extra = {"usage": None} if body.include_usage() else {}
 
     def chunk(text: str, reason: str | None = None, logprobs=None) -> str:
@@ -194,8 +194,7 @@ async def _completion_events(
         if out.new_text or (body.logprobs is not None and out.logprobs):
             lp = None
             if body.logprobs is not None:
-                lp = fmt.completion_logprobs(tokenizer, out.logprobs, offset)
-            offset += len(out.new_text)
+                lp = fmt.completion_logprobs(tokenizer, out.logprobs, offsets)
             yield chunk(out.new_text, logprobs=lp)
         if out.finished:
             yield chunk("", fmt.finish_reason(out.finish_reason))

@@ -4,7 +4,7 @@ two tokens share a name. Reference: the text's own UTF-8."""
 
 import pytest
 
-from serving.api.openai_format import chat_logprobs, completion_logprobs
+from serving.api.openai_format import TextOffsets, chat_logprobs, completion_logprobs
 from serving.engine.request import TokenLogprob
 from serving.model.tokenizer import load_tokenizer
 from tests.serving.model.hf_folders import save_tokenizer
@@ -48,3 +48,27 @@ def test_completion_top_logprobs_keep_every_candidate_and_offsets_point_into_the
         if not token.startswith("bytes:"):  # a whole token is the text at its offset
             assert text[at : at + len(token)] == token
     assert out["text_offset"] == sorted(out["text_offset"])
+
+
+def test_offsets_carried_across_chunks_equal_the_whole_answers(tokenizer):
+    _ids, lps = logprobs(tokenizer)
+    whole = completion_logprobs(tokenizer, lps)["text_offset"]
+    for size in (1, 2, 3, 5):
+        offsets = TextOffsets()
+        streamed = [
+            at
+            for k in range(0, len(lps), size)
+            for at in completion_logprobs(tokenizer, lps[k : k + size], offsets)["text_offset"]
+        ]
+        assert streamed == whole
+
+
+def test_a_stray_byte_counts_before_the_token_that_shows_it_was_stray(tokenizer):
+    ids = tokenizer.encode("a日b", add_special_tokens=False)
+    raws = [tokenizer.token_bytes(i) for i in ids]
+    middle = next(k for k, raw in enumerate(raws) if raw and raw[0] & 0xC0 == 0x80)
+    del ids[middle]  # 日's bytes lose one: the rest are one invalid run
+    text = tokenizer.decode(ids)
+    out = completion_logprobs(tokenizer, [TokenLogprob(i, -1.0) for i in ids])
+    assert text.endswith("\ufffdb")
+    assert out["tokens"][-1] == "b" and out["text_offset"][-1] == len(text) - 1

@@ -167,6 +167,31 @@ def test_completion_logprobs(served, client):
     assert lp.text_offset[0] == 0
 
 
+def test_streamed_text_offsets_point_into_the_text_while_a_stop_string_holds_text_back(client):
+    kwargs = dict(model=MODEL_ID, prompt="abc", max_tokens=12, temperature=0, logprobs=1)
+    text = client.completions.create(**kwargs).choices[0].text
+    # A stop string that never completes but starts with a character the answer holds: the
+    # stream holds that character back one chunk each time, and offsets must not lag.
+    held = max(set(text), key=text.count)
+    chunks = list(client.completions.create(stream=True, stop=[held + "\x00"], **kwargs))
+    tokens = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    offsets = [
+        at
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for at in c.choices[0].logprobs.text_offset
+    ]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert len(offsets) == 12 and offsets == sorted(offsets)
+    whole = [(t, at) for t, at in zip(tokens, offsets, strict=True) if not t.startswith("bytes:")]
+    assert len(whole) > 1 and all(text[at : at + len(t)] == t for t, at in whole)
+
+
 def test_session_header_is_accepted(served):
     body = {"model": MODEL_ID, "prompt": "hi", "max_tokens": 2, "temperature": 0}
     r = httpx.post(

@@ -104,6 +104,26 @@ def test_stop_string_across_tokens(stop, tok):
     _check_stop_string(tok, text, stop)
 
 
+def test_a_stop_string_before_a_partial_character_in_its_token_stops_on_that_token(tok):
+    """Tokens such as b"na\\xc3" end a stop string and start the next character: the stop
+    is seen on that token, not once the character completes."""
+    by_bytes = {tok.token_bytes(i): i for i in range(tok.vocab_size)}
+    checked = 0
+    for token in range(tok.vocab_size):
+        raw = tok.token_bytes(token)
+        text = raw.decode("utf-8", errors="replace")
+        if not text.endswith("\ufffd") or not text.rstrip("\ufffd").strip():
+            continue
+        lead = max(k for k, byte in enumerate(raw) if byte >= 0xC0)
+        missing = (2 if raw[lead] < 0xE0 else 3 if raw[lead] < 0xF0 else 4) - (len(raw) - lead)
+        ids = [by_bytes[b"x"], token, *[by_bytes[b"\xa0"]] * missing]  # completes it
+        if "\ufffd" in tok.decode(ids):
+            continue
+        _check_stop_string(tok, tok.decode(ids), text.rstrip("\ufffd")[-1], ids)
+        checked += 1
+    assert checked >= 5
+
+
 def test_stop_string_at_random_places(tok):
     rng = random.Random(0)
     for text in TEXTS:
@@ -112,11 +132,13 @@ def test_stop_string_at_random_places(tok):
             _check_stop_string(tok, text, text[start : start + rng.randint(1, 8)])
 
 
-def _check_stop_string(tok, text, stop):
-    """The stream is cut right before the stop string and never shows any of it."""
-    expected = text[: text.find(stop)]
-    pieces, reason = _feed(_checker(tok, stop=(stop,)), _ids(tok, text))
+def _check_stop_string(tok, text, stop, ids=None):
+    """The stream is cut right before the stop string and never shows any of it, and it
+    stops on the token that completes the stop string in the decoded text, not later."""
+    expected, ids = text[: text.find(stop)], ids or _ids(tok, text)
+    pieces, reason = _feed(_checker(tok, stop=(stop,)), ids)
     assert reason == "stop", stop
+    assert len(pieces) == next(k for k in range(len(ids) + 1) if stop in tok.decode(ids[:k]))
     emitted = ""
     for piece in pieces:
         emitted += piece

@@ -7,6 +7,7 @@ committed exactly once however often it runs.
 
 from __future__ import annotations
 
+import heapq
 import json
 import sqlite3
 import time
@@ -18,24 +19,38 @@ class ItemQueue:
     """The feeder's calls of BatchStore, over its connection (_write)."""
 
     def claim(self, n: int) -> list[Item]:
-        """Up to n queued items, now running, in the feeder's order (see items_queued)."""
+        """Up to n queued items, now running, in the feeder's order.
+
+        Tenants take turns, the one with the fewest items running first (then the one whose
+        oldest open job is oldest), so a tenant's share does not grow with its jobs. Within a
+        tenant, the i-th item of every job comes before any job's (i+1)-th, so its small job
+        is not stuck behind its large one; then oldest job first.
+        """
         if n < 1:
             return []
         with self._write() as db:
-            rows = db.execute(
-                "SELECT i.job, i.idx, j.id, j.tenant, j.key_id, j.model, j.endpoint, i.body, "
-                "i.ref, i.attempts FROM items i JOIN jobs j ON j.seq = i.job WHERE i.state = ? "
-                "ORDER BY i.idx, i.job LIMIT ?", (QUEUED, n),
-            ).fetchall()  # fmt: skip
-            now = time.time()
-            for seq, idx, *_ in rows:
-                db.execute("UPDATE items SET state = ?, attempts = attempts + 1 WHERE job = ? "
-                           "AND idx = ?", (RUNNING, seq, idx))  # fmt: skip
-                db.execute("UPDATE jobs SET started = ? WHERE seq = ? AND started IS NULL",
-                           (now, seq))  # fmt: skip
+            running = dict(db.execute(
+                "SELECT j.tenant, COUNT(*) FROM items i JOIN jobs j ON j.seq = i.job "
+                "WHERE i.state = ? GROUP BY j.tenant", (RUNNING,),
+            ).fetchall())  # fmt: skip
+            turns = [
+                (running.get(tenant, 0), oldest, tenant)
+                for tenant, oldest in db.execute(
+                    "SELECT tenant, MIN(seq) FROM jobs WHERE finished IS NULL AND cancelling "
+                    "IS NULL GROUP BY tenant"
+                )
+            ]
+            heapq.heapify(turns)
+            rows, now = [], time.time()
+            while turns and len(rows) < n:
+                count, oldest, tenant = heapq.heappop(turns)
+                row = _take_next(db, tenant, now)
+                if row is not None:  # else the tenant has nothing queued: its turns end
+                    rows.append(row)
+                    heapq.heappush(turns, (count + 1, oldest, tenant))
         return [
-            Item(job_id, idx, tenant, key_id, model, endpoint, json.loads(body), ref, tries + 1)
-            for _, idx, job_id, tenant, key_id, model, endpoint, body, ref, tries in rows
+            Item(job_id, idx, tenant, key_id, model, endpoint, json.loads(body), ref, attempt)
+            for idx, job_id, tenant, key_id, model, endpoint, body, ref, attempt in rows
         ]
 
     def release(self, item: Item) -> bool:
@@ -104,3 +119,24 @@ def close_if_ended(db: sqlite3.Connection, seq: int, now: float) -> None:
         "UPDATE jobs SET finished = ? WHERE seq = ? AND finished IS NULL AND NOT EXISTS "
         "(SELECT 1 FROM items WHERE job = ? AND state IN (?, ?))", (now, seq, seq, QUEUED, RUNNING),
     )  # fmt: skip
+
+
+def _take_next(db: sqlite3.Connection, tenant: str, now: float) -> tuple | None:
+    """Mark tenant's next queued item running (the lowest index over its open jobs, then the
+    oldest job); its row for an Item, or None when it has none queued."""
+    found = db.execute(
+        "SELECT seq, first FROM (SELECT seq, (SELECT MIN(idx) FROM items WHERE state = ? AND "
+        "job = seq) AS first FROM jobs WHERE tenant = ? AND finished IS NULL AND cancelling "
+        "IS NULL) WHERE first IS NOT NULL ORDER BY first, seq LIMIT 1", (QUEUED, tenant),
+    ).fetchone()  # fmt: skip
+    if found is None:
+        return None
+    seq, idx = found
+    db.execute("UPDATE items SET state = ?, attempts = attempts + 1 WHERE job = ? AND idx = ?",
+               (RUNNING, seq, idx))  # fmt: skip
+    db.execute("UPDATE jobs SET started = ? WHERE seq = ? AND started IS NULL", (now, seq))
+    return db.execute(
+        "SELECT i.idx, j.id, j.tenant, j.key_id, j.model, j.endpoint, i.body, i.ref, "
+        "i.attempts FROM items i JOIN jobs j ON j.seq = i.job WHERE i.job = ? AND i.idx = ?",
+        (seq, idx),
+    ).fetchone()  # fmt: skip

@@ -52,9 +52,12 @@ CREATE TABLE IF NOT EXISTS items (
     cached_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job, idx)
 ) WITHOUT ROWID;
--- The feeder's order: the i-th item of every job before any job's (i+1)-th, so a small job
--- is not stuck behind a large one; then oldest job first.
-CREATE INDEX IF NOT EXISTS items_queued ON items (state, idx, job);
+-- A job's next queued item, and the items in one state, without reading the others
+-- (items_queued, its order before tenants took turns, is dropped from older files).
+DROP INDEX IF EXISTS items_queued;
+CREATE INDEX IF NOT EXISTS items_state ON items (state, job, idx);
+-- The open jobs of a tenant, and of every tenant, without reading the ended ones.
+CREATE INDEX IF NOT EXISTS jobs_open ON jobs (tenant, seq) WHERE finished IS NULL;
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
     bytes INTEGER NOT NULL, created REAL NOT NULL, content BLOB NOT NULL
@@ -233,11 +236,19 @@ class BatchStore(FileTable, ItemQueue):
 
 
 def _pending(db: sqlite3.Connection, tenant: str) -> int:
-    # Only unfinished jobs hold such items: an ended job's are done, failed or cancelled.
-    return db.execute(
-        "SELECT COUNT(*) FROM jobs j JOIN items i ON i.job = j.seq WHERE j.tenant = ? "
-        "AND j.finished IS NULL AND i.state IN (?, ?)", (tenant, QUEUED, RUNNING),
+    # Only open jobs hold such items: an ended job's are done, failed or cancelled. An item
+    # of a job not being cancelled is queued, running, done or failed, and the job counts the
+    # done and failed ones; a cancelling job's queued ones are cancelled, so count its items.
+    left = db.execute(
+        "SELECT COALESCE(SUM(total - completed - failed), 0) FROM jobs WHERE tenant = ? AND "
+        "finished IS NULL AND cancelling IS NULL", (tenant,),
     ).fetchone()[0]  # fmt: skip
+    stopping = db.execute(
+        "SELECT COALESCE(SUM((SELECT COUNT(*) FROM items WHERE state IN (?, ?) AND job = seq)),"
+        " 0) FROM jobs WHERE tenant = ? AND finished IS NULL AND cancelling IS NOT NULL",
+        (QUEUED, RUNNING, tenant),
+    ).fetchone()[0]  # fmt: skip
+    return left + stopping
 
 
 def _seq(db: sqlite3.Connection, tenant: str, job_id: str) -> int | None:

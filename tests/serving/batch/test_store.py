@@ -67,6 +67,31 @@ def test_claims_take_the_ith_item_of_every_job_before_any_jobs_next(store):
     assert store.job("acme", big.id).state == RUNNING
 
 
+def test_tenants_take_turns_however_many_jobs_each_has(store):
+    """Four jobs of one tenant do not get four times the turns of another's one job: the
+    tenants alternate (the older first) until one has nothing queued."""
+    acme = [submit(store, 3, name=f"a{k}") for k in range(4)]
+    globex = submit(store, 3, tenant="globex", name="g")
+    taken = store.claim(4) + store.claim(1) + store.claim(20)
+    assert [t.tenant for t in taken] == ["acme", "globex"] * 3 + ["acme"] * 9
+    assert [(t.job_id, t.index) for t in taken if t.tenant == "globex"] == [
+        (globex.id, 0), (globex.id, 1), (globex.id, 2),
+    ]  # fmt: skip
+    mine = [(t.job_id, t.index) for t in taken if t.tenant == "acme"]
+    assert mine == [(job.id, i) for i in range(3) for job in acme]  # within a tenant, as before
+
+
+def test_the_tenant_with_fewest_items_running_goes_first(store):
+    submit(store, 4, name="a1")
+    assert [t.tenant for t in store.claim(2)] == ["acme"] * 2  # alone: it takes both
+    submit(store, 4, name="a2")
+    submit(store, 4, tenant="globex", name="g")
+    # globex catches up with acme's two running items; the tie goes to the older tenant
+    taken = store.claim(4)
+    assert [t.tenant for t in taken] == ["globex", "globex", "acme", "globex"]
+    assert taken[2].ref == "a2-0"
+
+
 def test_a_result_is_committed_once_and_a_second_finish_changes_nothing(store):
     """finish() of an item that already has its result returns False and leaves the result,
     the job's counts and its token totals as the first finish wrote them."""

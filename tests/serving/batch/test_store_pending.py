@@ -1,10 +1,12 @@
 """A tenant's batch backlog in the store: what counts as pending, the limit a submit is held
 to (counted in the transaction that inserts), and tenants kept apart."""
 
+import random
 import threading
 
 import pytest
 
+from serving.batch.records import QUEUED, RUNNING, ItemResult
 from serving.batch.store import BatchQueueFull, BatchStore
 from tests.serving.batch.test_store import ok, submit
 
@@ -79,3 +81,33 @@ def test_a_cancelled_jobs_item_released_after_a_transient_failure_does_not_run_a
     assert store.pending("acme") == 0
     ended = store.job("acme", job.id)
     assert ended.finished is not None and ended.completed == ended.failed == 0
+
+
+def test_the_count_equals_the_items_states_through_random_runs(store):
+    """Reference: each item's own state, read back through results(). Jobs end, are cancelled
+    mid-run, fail, are released and requeued in random order, for three tenants."""
+    rng = random.Random(7)
+    tenants, jobs, running = ("acme", "globex", "initech"), [], []
+    for _ in range(300):
+        action = rng.choice(("submit", "claim", "claim", "finish", "finish", "release", "cancel"))
+        if action == "submit":
+            tenant = rng.choice(tenants)
+            jobs.append((tenant, submit(store, rng.randint(1, 6), tenant=tenant)))
+        elif action == "claim":
+            running += store.claim(rng.randint(1, 4))
+        elif action in ("finish", "release") and running:
+            item = running.pop(rng.randrange(len(running)))
+            if action == "release":
+                store.release(item)
+            else:
+                store.finish(item, ok() if rng.random() < 0.7 else ItemResult(400, error="bad"))
+        elif action == "cancel" and jobs:
+            tenant, job = rng.choice(jobs)
+            asker = tenant if rng.random() < 0.8 else rng.choice(tenants)  # others: no effect
+            store.cancel(asker, job.id)
+        if rng.random() < 0.02:
+            store.requeue_running()
+            running = []
+        for tenant in tenants:
+            states = [r.state for t, job in jobs if t == tenant for r in store.results(t, job.id)]
+            assert store.pending(tenant) == sum(s in (QUEUED, RUNNING) for s in states)

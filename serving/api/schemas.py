@@ -195,6 +195,12 @@ class _OpenAIBody(_Sampling):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> _OpenAIBody:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
+
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 

@@ -79,6 +79,16 @@ def test_a_field_that_would_change_the_answer_and_is_not_served_is_refused(
     assert f"{field} is not supported" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_stream_options_without_a_stream_are_refused(served, path):
+    body = {"model": MODEL_ID, "max_tokens": 2, "stream_options": {"include_usage": True}}
+    body.update({"prompt": "hi"} if path == "/v1/completions" else {"messages": CHAT})
+    r = post(served, path, body)
+    assert r.status_code == 400, r.text
+    assert "stream_options is only allowed with stream: true" in r.json()["error"]["message"]
+    assert post(served, path, {**body, "stream": True}).status_code == 200
+
+
 def test_fields_sent_switched_off_are_accepted(served, client):
     answer = client.completions.create(
         model=MODEL_ID, prompt="hi", max_tokens=2, temperature=0, logit_bias={}, best_of=1

@@ -54,6 +54,9 @@ class RowFault(ValueError):
 NON_FINITE = (
     "the model produced non-finite logits for this request (NaN or inf); its adapter may be broken"
 )
+DEAD_END = (
+    "the response format allows no next token here: no output can satisfy its schema or pattern"
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def sample(
     if masks is not None:  # after the finiteness check: a masked logit is -inf on purpose
         logits = logits.clone()
         masks.apply(logits)
+        logits, dead = without_dead_ends(logits)
+        errors = [DEAD_END if d else e for d, e in zip(dead, errors, strict=True)]
     logits = apply_penalties(logits, states)
     token_ids = [0] * len(states)
 
@@ -114,6 +119,16 @@ def sample(
                 errors[i] = str(exc)
 
     return SampleResult(token_ids, token_logprobs(logits, states, token_ids), errors)
+
+
+def without_dead_ends(masked: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:
+    """(masked logits [R, V] with rows whose grammar allows no token zeroed, which rows).
+
+    Such a row fails its request (DEAD_END); zeroed, it keeps softmax and argmax from NaN.
+    """
+    dead = torch.isneginf(masked).all(dim=-1)  # [R]
+    flags = dead.tolist()
+    return (masked.masked_fill(dead[:, None], 0.0) if any(flags) else masked), flags
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -149,10 +164,10 @@ def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.
 
     # An extreme penalty (a tiny repetition penalty divides a logit past float range) must not
     # reach softmax as inf, which would turn a row into NaN: the largest finite value still
-    # makes the token certain, as the penalty asks.
+    # makes the token certain, as the penalty asks. A token masked out (-inf) stays out.
     big = torch.finfo(sub.dtype).max
     out = logits.clone()
-    out[rows] = sub.clamp(-big, big)
+    out[rows] = torch.where(torch.isneginf(logits[rows]), logits[rows], sub.clamp(-big, big))
     return out
 
 

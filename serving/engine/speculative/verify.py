@@ -23,6 +23,7 @@ import torch
 from serving.engine.grammar.masks import TokenMasks
 from serving.engine.request import TokenLogprob
 from serving.engine.sampler import (
+    DEAD_END,
     NON_FINITE,
     RowFault,
     SamplingState,
@@ -30,6 +31,7 @@ from serving.engine.sampler import (
     draw,
     sampling_probs,
     token_logprobs,
+    without_dead_ends,
 )
 
 
@@ -82,9 +84,13 @@ def verify(
     rows = logits.float().cpu()  # [k + 1, V]
     if not bool(torch.isfinite(rows).all()):
         raise RowFault(NON_FINITE)
+    dead = [False] * (k + 1)
     if masks is not None:  # after the finiteness check: a masked logit is -inf on purpose
         rows = rows.clone()
         masks.apply(rows)
+        rows, dead = without_dead_ends(rows)
+        if dead[0]:
+            raise RowFault(DEAD_END)
     states = row_states(state, drafts)
     penalized = apply_penalties(rows, states)  # [k + 1, V]
     if state.params.greedy:
@@ -95,6 +101,8 @@ def verify(
         tokens = [*drafts[:a], target[a]]
     else:
         a, tokens = _speculative_sample(penalized, states, drafts, draft_probs, default_generator)
+    if any(dead[: len(tokens)]):  # an accepted draft led where the grammar allows nothing
+        raise RowFault(DEAD_END)
     return Verified(
         tokens, a, token_logprobs(penalized[: len(tokens)], states[: len(tokens)], tokens)
     )

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
+from serving.engine.grammar.masks import TokenMasks, allocate
 from serving.engine.request import SamplingParams
-from serving.engine.sampler import SamplingState, apply_penalties, sample
+from serving.engine.sampler import DEAD_END, SamplingState, apply_penalties, sample
 
 DRAWS = 20_000
 
@@ -212,3 +213,38 @@ def test_an_extreme_penalty_gives_a_certain_token_not_nan():
         params = SamplingParams(temperature=temperature, repetition_penalty=5e-324, seed=1)
         state = SamplingState.make(params, [0])  # token 0 was seen: its logit 1.0 explodes
         assert sample(logits, [state]).token_ids == [0]
+
+
+def _masks(allowed_per_row: list[list[int] | None], vocab: int) -> TokenMasks:
+    """Masks allowing only the given ids in each row (None: the row is free)."""
+    bitmask = allocate(len(allowed_per_row), vocab)  # [R, W] int32, every bit set
+    for r, allowed in enumerate(allowed_per_row):
+        if allowed is not None:
+            bits = torch.zeros(bitmask.shape[1] * 32, dtype=torch.int64)
+            bits[allowed] = 1
+            words = (bits.view(-1, 32) << torch.arange(32)).sum(-1)  # [W], bit t of word t//32
+            bitmask[r] = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    rows = tuple(r for r, allowed in enumerate(allowed_per_row) if allowed is not None)
+    return TokenMasks(bitmask, rows)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_whose_grammar_allows_nothing_fails_alone(temperature):
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(5))
+    states = _states(3, temperature=temperature, seed=3)
+    result = sample(logits, states, masks=_masks([[], [7, 9], None], 40))
+    assert result.errors == [DEAD_END, None, None]
+    assert result.token_ids[1] in (7, 9)
+    alone = sample(logits[2:], _states(1, temperature=temperature, seed=3))
+    assert result.token_ids[2] == alone.token_ids[0]  # the free row is as without the others
+
+
+def test_penalties_keep_tokens_the_grammar_masks_out_of_the_logprobs():
+    logits = torch.tensor([PENALTY_LOGITS])
+    params = dict(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.25)
+    result = sample(logits, [_penalty_state(logprobs=6, **params)], masks=_masks([[2, 5]], 6))
+    assert sorted(t for t, _ in result.logprobs[0].top) == [2, 5]
+    assert result.token_ids[0] in (2, 5) and result.errors == [None]
+    penalized = apply_penalties(logits, [_penalty_state(**params)])[0, [2, 5]]
+    expected = torch.log_softmax(penalized, -1).tolist()  # renormalized over what is allowed
+    assert [dict(result.logprobs[0].top)[t] for t in (2, 5)] == pytest.approx(expected, abs=1e-6)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from serving.engine.grammar.masks import TokenMasks, allocate
 from serving.engine.request import SamplingParams
-from serving.engine.sampler import SamplingState
+from serving.engine.sampler import RowFault, SamplingState
 from serving.engine.speculative.adaptive import AcceptanceTracker, best_k, expected_tokens
 from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.ngram import propose_ngram
@@ -74,3 +75,21 @@ def test_residual_removes_the_draft_mass():
     p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.1, 0.6, 0.3])
     assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
     assert torch.allclose(residual(p, p), p)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_verification_fails_where_an_accepted_draft_leads_the_grammar_to_no_token(temperature):
+    logits = torch.full((3, 6), -5.0)
+    logits[0, 2] = logits[1, 3] = logits[2, 1] = 5.0  # the target agrees with both drafts
+    state = SamplingState.make(SamplingParams(temperature=temperature, seed=0), [0])
+    bitmask = allocate(3, 6)
+    bitmask[1] = 0  # after d1 the grammar allows nothing
+    with pytest.raises(RowFault, match="allows no next token"):
+        verify(logits, state, [2, 3], None, masks=TokenMasks(bitmask, (0, 1, 2)))
+    bitmask[1], bitmask[0] = -1, 0  # nothing allowed now, before any draft
+    with pytest.raises(RowFault, match="allows no next token"):
+        verify(logits, state, [2, 3], None, masks=TokenMasks(bitmask, (0, 1, 2)))
+    bitmask[0], bitmask[2] = -1, 0  # a dead end after d2 only matters once d2 is kept
+    mask_d2 = TokenMasks(bitmask.clone(), (0, 1, 2))
+    logits[1, 3], logits[1, 4] = -5.0, 9.0  # the target rejects d2 (greedy, or p(d2) ~ 0)
+    assert verify(logits, state, [2, 3], None, masks=mask_d2).token_ids == [2, 4]

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from re import _constants as sre  # the parser's opcodes (private, stable since 3.11)
-from re import _parser as sre_parse  # how Python (and the metaschema's check) reads a pattern
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
+from serving.api.schema_patterns import pattern_problem
 from serving.api.text import unicode
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
@@ -31,11 +29,12 @@ MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
 #                 propertyNames minProperties maxProperties items prefixItems unevaluatedItems
 #                 minItems maxItems enum const anyOf $ref $defs definitions minimum maximum
 #                 exclusiveMinimum exclusiveMaximum minLength maxLength pattern
-#                 format (FORMATS); multipleOf on integers; allOf of one schema
+#                 format (FORMATS); multipleOf on integers, up to 1024; allOf of one schema
 #   not enforced  uniqueItems contains minContains maxContains not if/then/else
 #                 dependentRequired dependentSchemas unevaluatedProperties (without strict)
 #                 oneOf (overlapping branches become anyOf) allOf of several, $anchor,
 #                 multipleOf on numbers, nullable and unknown keywords: ignored
+#   patterns      lookarounds and anchors inside are dropped (serving.api.schema_patterns)
 #   broken JSON   a pattern naming ", \ or a control character emits them unescaped
 #                 (minLength/maxLength did too until the engine took control characters
 #                 out of the grammar's negated classes)
@@ -74,16 +73,8 @@ DEFINITIONS = frozenset({"$defs", "definitions"})
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 SCHEMA_LISTS = ("prefixItems", "anyOf", "allOf")
 SCHEMA_ONE = ("additionalProperties", "items", "unevaluatedItems", "propertyNames")
-# ", \\ (an escaped backslash), a control character or an escape for one
-UNSAFE_PATTERN = re.compile(r'"|\\\\|\\[nrtfv0c]|\\x[01]|\\u00[01]|[\x00-\x1f]')
 LENGTHS = ("minLength", "maxLength")
-# xgrammar expands a pattern's counted repeats into its automaton, nested counts multiplied,
-# at a cost that grows faster than the count: [a-z]{1,1000} compiles in 0.05 s, .{1,1000} in
-# 0.3 s, [a-z]{1,5000} in 1.4 s, [a-z]{1,30100} in ~75 s (4096-token vocabulary). 1000 allows
-# any realistic pattern. (Nested variable counts can be slow below it, e.g. 12 s for
-# ((x{1,10}){1,10}){1,10}: the compile time limit catches those.) Length keywords and
-# maxItems are no such cost: xgrammar counts them, 1 ms at 10**6.
-MAX_PATTERN_REPEAT = 1000
+MAX_MULTIPLE_OF = 1024  # xgrammar drops a larger one (and writes any integer)
 DECIMALS = 6  # the most fraction digits xgrammar writes for a bounded number
 
 
@@ -151,14 +142,19 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
         raise _refuse(
             path, "multipleOf", 'only a whole multipleOf with "type": "integer" is enforced'
         )
+    if "multipleOf" in node and node["multipleOf"] > MAX_MULTIPLE_OF:
+        why = f"the grammar compiler ignores a multipleOf above {MAX_MULTIPLE_OF}"
+        raise _refuse(path, "multipleOf", why)
     if "format" in node and node["format"] not in FORMATS:
         why = f"format {node['format']!r} is not enforced; these are: {', '.join(sorted(FORMATS))}"
         raise _refuse(path, "format", why)
-    if "pattern" in node and UNSAFE_PATTERN.search(node["pattern"]):
-        raise _refuse(path, "pattern", 'a pattern may not name ", \\ or a control character')
-    if "pattern" in node and _repeats(_parsed(node["pattern"], path)) > MAX_PATTERN_REPEAT:
-        why = f"it repeats a part more than {MAX_PATTERN_REPEAT} times (nested counts multiply)"
-        raise _refuse(path, "pattern", why + ", too many to compile in good time")
+    why = pattern_problem(node["pattern"]) if "pattern" in node else None
+    if why:
+        raise _refuse(path, "pattern", why)
+    for key in node.get("patternProperties", {}):
+        why = pattern_problem(key)
+        if why:
+            raise _refuse((*path, "patternProperties"), key, why)
     for key in LENGTHS:
         beside = next((k for k in ("pattern", "format") if k in node), None)
         if key in node and beside:
@@ -196,27 +192,6 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
     for key in SCHEMA_ONE:
         if key in node:
             _walk(node[key], (*path, key), root, ("string",) if key == "propertyNames" else ())
-
-
-def _parsed(pattern: str, path: tuple):
-    try:
-        return sre_parse.parse(pattern)
-    except (re.error, OverflowError, RecursionError):  # the metaschema's check refuses these
-        raise _refuse(path, "pattern", "it is not a regular expression") from None
-
-
-def _repeats(items, outer: int = 1) -> int:
-    """The most times the pattern (parsed: a list of opcodes) expands any one part."""
-    most = outer
-    for op, arg in items:
-        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
-            low, high, sub = arg  # an unbounded repeat expands only its minimum
-            most = max(most, _repeats(sub, outer * max(low if high == sre.MAXREPEAT else high, 1)))
-        elif op is sre.BRANCH:
-            most = max([most] + [_repeats(branch, outer) for branch in arg[1]])
-        elif op in (sre.SUBPATTERN, sre.ASSERT, sre.ASSERT_NOT, sre.ATOMIC_GROUP):
-            most = max(most, _repeats(arg[-1], outer))
-    return most
 
 
 def _check_range(node: dict, path: tuple, types: tuple) -> None:

@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 import torch
 
-from serving.api.schema_rules import MAX_PATTERN_REPEAT, check_schema
+from serving.api.schema_patterns import MAX_PATTERN_REPEAT
+from serving.api.schema_rules import check_schema
 from serving.engine.grammar.compiler import GrammarCompiler
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.request import ResponseFormat
@@ -47,6 +48,19 @@ REFUSED = [  # (schema, the pointer named, words the 400 must hold)
     ({"type": "integer", "maximum": float("inf")}, "/maximum", "finite number"),
     ({"type": "array", "items": {"type": "integer", "exclusiveMaximum": 2.5}},
      "/items/exclusiveMaximum", "whole number"),
+    # dropped or misread by xgrammar: an answer could break the pattern
+    ({"type": "string", "pattern": "^(?!a)a$"}, "/pattern", "negative lookahead"),
+    ({"type": "string", "pattern": "^(?=[0-9])[a-z0-9]$"}, "/pattern", "lookahead"),
+    ({"type": "string", "pattern": "(?<=a)b"}, "/pattern", "lookbehind"),
+    ({"type": "string", "pattern": "^x^y$"}, "/pattern", "^ only at the start"),
+    ({"type": "string", "pattern": "^(a$)+$"}, "/pattern", "$ only at the end"),
+    ({"type": "string", "pattern": "a$b"}, "/pattern", "$ only at the end"),
+    ({"type": "string", "pattern": "\\bword"}, "/pattern", "\\b"),
+    ({"type": "string", "pattern": "\\Aabc\\Z"}, "/pattern", "\\A"),
+    ({"type": "string", "pattern": "^(a)\\1$"}, "/pattern", "backreference"),
+    ({"type": "object", "patternProperties": {"^k(?!x)": {"type": "integer"}}},
+     "/patternProperties/^k(?!x)", "lookahead"),
+    ({"type": "integer", "multipleOf": 1025}, "/multipleOf", "above 1024"),
 ]  # fmt: skip
 ACCEPTED = [  # at the edges of the rules above; each is walked below
     {"type": "string", "pattern": "^[a-z]{1,4}$"},
@@ -59,6 +73,9 @@ ACCEPTED = [  # at the edges of the rules above; each is walked below
     {"type": "number", "minimum": 0.1234567, "maximum": 0.1234579},
     {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 2},
     {"type": "integer", "minimum": -3, "maximum": 1e1},
+    {"type": "string", "pattern": "^a$|^b$"},  # anchors at each end of a branch
+    {"type": "string", "pattern": "(?:^a|b)c$"},
+    {"type": "integer", "multipleOf": 1024, "minimum": 1, "maximum": 5000},
 ]
 WALKS, MAX_STEPS = 12, 120
 

@@ -66,3 +66,21 @@ def test_a_stream_cut_by_max_tokens_ends_length_with_a_json_prefix(client):
     assert text.startswith("{")
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
+
+
+@pytest.mark.parametrize("temperature", [0, 1])
+def test_a_schema_no_string_satisfies_is_the_callers_400_not_a_500(client, temperature):
+    """The pattern's empty class compiles, but after the opening quote no token is allowed."""
+    empty = {"type": "json_schema",
+             "json_schema": {"name": "none", "schema": {"type": "string", "pattern": "^[^\\s\\S]$"}}}  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="allows no next token") as caught:
+        client.chat.completions.create(
+            model=MODEL_ID, messages=MESSAGES, response_format=empty, max_tokens=5,
+            temperature=temperature, seed=1,
+        )  # fmt: skip
+    assert caught.value.status_code == 400
+    # the server goes on serving
+    ok = client.chat.completions.create(
+        model=MODEL_ID, messages=MESSAGES, response_format=FORMAT, max_tokens=40, temperature=0
+    )
+    jsonschema.validate(json.loads(ok.choices[0].message.content), LABEL)

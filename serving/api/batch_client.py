@@ -60,7 +60,9 @@ class BatchClient(Protocol):
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None: ...
 
-    async def files(self, tenant: str) -> list[StoredFile]: ...
+    async def files(self, tenant: str, **page) -> list[StoredFile]:
+        """page: BatchStore.files' purpose, limit, after and ascending."""
+        ...
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None: ...
 
@@ -125,8 +127,8 @@ class LocalBatch:
     async def file(self, tenant: str, file_id: str) -> StoredFile | None:
         return await self._call(self.store.file, tenant, file_id)
 
-    async def files(self, tenant: str) -> list[StoredFile]:
-        return await self._call(self.store.files, tenant)
+    async def files(self, tenant: str, **page) -> list[StoredFile]:
+        return await self._call(lambda: self.store.files(tenant, **page))
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None:
         return await self._call(self.store.file_content, tenant, file_id)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from serving.api.errors import ApiError, describe_validation
 from serving.api.schemas import MAX_BATCH_ITEMS, ChatCompletionRequest, CompletionRequest
-from serving.api.text import unicode
+from serving.api.text import nesting, unicode
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
@@ -25,6 +25,10 @@ BODIES: dict[str, type[BaseModel]] = {
 }
 MAX_REPORTED = 10
 MAX_CUSTOM_ID = 512
+# Storing, reading back and running a line recurse through it, each from a deeper stack than
+# the upload's parse: a fixed bound keeps what passes here within all of them. A schema
+# nests at most 32 levels (schema_rules), inside a line's 5 of wrapping.
+MAX_LINE_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,17 @@ def parse_input(content: bytes) -> list[InputLine]:
 
 
 def _line(raw: str) -> InputLine:
+    too_deep = f"the JSON nests more than {MAX_LINE_DEPTH} levels deep"
     try:
         data = json.loads(raw)
-    except RecursionError:
-        raise ValueError("the JSON nests too deeply") from None
+    except RecursionError:  # deeper still than the bound below
+        raise ValueError(too_deep) from None
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
+    if nesting(data, MAX_LINE_DEPTH) > MAX_LINE_DEPTH:  # before anything recurses into it
+        raise ValueError(too_deep)
     unknown = set(data) - {"custom_id", "method", "url", "body"}
     if unknown:
         raise ValueError(f"unknown field {sorted(unknown)[0]!r}")

@@ -24,6 +24,7 @@ router = APIRouter(tags=["OpenAI Batch"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+MAX_LISTED_FILES = 10_000  # OpenAI's own bound and default for a page of files
 
 
 class BatchCreate(BaseModel):
@@ -51,25 +52,32 @@ async def upload_file(
     await run_in_threadpool(parse_input, content)
     stored = await ctx.batch.add_file(caller.tenant, purpose, file.filename or "batch.jsonl",
                                       content)  # fmt: skip
-    return _file_object(stored)
+    return _file_object(stored, ctx.settings.batch_ttl_s)
 
 
 @router.get("/v1/files", summary="The key's tenant's uploaded files, newest first")
-async def list_files(ctx: Ctx, caller: Caller, purpose: Annotated[str | None, Query()] = None):
-    files = await ctx.batch.files(caller.tenant)
-    files = [f for f in files if purpose is None or f.purpose == purpose]
-    return {"object": "list", "data": [_file_object(f) for f in files], "has_more": False}
+async def list_files(
+    ctx: Ctx, caller: Caller, purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LISTED_FILES)] = MAX_LISTED_FILES,
+    after: str | None = None, order: Literal["asc", "desc"] = "desc",
+):  # fmt: skip
+    files = await ctx.batch.files(caller.tenant, purpose=purpose, limit=limit + 1, after=after,
+                                  ascending=order == "asc")  # fmt: skip
+    data = [_file_object(f, ctx.settings.batch_ttl_s) for f in files[:limit]]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(files) > limit}  # fmt: skip
 
 
 @router.get("/v1/files/{file_id}", summary="A file's metadata")
 async def get_file(file_id: str, ctx: Ctx, caller: Caller):
     stored = await ctx.batch.file(caller.tenant, file_id)
     if stored is not None:
-        return _file_object(stored)
+        return _file_object(stored, ctx.settings.batch_ttl_s)
     job, content = await _output(ctx, caller, file_id)
     purpose = "batch_output"
-    return _file_object(StoredFile(file_id, caller.tenant, purpose, f"{file_id}.jsonl",
-                                   len(content), job.finished or job.created))  # fmt: skip
+    made = StoredFile(file_id, caller.tenant, purpose, f"{file_id}.jsonl", len(content),
+                      job.finished or job.created)  # fmt: skip
+    return _file_object(made, ctx.settings.batch_ttl_s)
 
 
 @router.get("/v1/files/{file_id}/content", summary="A file's content")
@@ -159,7 +167,9 @@ async def _output_job(ctx: ApiContext, caller: Principal, file_id: str):
     return job
 
 
-def _file_object(f: StoredFile) -> dict:
+def _file_object(f: StoredFile, ttl_s: float) -> dict:
+    # The store deletes a file ttl_s after it was made (a batch's results, after it ended),
+    # once no open batch reads it.
     return {"id": f.id, "object": "file", "bytes": f.bytes, "created_at": int(f.created),
             "filename": f.filename, "purpose": f.purpose, "status": "processed",
-            "expires_at": None, "status_details": None}  # fmt: skip
+            "expires_at": int(f.created + ttl_s), "status_details": None}  # fmt: skip

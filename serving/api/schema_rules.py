@@ -17,7 +17,7 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from serving.api.schema_patterns import pattern_problem
-from serving.api.text import unicode
+from serving.api.text import nesting, unicode
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
@@ -82,7 +82,7 @@ def check_schema(schema: object) -> dict:
     """schema if it is a JSON schema the engine enforces whole; ValueError naming why not."""
     if not isinstance(schema, dict):
         raise ValueError(f"the schema must be a JSON object, got {_kind(schema)}")
-    depth = _depth(schema)
+    depth = nesting(schema, MAX_SCHEMA_DEPTH)
     if depth > MAX_SCHEMA_DEPTH:
         raise ValueError(f"the schema nests {depth} levels deep, more than the "
                          f"{MAX_SCHEMA_DEPTH} allowed")  # fmt: skip
@@ -251,22 +251,6 @@ def _where(path) -> str:
     """A JSON pointer to path in the schema (RFC 6901); "/" for the schema itself."""
     parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
     return "/" + "/".join(parts) if parts else "/"
-
-
-def _depth(value: object) -> int:
-    """Levels of objects and arrays in value, counted without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        )
-        if children is None:
-            continue
-        deepest = max(deepest, level)
-        if level <= MAX_SCHEMA_DEPTH:
-            stack.extend((child, level + 1) for child in children)
-    return deepest
 
 
 def _kind(value: object) -> str:

@@ -36,6 +36,7 @@ class AppSettings:
     insecure: bool = False
     max_body_bytes: int = 32 * 2**20
     max_batch_bytes: int = 10 * 2**20  # a queued batch's or batch file's body (batch.*)
+    batch_ttl_s: float = 72 * 3600  # batch.ttl_hours: how long jobs and files are kept
     # An adapter upload's body (POST /v1/adapters), None: max_body_bytes. upload_limit()
     # sizes it to the largest adapter the served model takes, which server.max_body_mb,
     # sized for prompts, is far below for real models (a rank-16 Llama-3-8B adapter on
@@ -79,6 +80,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         max_batch_bytes=cfg.batch.max_payload_mb * 2**20,
+        batch_ttl_s=cfg.batch.ttl_hours * 3600,
         max_upload_bytes=upload_limit(
             cfg.server.max_body_mb * 2**20, cfg.lora.max_lora_rank, base_spec, draft
         ),

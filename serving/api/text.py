@@ -21,3 +21,20 @@ def unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(unicode)]  # every string a body may carry
+
+
+def nesting(value: object, limit: int) -> int:
+    """Levels of objects and arrays in value (a parsed JSON value), counted without
+    recursion, and only to limit + 1: what lies deeper is not visited."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= limit:
+            stack.extend((child, level + 1) for child in children)
+    return deepest

@@ -32,12 +32,25 @@ class FileTable:
         )  # fmt: skip
         return StoredFile(*row) if row else None
 
-    def files(self, tenant: str) -> list[StoredFile]:
-        """tenant's uploaded files, newest first."""
+    def files(
+        self, tenant: str, *, purpose: str | None = None, limit: int = 10_000,
+        after: str | None = None, ascending: bool = False,
+    ) -> list[StoredFile]:  # fmt: skip
+        """tenant's uploaded files of purpose (None: any), newest first (ascending: oldest
+        first), at most limit of them, from the one after the file id after."""
+        where, args = ["tenant = ?"], [tenant]
+        if purpose is not None:
+            where.append("purpose = ?")
+            args.append(purpose)
+        if after is not None:  # an unknown id compares as NULL: nothing follows it
+            where.append(f"(created, id) {'>' if ascending else '<'} "
+                         "(SELECT created, id FROM files WHERE id = ? AND tenant = ?)")  # fmt: skip
+            args += [after, tenant]
+        way = "ASC" if ascending else "DESC"
         with self._reading() as db:
             rows = db.execute(
-                "SELECT id, tenant, purpose, filename, bytes, created FROM files "
-                "WHERE tenant = ? ORDER BY created DESC", (tenant,),
+                "SELECT id, tenant, purpose, filename, bytes, created FROM files WHERE "
+                f"{' AND '.join(where)} ORDER BY created {way}, id {way} LIMIT ?", (*args, limit),
             ).fetchall()  # fmt: skip
         return [StoredFile(*row) for row in rows]
 

@@ -115,8 +115,8 @@ class HandleBatch:
     async def file(self, tenant: str, file_id: str) -> StoredFile | None:
         return await self._call("file", tenant, file_id)
 
-    async def files(self, tenant: str) -> list[StoredFile]:
-        return await self._call("files", tenant)
+    async def files(self, tenant: str, **page) -> list[StoredFile]:
+        return await self._call("files", tenant, **page)
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None:
         return await self._call("file_content", tenant, file_id)

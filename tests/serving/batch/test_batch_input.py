@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from serving.api.batch_input import MAX_CUSTOM_ID, MAX_REPORTED, InputLine, parse_input
+from serving.api.batch_input import (
+    MAX_CUSTOM_ID,
+    MAX_LINE_DEPTH,
+    MAX_REPORTED,
+    InputLine,
+    parse_input,
+)
 from serving.api.errors import ApiError
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -98,10 +104,37 @@ def test_line_separators_inside_json_strings_do_not_cut_a_line():
     [
         ('{"custom_id": "\\ud800", "method": "POST", "url": "/v1/completions", "body": {}}',
          "line 1: custom_id: the text holds a lone surrogate"),
-        ("[" * 100_000, "line 1: the JSON nests too deeply"),
+        ("[" * 100_000, f"line 1: the JSON nests more than {MAX_LINE_DEPTH} levels deep"),
     ],
 )  # fmt: skip
 def test_text_no_store_can_hold_is_refused_as_a_bad_line(raw, message):
     with pytest.raises(ApiError) as caught:
         parse_input(raw.encode())
     assert caught.value.status == 400 and caught.value.message.startswith(message)
+
+
+def _nested(levels: int) -> str:
+    """A chat line whose ignored body field nests so that the line is levels objects deep,
+    written as text (json.dumps itself would recurse past the interpreter's limit)."""
+    body = (
+        json.dumps(CHAT)[:-1]
+        + ', "ignored": '
+        + '{"x": ' * (levels - 2)
+        + "0"
+        + "}" * (levels - 2)
+        + "}"
+    )
+    return f'{{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {body}}}'
+
+
+@pytest.mark.parametrize("levels", [MAX_LINE_DEPTH + 1, 988])
+def test_a_line_nested_past_the_bound_is_refused_at_upload(levels):
+    """However deep the interpreter could parse it here, it is refused by a fixed bound, not
+    left to fail (or raise a RecursionError) when it is stored or run from a deeper stack."""
+    message = refused(_nested(levels))
+    assert f"line 1: the JSON nests more than {MAX_LINE_DEPTH} levels deep" in message
+
+
+def test_a_line_at_the_bound_is_accepted():
+    [parsed] = parse_input(_nested(MAX_LINE_DEPTH).encode())
+    assert parsed.body["ignored"]["x"]["x"]

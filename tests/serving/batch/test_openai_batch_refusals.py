@@ -122,3 +122,26 @@ def test_files_list_shows_the_tenants_own_uploads(served):
     assert client(served).files.list(purpose="batch").data[0].id == uploaded.id
     assert client(served).files.list(purpose="fine-tune").data == []  # filtered by purpose
     assert uploaded.id not in {f.id for f in client(served, GLOBEX).files.list().data}
+
+
+def test_files_list_pages_by_limit_after_and_order_and_says_when_files_expire(served):
+    """OpenAI's files.list paging: limit, after (a file id) and order; has_more, first_id and
+    last_id; the client's auto-paging walks every page. Each file expires batch.ttl_hours
+    (72 by default) after it was made."""
+    c = client(served, GLOBEX)
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": body}).encode()
+    made = [c.files.create(file=(f"p{i}.jsonl", line), purpose="batch").id for i in range(5)]
+    newest = [f.id for f in c.files.list().data if f.id in made]
+    assert sorted(newest) == sorted(made) and len(newest) == 5
+    page = c.files.list(limit=2)
+    assert [f.id for f in page.data] == newest[:2] and page.has_more
+    rest = c.files.list(limit=2, after=page.data[-1].id)
+    assert [f.id for f in rest.data] == newest[2:4]
+    assert [f.id for f in c.files.list(limit=2)] == [f.id for f in c.files.list().data]  # walks
+    oldest = [f.id for f in c.files.list(order="asc").data if f.id in made]
+    assert oldest == newest[::-1]
+    last = c.files.list(limit=10, after=newest[3])
+    assert [f.id for f in last.data] == newest[4:] and not last.has_more
+    assert all(f.expires_at == f.created_at + 72 * 3600 for f in c.files.list().data)
+    assert c.files.retrieve(made[0]).expires_at == c.files.retrieve(made[0]).created_at + 72 * 3600

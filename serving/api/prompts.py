@@ -117,4 +117,21 @@ def sampling(
         presence_penalty=pick(body.presence_penalty, 0.0),
         stop=stop,
         logprobs=logprobs,
+        **_openai_extras(body, settings),
     )
+
+
+def _openai_extras(body, settings: AppSettings) -> dict:
+    """The OpenAI routes' logit_bias and vLLM's min_p, stop_token_ids and ignore_eos, each
+    id checked to be one the model embeds; nothing for a Workers-AI body, which has none."""
+    if not hasattr(body, "logit_bias"):
+        return {}
+    limit = settings.num_token_ids
+    bias, stops = body.biases(), tuple(body.stop_token_ids or ())
+    for name, ids in (("logit_bias", [i for i, _ in bias]), ("stop_token_ids", stops)):
+        bad = next((i for i in ids if not 0 <= i < limit), None)
+        if bad is not None:
+            raise ApiError(400, f"{name}: token id {bad} is outside the vocabulary "
+                                f"(0..{limit - 1})")  # fmt: skip
+    return {"logit_bias": bias, "min_p": body.min_p or 0.0, "stop_token_ids": stops,
+            "ignore_eos": body.ignore_eos}  # fmt: skip

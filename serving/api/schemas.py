@@ -30,6 +30,10 @@ TopK = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a torch generator's seed range
 RepetitionPenalty = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
+MinP = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
+MAX_LOGIT_BIAS = 1024  # token ids one request may bias
+MAX_STOP_TOKEN_IDS = 64
 # >= 1, checked by a validator whose message the API contract fixes; the minimum documents it
 MaxTokens = Annotated[int, Field(json_schema_extra={"minimum": 1})]
 
@@ -148,7 +152,7 @@ class StreamOptions(BaseModel):
 # OpenAI fields that would change the answer and that this server does not serve: refused,
 # not ignored (unknown fields are ignored, so these are named). field -> what leaves it off.
 UNSERVED = {
-    "logit_bias": ({}, "an empty object"), "tools": ([], "an empty list"),
+    "tools": ([], "an empty list"),
     "tool_choice": ("none", '"none"'), "functions": ([], "an empty list"),
     "function_call": ("none", '"none"'), "suffix": ("", "an empty string"), "best_of": (1, "1"),
 }  # fmt: skip
@@ -166,6 +170,29 @@ class _OpenAIBody(_Sampling):
     response_format: OpenAIResponseFormat | None = Field(
         None, description="Output as text (default), any JSON object, or JSON fitting a schema."
     )
+    logit_bias: dict[str, Bias] | None = Field(
+        None, description="Token id (as a string) -> a bias from -100 to 100 added to its logit."
+    )
+    # vLLM's extra sampling fields
+    min_p: MinP | None = Field(None, description="Drop tokens under min_p x the likeliest's p.")
+    stop_token_ids: list[int] | None = Field(
+        None, max_length=MAX_STOP_TOKEN_IDS, description="Token ids that end the output."
+    )
+    ignore_eos: bool = Field(False, description="Go on past the end-of-sequence token.")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None and len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} token ids may be biased")
+        bad = next((k for k in value or {} if not (k.isascii() and k.isdigit())), None)
+        if bad is not None:
+            raise ValueError(f"{bad!r} is not a token id (a whole number >= 0, as a string)")
+        return value
+
+    def biases(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs, zero biases left out."""
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items() if v != 0.0)
 
     @model_validator(mode="before")
     @classmethod

@@ -26,5 +26,11 @@ def check_request(
     bad = next((i for i in sampling.stop_token_ids if not 0 <= i < 2**63), None)
     if bad is not None:
         raise ValueError(f"stop token id {bad} is out of range")
+    bad = next((i for i, _ in sampling.logit_bias if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"logit_bias token id {bad} is outside the vocabulary "
+                         f"(0..{vocab_size - 1})")  # fmt: skip
+    if not 0.0 <= sampling.min_p <= 1.0:
+        raise ValueError(f"min_p must be in 0..1, got {sampling.min_p}")
     if request.adapter and not serves_adapters:
         raise ValueError(f"adapter {request.adapter!r}: this engine serves no adapters")

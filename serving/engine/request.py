@@ -25,6 +25,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
+    min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest; 0: off
     seed: int | None = None
     repetition_penalty: float = 1.0  # 1: off
     frequency_penalty: float = 0.0
@@ -33,6 +34,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n log-probabilities per generated token, None: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
 
     @property
     def greedy(self) -> bool:

@@ -142,13 +142,19 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """The logits after repetition, then frequency and presence penalties (a copy if any apply)."""
+    """The logits plus each row's logit_bias, then after repetition, then frequency and
+    presence penalties (a copy if any apply), as vLLM orders them."""
     rows = [i for i, s in enumerate(states) if _has_penalty(s.params)]
     if not rows:
         return logits
     params = [states[i].params for i in rows]
     vocab, device = logits.shape[1], logits.device
     sub = logits[rows]  # [R, V], a copy
+
+    for r, p in enumerate(params):
+        if p.logit_bias:  # a masked token's -inf stays -inf
+            ids, bias = zip(*p.logit_bias, strict=True)
+            sub[r, list(ids)] += torch.tensor(bias, dtype=sub.dtype, device=device)
 
     rep = torch.tensor([p.repetition_penalty for p in params], device=device)[:, None]
     if (rep != 1.0).any():
@@ -172,7 +178,8 @@ def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.
 
 
 def _has_penalty(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+    return (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+            or p.presence_penalty != 0.0 or bool(p.logit_bias))  # fmt: skip
 
 
 def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
@@ -189,13 +196,19 @@ def _counts(token_lists: list[list[int]], vocab: int, device: torch.device) -> t
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """softmax(logits / T) restricted to the top-k, then to the top-p nucleus: [R, V]."""
+    """softmax(logits / T) without tokens under min_p times the likeliest, restricted to the
+    top-k, then to the top-p nucleus: [R, V]."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
     # A temperature just above the greedy cut divides a large logit past float range: inf would
     # make softmax NaN, while the largest finite value still makes that token certain.
     big = torch.finfo(logits.dtype).max
     scaled = (logits / temperature).clamp(-big, big)
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+        # p(t) < min_p * p(best)  <=>  scaled(t) < scaled(best) + log(min_p); the best stays
+        floor = scaled.max(dim=-1, keepdim=True).values + min_p.log()
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
     vocab = scaled.shape[1]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]

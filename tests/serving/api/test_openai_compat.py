@@ -58,7 +58,6 @@ def answer_of(body):
 @pytest.mark.parametrize(
     ("path", "field", "value"),
     [
-        ("/v1/completions", "logit_bias", {"203": -100}),
         ("/v1/completions", "suffix", "\n}"),
         ("/v1/completions", "best_of", 2),
         ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),

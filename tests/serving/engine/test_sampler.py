@@ -248,3 +248,29 @@ def test_penalties_keep_tokens_the_grammar_masks_out_of_the_logprobs():
     penalized = apply_penalties(logits, [_penalty_state(**params)])[0, [2, 5]]
     expected = torch.log_softmax(penalized, -1).tolist()  # renormalized over what is allowed
     assert [dict(result.logprobs[0].top)[t] for t in (2, 5)] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("temperature", "min_p"), [(1.0, 0.2), (2.0, 0.5), (0.7, 0.05)])
+def test_min_p_drops_what_is_under_its_share_of_the_likeliest(temperature, min_p):
+    logits = torch.tensor([1.5, 0.2, -0.4, 1.0, -2.0, 0.9], dtype=torch.float64)
+    p = (logits / temperature).softmax(-1)  # float64 oracle: keep p >= min_p * max p
+    kept = torch.where(p >= min_p * p.max(), p, torch.zeros_like(p))
+    freq = _frequencies(logits.float(), temperature=temperature, min_p=min_p)
+    assert set(freq.nonzero().flatten().tolist()) == set(kept.nonzero().flatten().tolist())
+    assert _tv(freq.double(), kept / kept.sum()) < 0.02
+
+
+def test_logit_bias_is_added_before_the_penalties():
+    bias = {1: 3.0, 4: -1.0, 5: 0.5}
+    params = dict(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    state = _penalty_state(logit_bias=tuple(bias.items()), **params)
+    out = apply_penalties(torch.tensor([PENALTY_LOGITS]), [state])[0]
+    counts = {t: (state.prompt_ids + state.output_ids).count(t) for t in range(6)}
+    output = {t: state.output_ids.count(t) for t in range(6)}
+    expected = []
+    for t, logit in enumerate(PENALTY_LOGITS):  # float64 by hand
+        x = logit + bias.get(t, 0.0)
+        if counts[t]:
+            x = x / 2.0 if x > 0 else x * 2.0
+        expected.append(x - 0.5 * output[t] - 0.25 * (output[t] > 0))
+    assert out.tolist() == pytest.approx(expected, abs=1e-6)

@@ -11,7 +11,9 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TemperatureLogitsWarper,
     TopPLogitsWarper,
 )
@@ -28,7 +30,8 @@ from tests.serving.model.hf_folders import save_tokenizer
 
 VOCAB, NEW, SAMPLES, ALPHA = 8, 4, 3000, 1e-3
 PROMPT = (1, 2, 3, 1)
-PARAMS = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.3)
+BIAS = ((3, 1.5), (6, -2.0))  # logit_bias: added first, as vLLM adds it
+PARAMS = dict(temperature=0.9, top_p=0.95, repetition_penalty=1.3, min_p=0.02, logit_bias=BIAS)
 
 
 def tiny(seed: int, layers: int, vocab: int = VOCAB) -> LlamaForCausalLM:
@@ -53,8 +56,10 @@ def models(tmp_path_factory):
 @torch.no_grad()
 def exact_distribution(target) -> dict[tuple[int, ...], float]:
     """P(t1..t4) of every path, under transformers' own logits processors."""
-    procs = [RepetitionPenaltyLogitsProcessor(PARAMS["repetition_penalty"]),
-             TemperatureLogitsWarper(PARAMS["temperature"]), TopPLogitsWarper(PARAMS["top_p"])]  # fmt: skip
+    procs = [SequenceBiasLogitsProcessor([[[t], b] for t, b in BIAS]),
+             RepetitionPenaltyLogitsProcessor(PARAMS["repetition_penalty"]),
+             TemperatureLogitsWarper(PARAMS["temperature"]), MinPLogitsWarper(PARAMS["min_p"]),
+             TopPLogitsWarper(PARAMS["top_p"])]  # fmt: skip
     paths = {(): 1.0}
     for _ in range(NEW):
         prefixes = list(paths)

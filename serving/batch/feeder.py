@@ -5,8 +5,8 @@ backlog, and the items it runs (at the scheduler's batch priority, which is the 
 set) only use capacity interactive requests leave. Each result is committed to the store as
 its item ends. A failure the item is not to blame for (a full queue, a lost replica, a runner
 that raises) puts it back in the queue, up to MAX_ATTEMPTS runs; any other failure is that
-item's result alone. On start it puts back
-the items a dead process left running, and every sweep_s it deletes what has outlived
+item's result alone. On start it puts back the items a dead process left running (failing
+one that has run MAX_RUNS times), and every sweep_s it deletes what has outlived
 batch.ttl_hours. Committed results are then handed to on_result (usage metering), after the
 commit, so a crash between the two loses a usage record rather than counting one twice.
 """
@@ -30,6 +30,10 @@ ResultHook = Callable[[Item, ItemResult], Awaitable[None]]
 IDLE_POLL_S = 0.5  # how often an idle feeder looks for work that no wake() announced
 SWEEP_S = 600.0
 MAX_ATTEMPTS = 3  # runs of an item that fails transiently before its failure is its result
+# Runs of an item after which a server stopping during it fails it rather than requeueing
+# it: a request that takes its server down cannot do so forever. Items that only happened
+# to be running at a restart (its head-of-queue neighbours) rarely meet that many stops.
+MAX_RUNS = 10
 RETRY_AFTER_S = 1.0  # a transiently failed item holds its slot this long before its rerun
 STORE_RETRY_S = (0.5, 1, 2, 5, 10)  # waits between tries to commit a result; then every 10 s
 
@@ -51,9 +55,12 @@ class Feeder:
 
     def start(self) -> None:
         """Requeue what a dead feeder left running, then feed on this event loop."""
-        requeued = self.store.requeue_running()
+        requeued, failed = self.store.requeue_running(max_attempts=MAX_RUNS)
         if requeued:
             log.warning("%d batch items were left running by a stopped server; rerunning", requeued)
+        if failed:
+            log.error("%d batch items had run %d times when a server stopped; they fail "
+                      "instead of running again", failed, MAX_RUNS)  # fmt: skip
         self._task = asyncio.get_running_loop().create_task(self._feed(), name="batch-feeder")
 
     def wake(self) -> None:

@@ -11,6 +11,7 @@ import heapq
 import json
 import sqlite3
 import time
+from typing import NamedTuple
 
 from serving.batch.records import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Item, ItemResult
 
@@ -98,19 +99,44 @@ class ItemQueue:
             close_if_ended(db, seq, time.time())
         return True
 
-    def requeue_running(self) -> int:
-        """Put back every running item (its runner died before committing); how many. A
-        cancelled job's are dropped instead, as its queued ones were."""
+    def requeue_running(self, max_attempts: int | None = None) -> Requeued:
+        """Put back every running item (its runner died before committing). A cancelled
+        job's are dropped instead, as its queued ones were; one that has run max_attempts
+        times already fails (a request that takes its server down with it must not do so on
+        every restart)."""
+        now = time.time()
         with self._write() as db:
-            cancelled = db.execute(
+            ended = db.execute(
                 "UPDATE items SET state = ? WHERE state = ? AND job IN (SELECT seq FROM jobs "
                 "WHERE cancelling IS NOT NULL) RETURNING job", (CANCELLED, RUNNING),
             ).fetchall()  # fmt: skip
-            for seq in {row[0] for row in cancelled}:
-                close_if_ended(db, seq, time.time())
-            return db.execute(
+            given_up = []
+            if max_attempts is not None:
+                given_up = db.execute(
+                    "UPDATE items SET state = ?, status = 500, error = ? WHERE state = ? AND "
+                    "attempts >= ? RETURNING job",
+                    (FAILED, _gave_up(max_attempts), RUNNING, max_attempts),
+                ).fetchall()  # fmt: skip
+            for (seq,) in given_up:
+                db.execute("UPDATE jobs SET failed = failed + 1 WHERE seq = ?", (seq,))
+            for seq in {row[0] for row in ended + given_up}:
+                close_if_ended(db, seq, now)
+            requeued = db.execute(
                 "UPDATE items SET state = ? WHERE state = ?", (QUEUED, RUNNING)
             ).rowcount
+        return Requeued(requeued, len(given_up))
+
+
+class Requeued(NamedTuple):
+    """What requeue_running did: items put back to run again, and items failed instead."""
+
+    requeued: int
+    failed: int
+
+
+def _gave_up(attempts: int) -> str:
+    return (f"this request has run {attempts} times, the last one as its server stopped; "
+            "it is not run again")  # fmt: skip
 
 
 def close_if_ended(db: sqlite3.Connection, seq: int, now: float) -> None:

@@ -5,8 +5,9 @@ an answered submit survives any crash. Items move queued -> running -> done | fa
 move to done or failed writes the result and the job's counts in one transaction, and only
 from running, so each item's result is committed exactly once however often it runs. One
 feeder owns the running items: when it starts, items left running by a process that died
-go back to queued and run again (requeue_running). synchronous=FULL makes a commit durable
-even across a power loss, not only a killed process.
+go back to queued and run again (requeue_running), up to the feeder's MAX_RUNS runs in
+all. synchronous=FULL makes a commit durable even across a power loss, not only a killed
+process.
 
 A BatchStore is safe to share between threads (one connection under a lock).
 """
@@ -213,10 +214,13 @@ class BatchStore(FileTable, ItemQueue):
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # A COMMIT that fails (a full disk) may leave the transaction open: every
+                # later BEGIN would then fail too, so it is rolled back here either way.
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:

@@ -5,6 +5,8 @@ import dataclasses
 import sqlite3
 import time
 
+import pytest
+
 from serving.batch.records import (
     CANCELLED,
     DONE,
@@ -15,7 +17,7 @@ from serving.batch.records import (
     ItemResult,
     NewItem,
 )
-from serving.batch.store import BatchStore
+from serving.batch.store import BatchStore, BatchStoreError
 
 
 def submit(store, n, tenant="acme", name="job", **extra):
@@ -189,14 +191,14 @@ def test_requeue_running_puts_back_only_unfinished_running_items(store):
     job = submit(store, 5)
     a, b, c = store.claim(3)
     store.finish(b, ok(5))
-    assert store.requeue_running() == 2
+    assert store.requeue_running().requeued == 2
     assert states(store, job) == [QUEUED, DONE, QUEUED, QUEUED, QUEUED]
     again = store.claim(10)
     assert [t.index for t in again] == [0, 2, 3, 4]
     # the same items, each on its second run
     assert again[0] == dataclasses.replace(a, attempt=2)
     assert again[1] == dataclasses.replace(c, attempt=2)
-    assert store.requeue_running() == 4
+    assert store.requeue_running().requeued == 4
     assert store.results("acme", job.id)[1].result == ok(5)
 
 
@@ -208,6 +210,51 @@ def test_a_cancelled_jobs_running_items_are_dropped_not_rerun_after_a_crash(stor
     store.finish(first, ok(1))
     store.cancel("acme", job.id)
     assert store.job("acme", job.id).state == "cancelling"
-    assert store.requeue_running() == 0
+    assert store.requeue_running().requeued == 0
     assert states(store, job) == [DONE, CANCELLED, CANCELLED, CANCELLED]
     assert store.job("acme", job.id).state == "cancelled" and store.claim(5) == []
+
+
+def test_an_item_that_has_run_its_attempts_fails_instead_of_running_again(store):
+    """A request whose run takes the server down must not do so on every restart: after its
+    max_attempts-th run it fails, with a 500 that says why, and its job can end."""
+    job = submit(store, 2)
+    for attempt in (1, 2):
+        taken = store.claim(5)
+        assert [(t.index, t.attempt) for t in taken] == [(0, attempt), (1, 1)][: 3 - attempt]
+        if attempt == 1:
+            store.finish(taken[1], ok(1))  # the other item ends; the first one "crashes"
+        assert store.requeue_running(max_attempts=2) == ((1, 0) if attempt == 1 else (0, 1))
+    record = store.results("acme", job.id)[0]
+    assert (record.state, record.result.status, record.result.body) == (FAILED, 500, None)
+    assert "has run 2 times, the last one as its server stopped" in record.result.error
+    ended = store.job("acme", job.id)
+    assert (ended.completed, ended.failed) == (1, 1) and ended.finished is not None
+    assert store.pending("acme") == 0 and store.claim(5) == []
+
+
+class _CommitFails:
+    """A connection whose next COMMIT fails, as on a full disk; all else goes through."""
+
+    def __init__(self, db):
+        self._db, self.armed = db, True
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT" and self.armed:
+            self.armed = False
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+def test_a_failed_commit_is_rolled_back_and_the_store_goes_on(store):
+    real = store._db
+    store._db = _CommitFails(real)
+    with pytest.raises(BatchStoreError, match="database or disk is full"):
+        submit(store, 2, name="lost")
+    assert store.jobs("acme") == [] and not real.in_transaction
+    kept = submit(store, 1)  # the next write begins and commits as usual
+    assert [j.id for j in store.jobs("acme")] == [kept.id]
+    store._db = real

@@ -103,10 +103,12 @@ def _line(raw: str) -> InputLine:
     if body.get("stream"):
         raise ValueError("body.stream is not supported in a batch")
     try:
-        BODIES[url].model_validate(body)
+        parsed = BODIES[url].model_validate(body)
     except RecursionError:
         raise ValueError("body: the JSON nests too deeply") from None
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
         raise ValueError(f"body: {describe_validation(RequestValidationError(errors))}") from None
+    if isinstance(parsed, CompletionRequest) and len(parsed.prompts()) > 1:
+        raise ValueError("body.prompt: a line holds one prompt; give each its own line")
     return InputLine(custom_id, url, body)

@@ -106,19 +106,19 @@ class Generation:
 
     async def collect(self, request: Request) -> Outcome:
         """Every output joined; a client that disconnects meanwhile aborts the request."""
-        drain = asyncio.ensure_future(_drain(self))
-        gone = asyncio.ensure_future(_disconnected(request))
+        draining = asyncio.ensure_future(drain(self))
+        gone = asyncio.ensure_future(disconnected(request))
         try:
-            await asyncio.wait({drain, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({draining, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (drain, gone):
+            for task in (draining, gone):
                 if not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-        if drain.cancelled():
+        if draining.cancelled():
             raise ApiError(CLIENT_CLOSED, "the client disconnected")
-        return drain.result()
+        return draining.result()
 
     def _record(self) -> None:
         out = self._last
@@ -219,7 +219,7 @@ def stream_error(path: str, out: RequestOutput) -> str:
     return json.dumps(error_body(path, error.status, error.message))
 
 
-async def _drain(gen: Generation) -> Outcome:
+async def drain(gen: Generation) -> Outcome:
     outcome = Outcome()
     text = []
     try:
@@ -242,7 +242,7 @@ async def _drain(gen: Generation) -> Outcome:
     return outcome
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     """Returns when the client has gone; the body has been read by then, so only the
     disconnect message is left to come."""
     while (await request.receive())["type"] != "http.disconnect":

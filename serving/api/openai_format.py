@@ -140,7 +140,10 @@ def chat_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | Non
     }
 
 
-def text_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | None) -> dict:
+def text_completion(
+    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None]
+) -> dict:
+    """One choice per outcome (a prompt each), in order; usage summed over them."""
     return {
         "id": rid,
         "object": "text_completion",
@@ -148,13 +151,18 @@ def text_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | Non
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": k,
                 "text": outcome.text,
                 "finish_reason": finish_reason(outcome.finish_reason),
-                "logprobs": logprobs,
+                "logprobs": lp,
             }
+            for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
         ],
-        "usage": outcome_usage(outcome),
+        "usage": usage(
+            sum(o.prompt_tokens for o in outcomes),
+            sum(o.completion_tokens for o in outcomes),
+            sum(o.cached_tokens for o in outcomes),
+        ),
     }
 
 

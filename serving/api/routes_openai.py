@@ -21,6 +21,7 @@ from adapters.registry import Version
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
 from serving.api.batch_calls import batch_call
+from serving.api.choices import collect_all, merged, start_all
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
@@ -36,7 +37,7 @@ from serving.api.resolve import (
 from serving.api.response_format import engine_format
 from serving.api.schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.sse import event_stream
-from serving.engine.request import GenerateRequest
+from serving.engine.request import GenerateRequest, RequestOutput
 
 router = APIRouter(tags=["OpenAI"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -53,11 +54,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     ids = await chat_ids(s, body.messages)
     if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
         params = fitted_to_token_limit(ctx, caller, params, len(ids))
-    salt = cache_salt(ctx, caller)
-    request_ = GenerateRequest(
-        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
-        response_format=engine_format(body.response_format),
-    )  # fmt: skip
+    request_ = _request(rid, ids, params, version, cache_salt(ctx, caller), body)
     gen = await start(ctx, request_, caller=caller, **_who(request, t0, version))
     if body.stream:
         return event_stream(gen, _chat_events(ctx, gen, rid, body), s.send_timeout_s)
@@ -71,22 +68,24 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     t0, s = time.perf_counter(), ctx.settings
     version = await _version(ctx, caller, body)
     params = _sampling(body, s)
-    rid = fmt.new_id("cmpl")
-    prompt = body.prompt
-    ids = await text_ids(s, prompt) if isinstance(prompt, str) else given_ids(s, prompt)
-    salt = cache_salt(ctx, caller)
-    request_ = GenerateRequest(
-        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
-        response_format=engine_format(body.response_format),
-    )  # fmt: skip
-    gen = await start(ctx, request_, caller=caller, **_who(request, t0, version))
+    rid, prompts = fmt.new_id("cmpl"), body.prompts()
+    if len(prompts) > 1 and batch_call(request) is not None:
+        raise ApiError(400, "a batch line holds one prompt: give each prompt a line of its own")
+    ids = [await text_ids(s, p) if isinstance(p, str) else given_ids(s, p) for p in prompts]
+    salt, who = cache_salt(ctx, caller), _who(request, t0, version)
+    requests = [  # one per prompt, each id its own
+        _request(rid if len(ids) == 1 else f"{rid}-{k}", one, params, version, salt, body)
+        for k, one in enumerate(ids)
+    ]
+    gens = await start_all([start(ctx, r, caller=caller, **who) for r in requests])
     if body.stream:
-        return event_stream(gen, _completion_events(ctx, gen, rid, body), s.send_timeout_s)
-    outcome = await gen.collect(request)
-    logprobs = None
-    if body.logprobs is not None:
-        logprobs = fmt.completion_logprobs(s.tokenizer, outcome.logprobs)
-    return answer(gen, fmt.text_completion(rid, body.model, outcome, logprobs))
+        return event_stream(gens, _completion_events(ctx, gens, rid, body), s.send_timeout_s)
+    outcomes = await collect_all(gens, request)
+    logprobs = [
+        fmt.completion_logprobs(s.tokenizer, o.logprobs) if body.logprobs is not None else None
+        for o in outcomes
+    ]
+    return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs))
 
 
 @router.get("/v1/models", summary="The base model and the adapters this key may use")
@@ -135,6 +134,13 @@ def _sampling(body, settings):
     )
 
 
+def _request(rid, ids, params, version: Version | None, salt: str | None, body) -> GenerateRequest:
+    return GenerateRequest(
+        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
+        response_format=engine_format(body.response_format),
+    )  # fmt: skip
+
+
 async def _version(ctx: ApiContext, caller: Principal, body) -> Version | None:
     s = ctx.settings
     from_lora = adapter_from_lora(s, body.lora) if body.lora is not None else None
@@ -178,29 +184,35 @@ async def _chat_events(
 
 
 async def _completion_events(
-    ctx: ApiContext, gen: Generation, rid: str, body: CompletionRequest
+    ctx: ApiContext, gens: list[Generation], rid: str, body: CompletionRequest
 ) -> AsyncIterator[str]:
-    created, tokenizer, offsets = fmt.now(), ctx.settings.tokenizer, fmt.TextOffsets()
+    created, tokenizer = fmt.now(), ctx.settings.tokenizer
+    offsets = [fmt.TextOffsets() for _ in gens]  # each choice's own
     extra = {"usage": None} if body.include_usage() else {}
+    last: dict[int, RequestOutput] = {}
 
-    def chunk(text: str, reason: str | None = None, logprobs=None) -> str:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
+    def chunk(k: int, text: str, reason: str | None = None, logprobs=None) -> str:
+        choice = {"index": k, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return json.dumps(fmt.completion_chunk(rid, created, body.model, [choice], **extra))
 
-    async for out in gen:
+    async for k, out in merged(gens):
         if out.finish_reason == "error":
             yield stream_error("/v1", out)
             return
         if out.new_text or (body.logprobs is not None and out.logprobs):
             lp = None
             if body.logprobs is not None:
-                lp = fmt.completion_logprobs(tokenizer, out.logprobs, offsets)
-            yield chunk(out.new_text, logprobs=lp)
+                lp = fmt.completion_logprobs(tokenizer, out.logprobs, offsets[k])
+            yield chunk(k, out.new_text, logprobs=lp)
         if out.finished:
-            yield chunk("", fmt.finish_reason(out.finish_reason))
-            if body.include_usage():
-                usage = fmt.output_usage(out)
-                yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
+            last[k] = out
+            yield chunk(k, "", fmt.finish_reason(out.finish_reason))
+    if body.include_usage():
+        ends = list(last.values())
+        usage = fmt.usage(sum(o.prompt_tokens for o in ends),
+                          sum(o.completion_tokens for o in ends),
+                          sum(o.cached_tokens for o in ends))  # fmt: skip
+        yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
     yield "[DONE]"
 
 

@@ -19,6 +19,7 @@ from serving.api.response_format import OpenAIResponseFormat, WorkersResponseFor
 from serving.api.text import Text
 
 MAX_STOPS = 16
+MAX_PROMPTS = 64  # prompts of one completion request, each a generation of its own
 MAX_TOP_LOGPROBS = 20
 MAX_BATCH_ITEMS = 50_000  # requests in one batch; a larger job is split by its sender
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI's (chat: no cap)
@@ -270,28 +271,32 @@ class ChatCompletionRequest(_OpenAIBody):
 class CompletionRequest(_OpenAIBody):
     """POST /v1/completions: a raw prompt, as text or token ids."""
 
-    prompt: Text | list[int] = Field(..., description="Text or token ids; no chat template.")
+    prompt: Text | list[int] | list[Text] | list[list[int]] = Field(
+        ..., description="Text or token ids, or a list of either (a choice each); no template."
+    )
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
         None, description="Return the top-n log-probabilities of each output token."
     )
     echo: bool = Field(False, description="Not supported: must be false.")
 
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, value: object) -> object:
-        if isinstance(value, list) and any(isinstance(item, str | list) for item in value):
-            raise ValueError(
-                "a list of prompts is not supported: send one prompt per request, or many "
-                "through the batch API"
-            )
-        return value
-
     @field_validator("prompt")
     @classmethod
-    def _prompt_not_empty(cls, value: str | list[int]) -> str | list[int]:
+    def _prompts_not_empty(cls, value: str | list) -> str | list:
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be an empty list")
+        if isinstance(value, list) and not isinstance(value[0], int):
+            if len(value) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts in one request; send more "
+                                 "through the batch API")  # fmt: skip
+            empty = next((i for i, ids in enumerate(value) if ids == []), None)
+            if empty is not None:
+                raise ValueError(f"prompt {empty} is an empty list of token ids")
         return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per choice: a lone text or token list is one prompt."""
+        one = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+        return [self.prompt] if one else list(self.prompt)
 
     @field_validator("echo")
     @classmethod

@@ -9,7 +9,7 @@ closed, which aborts the request in the engine, and the connection is dropped.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
@@ -22,9 +22,11 @@ PING_SECONDS = 15
 
 
 def event_stream(
-    gen: Generation, events: AsyncGenerator[str, None], send_timeout: float
-) -> EventSourceResponse:
-    """An SSE answer of events (the data of each event) that closes gen however it ends."""
+    gens: Generation | Sequence[Generation], events: AsyncGenerator[str, None],
+    send_timeout: float,
+) -> EventSourceResponse:  # fmt: skip
+    """An SSE answer of events (the data of each event) that closes gens however it ends."""
+    gens = (gens,) if isinstance(gens, Generation) else tuple(gens)
 
     async def closing() -> AsyncIterator[str]:
         try:
@@ -32,24 +34,29 @@ def event_stream(
                 yield event
         finally:
             # When a write times out, events is closed where it stands, at a yield, which
-            # does not reach the iteration of gen inside it: close both here.
+            # does not reach the iteration of gens inside it: close them all here.
             await events.aclose()
-            await gen.aclose()
+            await _close(gens)
 
     return _Stream(
-        gen,
+        gens,
         closing(),
         sep="\n",
         ping=PING_SECONDS,
         send_timeout=send_timeout,
-        headers=gen.meter.headers,
+        headers=gens[-1].meter.headers,
     )
 
 
+async def _close(gens: Sequence[Generation]) -> None:
+    for gen in gens:
+        await gen.aclose()
+
+
 class _Stream(EventSourceResponse):
-    def __init__(self, gen: Generation, *args, **kwargs) -> None:
+    def __init__(self, gens: Sequence[Generation], *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.gen = gen
+        self.gens = gens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -59,5 +66,5 @@ class _Stream(EventSourceResponse):
             log.info("closed the stream of %s: its client stopped reading", scope.get("path"))
         finally:
             # An answer that never started its body (its start failed, or it was cancelled
-            # first) never ran closing(): the request must still end and release its place.
-            await self.gen.aclose()
+            # first) never ran closing(): the requests must still end and release their place.
+            await _close(self.gens)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, serve
+from tests.serving.api.served import ACME, GLOBEX, MODEL_ID
 
 INNOCENT = {"model": f"{MODEL_ID}:upper", "prompt": "def read(path):\n", "max_tokens": 10,
             "temperature": 0}  # fmt: skip
@@ -36,12 +36,6 @@ FIELDS = st.fixed_dictionaries(
         "logprobs": st.sampled_from([None, 0, 5, 20, 21]),
     },
 )
-
-
-@pytest.fixture(scope="module")
-def served(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("isolation-http")) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

@@ -6,21 +6,10 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.api.served import ACME, MODEL_ID, serve
+from tests.serving.api.served import ACME, MODEL_ID
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
 CHAT = [{"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def served(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("compat")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=ACME, max_retries=0)
 
 
 def post(served, path: str, body: dict) -> httpx.Response:
@@ -131,8 +120,8 @@ def test_the_developer_role_is_the_system_role(served, client):
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
          "only text content parts are supported, not 'image_url'"),
-        ("/v1/completions", {"prompt": ["a\n", "b\n"]}, "a list of prompts is not supported"),
-        ("/v1/completions", {"prompt": [[1, 2], [3]]}, "a list of prompts is not supported"),
+        ("/v1/completions", {"prompt": [[1, 2], []]}, "prompt 1 is an empty list of token ids"),
+        ("/v1/completions", {"prompt": ["a"] * 65}, "at most 64 prompts in one request"),
     ],
 )  # fmt: skip
 def test_unserved_shapes_get_one_clear_message(served, path, body, message):

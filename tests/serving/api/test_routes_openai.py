@@ -8,20 +8,9 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.api.served import ACME, ADMIN, GLOBEX, MAX_MODEL_LEN, MODEL_ID, serve
+from tests.serving.api.served import ACME, ADMIN, GLOBEX, MAX_MODEL_LEN, MODEL_ID
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def served(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("openai")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=ACME, max_retries=0)
 
 
 # (how the adapter is named, the world's adapter it is)

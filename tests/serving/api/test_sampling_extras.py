@@ -7,20 +7,9 @@ answer where that token first appears."""
 import openai
 import pytest
 
-from tests.serving.api.served import ACME, MODEL_ID, serve
+from tests.serving.api.served import MODEL_ID
 
 PROMPT = [5, 6, 7, 8]
-
-
-@pytest.fixture(scope="module")
-def served(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("extras")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=ACME, max_retries=0)
 
 
 def complete(client, **kwargs):

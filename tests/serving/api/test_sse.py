@@ -55,7 +55,9 @@ def scope_of(path: str, body: bytes) -> dict:
     }  # fmt: skip
 
 
-async def stalled_client(app, generator: Endless, path: str, body: bytes) -> list[dict]:
+async def stalled_client(
+    app, generator: Endless, path: str, body: bytes, closed: int = 1
+) -> list[dict]:
     """Run one request whose client reads the headers and a first chunk, then nothing more:
     every later write waits forever, as it does once a socket's buffers are full."""
     sent = []
@@ -75,7 +77,7 @@ async def stalled_client(app, generator: Endless, path: str, body: bytes) -> lis
 
     await asyncio.wait_for(app(scope_of(path, body), receive, send), timeout=10)
     # aborted by the time the answer ends, not whenever the garbage collector gets to it
-    assert len(generator.closed) == 1
+    assert len(generator.closed) == closed
     return sent
 
 

@@ -1,0 +1,93 @@
+"""Several generations answered as one: the choices of a completion with a list of prompts.
+
+Each prompt is a request of its own (admitted, metered and aborted on its own), started
+together so that they share engine steps. The answer is whole or an error: one that cannot
+start, or fails, ends them all; a client that leaves aborts them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Sequence
+
+from fastapi import Request
+
+from serving.api.errors import ApiError
+from serving.api.generation import CLIENT_CLOSED, Generation, Outcome, disconnected, drain
+from serving.engine.request import RequestOutput
+
+
+async def start_all(starts: Sequence[Awaitable[Generation]]) -> list[Generation]:
+    """Every generation started, in order; if any cannot start, the others are closed and
+    the first failure (in order) is raised."""
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    started = [r for r in results if isinstance(r, Generation)]
+    failure = next((r for r in results if not isinstance(r, Generation)), None)
+    if failure is not None:
+        await close_all(started)
+        raise failure
+    return started
+
+
+async def close_all(gens: Sequence[Generation]) -> None:
+    for gen in gens:
+        await gen.aclose()
+
+
+async def collect_all(gens: Sequence[Generation], request: Request) -> list[Outcome]:
+    """Every generation's outputs joined, in order; a failure in one (its error, the first
+    in order) or a client that disconnects meanwhile ends them all."""
+    drains = [asyncio.ensure_future(drain(g)) for g in gens]
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        waiting = {*drains, gone}
+        while not gone.done() and not all(t.done() for t in drains):
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if any(t.exception() is not None for t in done if t is not gone):
+                break
+    finally:
+        for task in (*drains, gone):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await close_all(gens)
+    failure = next((t.exception() for t in drains if not t.cancelled() and t.exception()), None)
+    if failure is not None:
+        raise failure
+    if any(t.cancelled() for t in drains):
+        raise ApiError(CLIENT_CLOSED, "the client disconnected")
+    return [t.result() for t in drains]
+
+
+async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(choice index, output) of every generation as each comes; ends when all have
+    finished, or with the first error output (the others are then closed)."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue()
+
+    async def pump(k: int, gen: Generation) -> None:
+        try:
+            async for out in gen:
+                await queue.put((k, out))
+        finally:
+            await queue.put((k, None))
+
+    tasks = [asyncio.ensure_future(pump(k, g)) for k, g in enumerate(gens)]
+    try:
+        running = len(tasks)
+        while running:
+            k, out = await queue.get()
+            if out is None:
+                running -= 1
+                continue
+            yield k, out
+            if out.finish_reason == "error":
+                return
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await close_all(gens)

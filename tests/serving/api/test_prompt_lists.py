@@ -1,0 +1,87 @@
+"""/v1/completions with a list of prompts (text or token ids), as the `openai` client and
+lm-eval-harness send them: one choice per prompt, in order, each equal to that prompt sent
+alone to an engine of its own (greedy), streamed or not; usage is their sum. A fault in one,
+or a client that leaves, ends them all; a batch line holds one prompt."""
+
+import asyncio
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serving.api import create_app
+from serving.api.batch_input import parse_input
+from serving.api.errors import ApiError
+from tests.serving.api.served import MODEL_ID, stub_settings
+from tests.serving.api.test_sse import AUTH, Endless, stalled_client
+from tests.serving.api.test_stream_faults import DiesMidStream
+
+TEXTS = ["def add(a, b):", "hello there", "the quick brown fox"]
+TOKENS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+
+def references(served, prompts, max_tokens=5):
+    ids = [served.text_ids(p) if isinstance(p, str) else p for p in prompts]
+    return ids, [served.reference(one, "upper", max_tokens) for one in ids]
+
+
+@pytest.mark.parametrize("prompts", [TEXTS, TOKENS], ids=["texts", "token-lists"])
+def test_each_prompt_is_a_choice_equal_to_it_sent_alone(served, client, prompts):
+    ids, refs = references(served, prompts)
+    answer = client.completions.create(
+        model="upper", prompt=prompts, max_tokens=5, temperature=0, logprobs=1
+    )
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert [c.text for c in answer.choices] == [text for _, text in refs]
+    assert [len(c.logprobs.tokens) for c in answer.choices] == [len(t) for t, _ in refs]
+    assert all(c.logprobs.text_offset[0] == 0 for c in answer.choices)
+    assert answer.usage.prompt_tokens == sum(map(len, ids))
+    assert answer.usage.completion_tokens == sum(len(t) for t, _ in refs)
+
+
+def test_a_streamed_list_interleaves_choices_each_whole_and_ended_once(served, client):
+    ids, refs = references(served, TEXTS)
+    chunks = list(client.completions.create(
+        model="upper", prompt=TEXTS, max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    texts, ends = ["", "", ""], [0, 0, 0]
+    for chunk in chunks[:-1]:
+        [choice] = chunk.choices
+        texts[choice.index] += choice.text
+        ends[choice.index] += choice.finish_reason is not None
+    assert texts == [text for _, text in refs] and ends == [1, 1, 1]
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == sum(map(len, ids))
+    assert chunks[-1].usage.completion_tokens == sum(len(t) for t, _ in refs)
+
+
+def test_a_client_that_stops_reading_frees_every_prompts_request(world, tmp_path):
+    generator = Endless()
+    app = create_app(generator, stub_settings(world, tmp_path, send_timeout_s=0.2))
+    body = {"model": MODEL_ID, "prompt": ["a", "b", "c"], "stream": True}
+    asyncio.run(stalled_client(app, generator, "/v1/completions", json.dumps(body).encode(),
+                               closed=3))  # fmt: skip
+    assert len(generator.closed) == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fault_in_one_prompt_ends_the_answer_and_every_request(world, tmp_path, stream):
+    app = create_app(DiesMidStream(), stub_settings(world, tmp_path))
+    body = {"model": MODEL_ID, "prompt": ["a", "b"], "stream": stream}
+    r = TestClient(app, raise_server_exceptions=False).post(
+        "/v1/completions", json=body, headers=AUTH
+    )
+    if stream:
+        events = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
+        assert "replica" in json.loads(events[-1])["error"]["message"]
+    else:
+        assert r.status_code == 500 and "retry" in r.json()["error"]["message"]
+
+
+def test_a_batch_line_holds_one_prompt():
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": MODEL_ID, "prompt": ["a", "b"]}}  # fmt: skip
+    with pytest.raises(ApiError, match=r"line 1: body\.prompt: a line holds one prompt"):
+        parse_input(json.dumps(line).encode())
+    one = {**line, "body": {"model": MODEL_ID, "prompt": ["a"]}}
+    assert parse_input(json.dumps(one).encode())[0].body["prompt"] == ["a"]

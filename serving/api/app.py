@@ -30,6 +30,7 @@ from serving.api.gate import Gate
 from serving.api.generator import Generator
 from serving.api.limits import BodyLimit
 from serving.api.metrics import Metrics
+from serving.api.request_id import RequestId
 from serving.api.settings import AppSettings, settings_from_config
 from serving.api.tenancy import TenancyClient, memory_tenancy
 
@@ -78,6 +79,7 @@ def create_app(
                        max_upload_bytes=settings.max_upload_bytes)  # fmt: skip
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
+    app.add_middleware(RequestId)  # outermost: even the gate's refusals name their request
     install_error_handlers(app)
     routes = (routes_workers_ai, routes_openai, routes_batch, routes_adapters, routes_usage,
               routes_stats, routes_ops, routes_dashboard)  # fmt: skip

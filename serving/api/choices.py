@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Sequence
 
+import anyio
 from fastapi import Request
 
 from serving.api.errors import ApiError
@@ -20,10 +21,20 @@ from serving.engine.request import RequestOutput
 
 async def start_all(starts: Sequence[Awaitable[Generation]]) -> list[Generation]:
     """Every generation started, in order; if any cannot start, the others are closed and
-    the first failure (in order) is raised."""
-    results = await asyncio.gather(*starts, return_exceptions=True)
-    started = [r for r in results if isinstance(r, Generation)]
-    failure = next((r for r in results if not isinstance(r, Generation)), None)
+    the first failure (in order) is raised. Cancelled meanwhile (the client left), those
+    already started are closed too: none is left running unmetered."""
+    tasks = [asyncio.ensure_future(s) for s in starts]
+    try:
+        await asyncio.wait(tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+            await close_all([r for r in ended if isinstance(r, Generation)])
+        raise
+    failure = next((t.exception() for t in tasks if t.exception() is not None), None)
+    started = [t.result() for t in tasks if t.exception() is None]
     if failure is not None:
         await close_all(started)
         raise failure

@@ -11,7 +11,9 @@ from fastapi.testclient import TestClient
 
 from serving.api import create_app
 from serving.api.batch_input import parse_input
+from serving.api.choices import start_all
 from serving.api.errors import ApiError
+from serving.api.generation import Generation
 from tests.serving.api.served import MODEL_ID, stub_settings
 from tests.serving.api.test_sse import AUTH, Endless, stalled_client
 from tests.serving.api.test_stream_faults import DiesMidStream
@@ -85,3 +87,53 @@ def test_a_batch_line_holds_one_prompt():
         parse_input(json.dumps(line).encode())
     one = {**line, "body": {"model": MODEL_ID, "prompt": ["a"]}}
     assert parse_input(json.dumps(one).encode())[0].body["prompt"] == ["a"]
+
+
+class _Started(Generation):
+    """A generation that only notes being closed."""
+
+    def __init__(self):  # no engine behind it
+        self.closed = False
+
+    async def aclose(self):
+        self.closed = True
+
+
+def test_starts_cancelled_midway_close_the_generations_already_started():
+    """The client leaves while one prompt has started and another still waits for its
+    first token: the started one is closed (aborted and metered), not left running."""
+
+    async def scenario():
+        first = _Started()
+
+        async def quick():
+            return first
+
+        async def slow():
+            await asyncio.Event().wait()
+
+        task = asyncio.ensure_future(start_all([quick(), slow()]))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return first
+
+    assert asyncio.run(scenario()).closed
+
+
+def test_a_start_that_fails_closes_the_others_and_is_raised():
+    async def scenario():
+        ok = _Started()
+
+        async def good():
+            return ok
+
+        async def bad():
+            raise ApiError(429, "busy")
+
+        with pytest.raises(ApiError, match="busy"):
+            await start_all([good(), bad()])
+        return ok
+
+    assert asyncio.run(scenario()).closed

@@ -33,6 +33,7 @@ from serving.api.metrics import Metrics
 from serving.api.request_id import RequestId
 from serving.api.settings import AppSettings, settings_from_config
 from serving.api.tenancy import TenancyClient, memory_tenancy
+from serving.api.workers_body import WorkersJsonBody
 
 __all__ = ["AppSettings", "create_app", "settings_from_config"]
 
@@ -77,6 +78,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes,
                        max_batch_bytes=settings.max_batch_bytes,
                        max_upload_bytes=settings.max_upload_bytes)  # fmt: skip
+    app.add_middleware(WorkersJsonBody)
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
     app.add_middleware(RequestId)  # outermost: even the gate's refusals name their request

@@ -23,7 +23,8 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # e.g. OpenAI's optional `name`
 
     role: Literal["system", "user", "assistant"]
-    content: Text | list[TextPart]
+    # null: an assistant turn that held only a refusal or tool calls, as OpenAI allows
+    content: Text | list[TextPart] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -38,9 +39,13 @@ class ChatMessage(BaseModel):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind != "text":
                 raise ValueError(f"only text content parts are supported, not {quoted(kind)}")
+        if data.get("content") is None and data.get("role") in ("system", "user"):
+            raise ValueError(f"a {data['role']} message needs content")
         return data
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)

@@ -56,7 +56,9 @@ def _cap_chars(settings: AppSettings, num_chars: int, what: str) -> None:
     if num_chars > limit:
         raise ApiError(
             400,
-            f"{what} too long: {num_chars} characters, more than the limit of {limit} "
+            # OpenAI's opening words: clients (litellm) tell this error by them
+            f"This model's maximum context length is {settings.max_model_len} tokens. However, "
+            f"the {what} holds {num_chars} characters, more than the limit of {limit} "
             f"(model.max_model_len {settings.max_model_len} tokens x {MAX_CHARS_PER_TOKEN})",
             code="context_length_exceeded",
         )
@@ -81,8 +83,9 @@ def checked(settings: AppSettings, ids: Sequence[int]) -> list[int]:
     if len(ids) >= settings.max_model_len:
         raise ApiError(
             400,
-            f"the prompt has {len(ids)} tokens; the model serves at most "
-            f"{settings.max_model_len} tokens of prompt and output together",
+            f"This model's maximum context length is {settings.max_model_len} tokens. However, "
+            f"the prompt has {len(ids)} tokens, which leaves no room for output (the prompt "
+            "and the output share the context)",
             code="context_length_exceeded",
         )
     return list(ids)

@@ -27,6 +27,8 @@ DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI'
 
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+WorkersTemperature = Annotated[float, Field(ge=0, le=5, allow_inf_nan=False)]
+WorkersTopP = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a torch generator's seed range
 RepetitionPenalty = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
@@ -74,6 +76,10 @@ class _WorkersBody(_Sampling):
     """A Workers-AI generation body: a prompt or a chat, optionally through an adapter."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # Workers AI's own ranges, wider than OpenAI's: a top_p over 1 cuts nothing
+    temperature: WorkersTemperature | None = Field(None, description="0 is greedy; up to 5.")
+    top_p: WorkersTopP | None = Field(None, description="Nucleus sampling mass; default 1 (off).")
 
     prompt: Text | None = Field(None, description="Text; the chat template wraps it unless raw.")
     messages: list[ChatMessage] | None = Field(None, description="A chat (instead of prompt).")

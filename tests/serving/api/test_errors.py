@@ -54,6 +54,10 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("messages-not-list", "POST", CHAT, {"json": chat(messages="hi")}, 400, "messages"),
     ("missing-model", "POST", DONE, {"json": {"prompt": "x"}}, 400, "model: Field required"),
     ("temperature-high", "POST", CHAT, {"json": chat(temperature=3)}, 400, "temperature"),
+    ("temperature-high-ai", "POST", AI, {"json": {"prompt": "x", "temperature": 5.5}}, 400,
+     "less than or equal to 5"),
+    ("top-p-high-ai", "POST", AI, {"json": {"prompt": "x", "top_p": 2.5}}, 400,
+     "less than or equal to 2"),
     ("top-p-zero", "POST", DONE, {"json": {"model": MODEL_ID, "prompt": "x", "top_p": 0}}, 400,
      "top_p"),
     ("top-k-negative", "POST", AI, {"json": {"prompt": "x", "top_k": -1}}, 400, "top_k"),
@@ -70,9 +74,10 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("image-part", "POST", CHAT, {"json": chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}])}, 400, "text"),
     ("long-prompt", "POST", DONE, {"json": {"model": MODEL_ID, "prompt": [5] * 200}}, 400,
-     f"the prompt has 200 tokens; the model serves at most {MAX_MODEL_LEN}"),
+     f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, the prompt has "
+     "200 tokens"),
     ("long-text-prompt", "POST", AI, {"json": {"prompt": "word " * 300, "raw": True}}, 400,
-     "tokens; the model serves at most"),
+     "This model's maximum context length is"),
     ("token-out-of-vocab", "POST", DONE, {"json": {"model": MODEL_ID, "prompt": [1, 99999]}},
      400, "token id 99999 is outside"),
     ("max-tokens-zero", "POST", CHAT, {"json": chat(max_tokens=0)}, 400,

@@ -129,3 +129,17 @@ def test_unserved_shapes_get_one_clear_message(served, path, body, message):
     assert r.status_code == 400
     assert message in r.json()["error"]["message"]
     assert "valid string" not in r.json()["error"]["message"]  # no union dump
+
+
+def test_an_assistant_turn_without_content_reads_as_empty(served, client):
+    """History that replays a refusal or tool calls has an assistant turn whose content is
+    null, as OpenAI allows; it is the empty turn. A user turn needs content."""
+    turns = [*CHAT, {"role": "assistant", "content": None}, {"role": "user", "content": "and?"}]
+    answer = client.chat.completions.create(
+        model=MODEL_ID, messages=turns, max_tokens=3, temperature=0
+    )
+    empty = [*CHAT, {"role": "assistant", "content": ""}, {"role": "user", "content": "and?"}]
+    assert answer.choices[0].message.content == served.reference(served.chat_ids(empty), None, 3)[1]
+    r = post(served, "/v1/chat/completions",
+             {"model": MODEL_ID, "messages": [{"role": "user", "content": None}]})  # fmt: skip
+    assert r.status_code == 400 and "a user message needs content" in r.json()["error"]["message"]

@@ -5,15 +5,9 @@ import json
 import httpx
 import pytest
 
-from tests.serving.api.served import ACME, MODEL_ID, serve
+from tests.serving.api.served import ACME, MODEL_ID
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
-
-
-@pytest.fixture(scope="module")
-def served(world, tmp_path_factory):
-    with serve(world, tmp_path_factory.mktemp("workers-ai")) as s:
-        yield s
 
 
 def run(served, body, model=MODEL_ID):
@@ -83,3 +77,30 @@ def test_the_path_must_name_the_served_model(served):
 def test_a_lora_for_another_base_is_404(served):
     r = run(served, {"prompt": "x", "lora": "other-model:upper"})
     assert r.status_code == 404 and r.json()["errors"][0]["code"] == 404
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"]
+)
+def test_a_body_sent_as_cloudflares_examples_send_it_is_read_as_json(served, content_type):
+    """curl -d (form-urlencoded), fetch() with a string (text/plain) or no type at all: the
+    body is the request's JSON, as Workers AI reads it; the answer is the JSON-typed one's."""
+    body = {"prompt": "what is up", "max_tokens": 4, "temperature": 0}
+    want = run(served, body).json()["result"]["response"]
+    headers = {**AUTH, **({"content-type": content_type} if content_type else {})}
+    r = httpx.post(f"{served.url}/ai/run/{MODEL_ID}", content=json.dumps(body).encode(),
+                   headers=headers, timeout=30)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["result"]["response"] == want
+    multipart = httpx.post(f"{served.url}/ai/run/{MODEL_ID}", files={"f": b"x"}, headers=AUTH)
+    assert multipart.status_code == 400
+
+
+def test_workers_ais_own_ranges_are_served(served):
+    """temperature up to 5 and top_p up to 2, as Workers AI documents them; a top_p over 1
+    cuts nothing, so a seeded draw equals top_p 1's."""
+    body = {"prompt": "what is up", "max_tokens": 4, "seed": 7}
+    hot = run(served, {**body, "temperature": 5})
+    assert hot.status_code == 200, hot.text
+    wide = run(served, {**body, "temperature": 1, "top_p": 1.8}).json()["result"]["response"]
+    assert wide == run(served, {**body, "temperature": 1}).json()["result"]["response"]

@@ -18,6 +18,7 @@ from jsonschema.validators import validator_for
 
 from serving.api.schema_patterns import pattern_problem
 from serving.api.text import nesting, unicode
+from serving.engine.grammar.formats import PATTERNS as DATE_FORMATS
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
@@ -45,7 +46,8 @@ MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
 #   numbers       written with at most 6 decimals and no exponent: a range holding no such
 #                 number compiles to an empty grammar (an empty answer); integer bounds must
 #                 be whole (a compile error otherwise)
-#   formats       date and date-time allow days a month lacks (02-31); ipv4 allows 01.2.3.4;
+#   formats       date and date-time allow days a month lacks (02-31), so the engine compiles
+#                 them as exact patterns (serving.engine.grammar.formats); ipv4 allows 01.2.3.4;
 #                 iri, idn-email, idn-hostname, regex ignored; the others not verified
 # Annotations (ANNOTATIONS) are always accepted: they assert nothing.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
@@ -58,7 +60,7 @@ KEYWORDS = frozenset({
     "multipleOf", "minLength", "maxLength", "pattern", "format",
 })  # fmt: skip
 FORMATS = frozenset({"time", "duration", "email", "hostname", "ipv6", "uri", "uri-reference",
-                     "uuid", "json-pointer"})  # fmt: skip
+                     "uuid", "json-pointer", *DATE_FORMATS})  # fmt: skip
 NOT_ENFORCED = "not enforced by the grammar compiler"
 WHY = {  # refused keywords whose reason says more than NOT_ENFORCED
     "oneOf": "the grammar compiler treats overlapping branches as anyOf; use anyOf",
@@ -145,6 +147,8 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
     if "multipleOf" in node and node["multipleOf"] > MAX_MULTIPLE_OF:
         why = f"the grammar compiler ignores a multipleOf above {MAX_MULTIPLE_OF}"
         raise _refuse(path, "multipleOf", why)
+    if node.get("format") in DATE_FORMATS and "pattern" in node:
+        raise _refuse(path, "format", "it is compiled as a pattern: give format or pattern")
     if "format" in node and node["format"] not in FORMATS:
         why = f"format {node['format']!r} is not enforced; these are: {', '.join(sorted(FORMATS))}"
         raise _refuse(path, "format", why)

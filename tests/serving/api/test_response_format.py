@@ -107,7 +107,7 @@ def test_json_object_and_text(cls):
         ({"minLength": 2}, ["minLength", "/minLength", '"type": "string"']),
         ({"type": "array", "contains": {"const": 1}}, ["contains", "/contains", "not enforced"]),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, ["oneOf", "use anyOf"]),
-        ({"type": "string", "format": "date"}, ["format", "'date'"]),
+        ({"type": "string", "format": "ipv4"}, ["format", "'ipv4'"]),
         ({"pattern": "^a+$"}, ["/pattern", '"type": "string"']),
         ({"type": "integer", "enum": [1, 5], "minimum": 3}, ["enum", "minimum"]),
         ({"type": "string", "enum": ["a", 1]}, ["/enum", "1 is not of its type"]),

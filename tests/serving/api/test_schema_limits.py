@@ -6,10 +6,12 @@ edges of these rules are enforced: every random walk through their compiled gram
 JSON that jsonschema (formats checked) accepts.
 """
 
+import datetime
 import json
 import random
 
 import jsonschema
+import pydantic
 import pytest
 import torch
 
@@ -61,6 +63,7 @@ REFUSED = [  # (schema, the pointer named, words the 400 must hold)
     ({"type": "object", "patternProperties": {"^k(?!x)": {"type": "integer"}}},
      "/patternProperties/^k(?!x)", "lookahead"),
     ({"type": "integer", "multipleOf": 1025}, "/multipleOf", "above 1024"),
+    ({"type": "string", "format": "date", "pattern": "^2"}, "/format", "give format or pattern"),
 ]  # fmt: skip
 ACCEPTED = [  # at the edges of the rules above; each is walked below
     {"type": "string", "pattern": "^[a-z]{1,4}$"},
@@ -76,6 +79,8 @@ ACCEPTED = [  # at the edges of the rules above; each is walked below
     {"type": "string", "pattern": "^a$|^b$"},  # anchors at each end of a branch
     {"type": "string", "pattern": "(?:^a|b)c$"},
     {"type": "integer", "multipleOf": 1024, "minimum": 1, "maximum": 5000},
+    {"type": "string", "format": "date"},  # the checker reads the calendar: 02-30 fails it
+    {"type": ["string", "null"], "format": "date"},
 ]
 WALKS, MAX_STEPS = 12, 120
 
@@ -118,17 +123,38 @@ def walk(compiler, grammar: RowGrammar, rng: random.Random) -> str | None:
     return None
 
 
+def ended_walks(compiler, schema: dict, seed: int) -> list[str]:
+    """The texts of the WALKS random walks through schema's compiled grammar that end."""
+    compiled = compiler.compile_now(ResponseFormat("json_schema", json.dumps(schema), strict=True))
+    rng = random.Random(seed)
+    texts = [walk(compiler, RowGrammar(compiled), rng) for _ in range(WALKS)]
+    ended = [t for t in texts if t is not None]
+    assert ended, "no walk ended"
+    return ended
+
+
 @pytest.mark.parametrize("schema", ACCEPTED, ids=[json.dumps(s) for s in ACCEPTED])
 def test_what_is_accepted_is_enforced(compiler, schema):
     check_schema(schema)
-    compiled = compiler.compile_now(ResponseFormat("json_schema", json.dumps(schema), strict=True))
-    rng, ended = random.Random(0), 0
-    for _ in range(WALKS):
-        text = walk(compiler, RowGrammar(compiled), rng)
-        if text is None:
-            continue
-        ended += 1
+    for text in ended_walks(compiler, schema, 0):
         jsonschema.validate(
             json.loads(text), schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
         )
-    assert ended, "no walk ended"
+
+
+class Event(pydantic.BaseModel):
+    """A model as instructor or LangChain turns into a response_format."""
+
+    name: str
+    day: datetime.date
+    at: datetime.datetime
+    until: datetime.date | None
+
+
+def test_pydantic_dates_are_served_and_every_answer_parses_back(compiler):
+    """Reference: pydantic reads each walk's answer back into the model (dates checked by
+    the calendar, datetimes with their offsets), and Python reads each date-time."""
+    for text in ended_walks(compiler, check_schema(Event.model_json_schema()), 1):
+        event = Event.model_validate_json(text)
+        assert event.at.tzinfo is not None
+        assert datetime.datetime.fromisoformat(json.loads(text)["at"]) == event.at

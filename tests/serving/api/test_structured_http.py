@@ -7,11 +7,13 @@ max_tokens ends "length" with text that is no complete JSON value yet.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.serving.api.served import ACME, MODEL_ID, serve
@@ -84,3 +86,19 @@ def test_a_schema_no_string_satisfies_is_the_callers_400_not_a_500(client, tempe
         model=MODEL_ID, messages=MESSAGES, response_format=FORMAT, max_tokens=40, temperature=0
     )
     jsonschema.validate(json.loads(ok.choices[0].message.content), LABEL)
+
+
+class Meeting(pydantic.BaseModel):
+    """Dates, as instructor and the openai client's parse() send them (format date-time)."""
+
+    title: str = pydantic.Field(max_length=8)
+    day: datetime.date
+    starts: datetime.datetime
+
+
+def test_the_openai_clients_parse_fills_a_model_with_dates(client):
+    out = client.beta.chat.completions.parse(
+        model=MODEL_ID, messages=MESSAGES, response_format=Meeting, max_tokens=200, temperature=0
+    )
+    meeting = out.choices[0].message.parsed
+    assert isinstance(meeting, Meeting) and meeting.starts.tzinfo is not None

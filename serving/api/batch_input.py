@@ -16,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from serving.api.errors import ApiError, describe_validation
-from serving.api.schemas import MAX_BATCH_ITEMS, ChatCompletionRequest, CompletionRequest
+from serving.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from serving.api.schemas import MAX_BATCH_ITEMS
 from serving.api.text import nesting, unicode
 
 BODIES: dict[str, type[BaseModel]] = {

@@ -100,7 +100,7 @@ def sampling(
     stop: tuple[str, ...] = (),
     logprobs: int | None = None,
 ) -> SamplingParams:
-    """SamplingParams from a validated body's shared fields (schemas._Sampling).
+    """SamplingParams from a validated body's shared fields (schemas.SamplingFields).
 
     Without max_tokens the output may fill the context: the engine caps every request at
     max_model_len and reports finish_reason "length" when the cap stops it.

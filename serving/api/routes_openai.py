@@ -26,6 +26,7 @@ from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
 from serving.api.metering import fitted_to_token_limit
+from serving.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import (
     UNAVAILABLE,
@@ -35,7 +36,6 @@ from serving.api.resolve import (
     resolve_version,
 )
 from serving.api.response_format import engine_format
-from serving.api.schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.sse import event_stream
 from serving.engine.request import GenerateRequest, RequestOutput
 

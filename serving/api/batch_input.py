@@ -110,6 +110,8 @@ def _line(raw: str) -> InputLine:
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
         raise ValueError(f"body: {describe_validation(RequestValidationError(errors))}") from None
-    if isinstance(parsed, CompletionRequest) and len(parsed.prompts()) > 1:
-        raise ValueError("body.prompt: a line holds one prompt; give each its own line")
+    prompts = len(parsed.prompts()) if isinstance(parsed, CompletionRequest) else 1
+    if prompts > 1 or parsed.n > 1:  # its answer is metered as one record
+        raise ValueError("body: a line asks for one choice (one prompt, n 1); give each "
+                         "choice a line of its own")  # fmt: skip
     return InputLine(custom_id, url, body)

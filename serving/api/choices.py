@@ -58,12 +58,7 @@ async def collect_all(gens: Sequence[Generation], request: Request) -> list[Outc
             if any(t.exception() is not None for t in done if t is not gone):
                 break
     finally:
-        for task in (*drains, gone):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await close_all(gens)
+        await _ended([*drains, gone], gens)
     failure = next((t.exception() for t in drains if not t.cancelled() and t.exception()), None)
     if failure is not None:
         raise failure
@@ -96,9 +91,16 @@ async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Request
             if out.finish_reason == "error":
                 return
     finally:
+        await _ended(tasks, gens)
+
+
+async def _ended(tasks: Sequence[asyncio.Future], gens: Sequence[Generation]) -> None:
+    """Cancel tasks, wait until they have stopped, then close gens: a generation is never
+    closed while a task still reads it. Shielded, so a cancelled caller still meters all."""
+    with anyio.CancelScope(shield=True):
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await close_all(gens)

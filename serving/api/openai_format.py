@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from serving.api.generation import Outcome
 from serving.engine.request import RequestOutput, TokenLogprob
@@ -33,12 +33,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def outcome_usage(outcome: Outcome) -> dict:
-    return usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-
-
-def output_usage(out: RequestOutput) -> dict:
-    return usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+def summed_usage(parts: Iterable[Outcome | RequestOutput]) -> dict:
+    """The usage of several choices together: each one's prompt and completion counted."""
+    parts = list(parts)
+    return usage(sum(p.prompt_tokens for p in parts), sum(p.completion_tokens for p in parts),
+                 sum(p.cached_tokens for p in parts))  # fmt: skip
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -122,7 +121,10 @@ def completion_logprobs(
     }
 
 
-def chat_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | None) -> dict:
+def chat_completion(
+    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None]
+) -> dict:
+    """One choice per outcome, in order; usage summed over them."""
     return {
         "id": rid,
         "object": "chat.completion",
@@ -130,13 +132,14 @@ def chat_completion(rid: str, model: str, outcome: Outcome, logprobs: dict | Non
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": k,
                 "message": {"role": "assistant", "content": outcome.text},
                 "finish_reason": finish_reason(outcome.finish_reason),
-                "logprobs": logprobs,
+                "logprobs": lp,
             }
+            for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
         ],
-        "usage": outcome_usage(outcome),
+        "usage": summed_usage(outcomes),
     }
 
 
@@ -158,11 +161,7 @@ def text_completion(
             }
             for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
         ],
-        "usage": usage(
-            sum(o.prompt_tokens for o in outcomes),
-            sum(o.completion_tokens for o in outcomes),
-            sum(o.cached_tokens for o in outcomes),
-        ),
+        "usage": summed_usage(outcomes),
     }
 
 

@@ -21,6 +21,8 @@ MinP = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 MAX_LOGIT_BIAS = 1024  # token ids one request may bias
 MAX_STOP_TOKEN_IDS = 64
+MAX_CHOICES = 16  # n
+MAX_GENERATIONS = 64  # prompts x n of one request, each a generation of its own
 
 
 class StreamOptions(BaseModel):
@@ -40,7 +42,7 @@ class _OpenAIBody(SamplingFields):
     model_config = ConfigDict(extra="ignore")
 
     model: Text = Field(..., description="The model id, an adapter name or <model>:<adapter>.")
-    n: int = Field(1, description="Choices to generate; only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate for each prompt.")
     stop: Text | list[Text] | None = Field(None, description="Strings that end the output.")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -80,13 +82,6 @@ class _OpenAIBody(SamplingFields):
             if value is not None and not (value == off and type(value) is type(off)):
                 raise ValueError(f"{field} is not supported (send {spelt}, or leave it out)")
         return data
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(f"only n=1 is supported, got {value}")
-        return value
 
     @field_validator("stop")
     @classmethod
@@ -169,6 +164,14 @@ class CompletionRequest(_OpenAIBody):
             if empty is not None:
                 raise ValueError(f"prompt {empty} is an empty list of token ids")
         return value
+
+    @model_validator(mode="after")
+    def _few_generations(self) -> CompletionRequest:
+        count = len(self.prompts()) * self.n
+        if count > MAX_GENERATIONS:
+            raise ValueError(f"{len(self.prompts())} prompts x n={self.n} is {count} choices, "
+                             f"more than the {MAX_GENERATIONS} one request may ask for")  # fmt: skip
+        return self
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per choice: a lone text or token list is one prompt."""

@@ -7,9 +7,11 @@ of chunks ending with `data: [DONE]`; errors are OpenAI's {"error": {...}}.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated
 
@@ -51,16 +53,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     version = await _version(ctx, caller, body)
     params = _sampling(body, s)
     rid = fmt.new_id("chatcmpl")
+    _one_per_batch_line(request, 1, body.n)
     ids = await chat_ids(s, body.messages)
     if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
         params = fitted_to_token_limit(ctx, caller, params, len(ids))
-    request_ = _request(rid, ids, params, version, cache_salt(ctx, caller), body)
-    gen = await start(ctx, request_, caller=caller, **_who(request, t0, version))
+    gens = await _start(ctx, caller, request, body, rid, [ids], params, version, t0)
     if body.stream:
-        return event_stream(gen, _chat_events(ctx, gen, rid, body), s.send_timeout_s)
-    outcome = await gen.collect(request)
-    logprobs = fmt.chat_logprobs(s.tokenizer, outcome.logprobs) if body.logprobs else None
-    return answer(gen, fmt.chat_completion(rid, body.model, outcome, logprobs))
+        return event_stream(gens, _chat_events(ctx, gens, rid, body), s.send_timeout_s)
+    outcomes = await collect_all(gens, request)
+    logprobs = [
+        fmt.chat_logprobs(s.tokenizer, o.logprobs) if body.logprobs else None for o in outcomes
+    ]
+    return answer(gens[-1], fmt.chat_completion(rid, body.model, outcomes, logprobs))
 
 
 @router.post("/v1/completions", summary="Text completion")
@@ -69,15 +73,9 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     version = await _version(ctx, caller, body)
     params = _sampling(body, s)
     rid, prompts = fmt.new_id("cmpl"), body.prompts()
-    if len(prompts) > 1 and batch_call(request) is not None:
-        raise ApiError(400, "a batch line holds one prompt: give each prompt a line of its own")
+    _one_per_batch_line(request, len(prompts), body.n)
     ids = [await text_ids(s, p) if isinstance(p, str) else given_ids(s, p) for p in prompts]
-    salt, who = cache_salt(ctx, caller), _who(request, t0, version)
-    requests = [  # one per prompt, each id its own
-        _request(rid if len(ids) == 1 else f"{rid}-{k}", one, params, version, salt, body)
-        for k, one in enumerate(ids)
-    ]
-    gens = await start_all([start(ctx, r, caller=caller, **who) for r in requests])
+    gens = await _start(ctx, caller, request, body, rid, ids, params, version, t0)
     if body.stream:
         return event_stream(gens, _completion_events(ctx, gens, rid, body), s.send_timeout_s)
     outcomes = await collect_all(gens, request)
@@ -86,6 +84,28 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
         for o in outcomes
     ]
     return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs))
+
+
+def _one_per_batch_line(request: Request, prompts: int, n: int) -> None:
+    # A batch item's answer is metered as one record; its sender splits the rest into lines.
+    if (prompts > 1 or n > 1) and batch_call(request) is not None:
+        raise ApiError(400, "a batch line asks for one choice: one prompt, n 1; give each "
+                            "its own line")  # fmt: skip
+
+
+async def _start(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
+    """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
+    with seed + j when a seed is given, so the choices differ yet repeat."""
+    salt, who, n = cache_salt(ctx, caller), _who(request, t0, version), body.n
+    requests = []
+    for p, ids in enumerate(prompts):
+        for j in range(n):
+            rid_ = rid if len(prompts) * n == 1 else f"{rid}-{p * n + j}"
+            seeded = (
+                params if params.seed is None else replace(params, seed=(params.seed + j) % 2**63)
+            )
+            requests.append(_request(rid_, ids, seeded, version, salt, body))
+    return await start_all([start(ctx, r, caller=caller, **who) for r in requests])
 
 
 @router.get("/v1/models", summary="The base model and the adapters this key may use")
@@ -158,28 +178,32 @@ def _who(request: Request, t0: float, version: Version | None) -> dict:
 
 
 async def _chat_events(
-    ctx: ApiContext, gen: Generation, rid: str, body: ChatCompletionRequest
+    ctx: ApiContext, gens: list[Generation], rid: str, body: ChatCompletionRequest
 ) -> AsyncIterator[str]:
     created, tokenizer = fmt.now(), ctx.settings.tokenizer
     extra = {"usage": None} if body.include_usage() else {}
+    last: dict[int, RequestOutput] = {}
 
-    def chunk(delta: dict, reason: str | None = None, logprobs=None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    def chunk(k: int, delta: dict, reason: str | None = None, logprobs=None) -> str:
+        choice = {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         return json.dumps(fmt.chat_chunk(rid, created, body.model, [choice], **extra))
 
-    yield chunk({"role": "assistant", "content": ""})
-    async for out in gen:
-        if out.finish_reason == "error":
-            yield stream_error("/v1", out)
-            return
-        if out.new_text or (body.logprobs and out.logprobs):
-            lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
-            yield chunk({"content": out.new_text}, logprobs=lp)
-        if out.finished:
-            yield chunk({}, fmt.finish_reason(out.finish_reason))
-            if body.include_usage():
-                usage = fmt.output_usage(out)
-                yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
+    for k in range(len(gens)):  # each choice opens with its role, as OpenAI's stream does
+        yield chunk(k, {"role": "assistant", "content": ""})
+    async with contextlib.aclosing(merged(gens)) as outputs:  # closed when the stream is
+        async for k, out in outputs:
+            if out.finish_reason == "error":
+                yield stream_error("/v1", out)
+                return
+            if out.new_text or (body.logprobs and out.logprobs):
+                lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
+                yield chunk(k, {"content": out.new_text}, logprobs=lp)
+            if out.finished:
+                last[k] = out
+                yield chunk(k, {}, fmt.finish_reason(out.finish_reason))
+    if body.include_usage():
+        usage = fmt.summed_usage(last.values())
+        yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
     yield "[DONE]"
 
 
@@ -195,23 +219,21 @@ async def _completion_events(
         choice = {"index": k, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return json.dumps(fmt.completion_chunk(rid, created, body.model, [choice], **extra))
 
-    async for k, out in merged(gens):
-        if out.finish_reason == "error":
-            yield stream_error("/v1", out)
-            return
-        if out.new_text or (body.logprobs is not None and out.logprobs):
-            lp = None
-            if body.logprobs is not None:
-                lp = fmt.completion_logprobs(tokenizer, out.logprobs, offsets[k])
-            yield chunk(k, out.new_text, logprobs=lp)
-        if out.finished:
-            last[k] = out
-            yield chunk(k, "", fmt.finish_reason(out.finish_reason))
+    async with contextlib.aclosing(merged(gens)) as outputs:
+        async for k, out in outputs:
+            if out.finish_reason == "error":
+                yield stream_error("/v1", out)
+                return
+            if out.new_text or (body.logprobs is not None and out.logprobs):
+                lp = None
+                if body.logprobs is not None:
+                    lp = fmt.completion_logprobs(tokenizer, out.logprobs, offsets[k])
+                yield chunk(k, out.new_text, logprobs=lp)
+            if out.finished:
+                last[k] = out
+                yield chunk(k, "", fmt.finish_reason(out.finish_reason))
     if body.include_usage():
-        ends = list(last.values())
-        usage = fmt.usage(sum(o.prompt_tokens for o in ends),
-                          sum(o.completion_tokens for o in ends),
-                          sum(o.cached_tokens for o in ends))  # fmt: skip
+        usage = fmt.summed_usage(last.values())
         yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
     yield "[DONE]"
 

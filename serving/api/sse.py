@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+import anyio
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
@@ -34,9 +35,12 @@ def event_stream(
                 yield event
         finally:
             # When a write times out, events is closed where it stands, at a yield, which
-            # does not reach the iteration of gens inside it: close them all here.
-            await events.aclose()
-            await _close(gens)
+            # does not reach the iteration of gens inside it: close them all here. Shielded:
+            # a cancelled stream (its client left) must still end and meter every request,
+            # and events first, so that no task still reads a generation being closed.
+            with anyio.CancelScope(shield=True):
+                await events.aclose()
+                await _close(gens)
 
     return _Stream(
         gens,

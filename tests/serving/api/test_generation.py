@@ -195,9 +195,11 @@ def billed_since(served, before: tuple[int, int, int]) -> tuple[int, int, int]:
     return tuple(a - b for a, b in zip(now, before, strict=True))
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/ai/run/demo"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/ai/run/demo"])
 def test_leaving_a_stream_aborts_the_request_and_bills_what_was_sent(slow, path):
     body = {**CHAT, "max_tokens": 80, "stream": True}
+    if path == "/v1/completions":
+        body = {"model": MODEL_ID, "prompt": "hi", "max_tokens": 80, "stream": True}
     if path.startswith("/ai"):
         body = {"prompt": "hi", "max_tokens": 80, "stream": True}
     before, usage = set(Slow.delivered), used(slow)

@@ -1,10 +1,12 @@
-"""/v1/completions with a list of prompts (text or token ids), as the `openai` client and
-lm-eval-harness send them: one choice per prompt, in order, each equal to that prompt sent
-alone to an engine of its own (greedy), streamed or not; usage is their sum. A fault in one,
-or a client that leaves, ends them all; a batch line holds one prompt."""
+"""Several choices in one answer: /v1/completions with a list of prompts (text or token ids),
+as the `openai` client and lm-eval-harness send them, and n choices per prompt on both OpenAI
+routes. Each choice is in order and equals its prompt sent alone (greedy, or with seed + j),
+streamed or not; usage is their sum. A fault in one, or a client that leaves, ends them
+all; a batch line asks for one choice."""
 
 import asyncio
 import json
+from collections import Counter
 
 import pytest
 from fastapi.testclient import TestClient
@@ -83,7 +85,7 @@ def test_a_fault_in_one_prompt_ends_the_answer_and_every_request(world, tmp_path
 def test_a_batch_line_holds_one_prompt():
     line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
             "body": {"model": MODEL_ID, "prompt": ["a", "b"]}}  # fmt: skip
-    with pytest.raises(ApiError, match=r"line 1: body\.prompt: a line holds one prompt"):
+    with pytest.raises(ApiError, match="line 1: body: a line asks for one choice"):
         parse_input(json.dumps(line).encode())
     one = {**line, "body": {"model": MODEL_ID, "prompt": ["a"]}}
     assert parse_input(json.dumps(one).encode())[0].body["prompt"] == ["a"]
@@ -137,3 +139,43 @@ def test_a_start_that_fails_closes_the_others_and_is_raised():
         return ok
 
     assert asyncio.run(scenario()).closed
+
+
+def test_n_choices_of_a_chat_differ_by_seed_and_repeat(served, client):
+    """Choice j samples with seed + j: each equals the single-choice answer of that seed,
+    so the choices differ yet the request repeats; greedy choices are all the greedy one."""
+    chat = [{"role": "user", "content": "hello there"}]
+    kwargs = dict(model="upper", messages=chat, max_tokens=6, temperature=1.0)
+    many = client.chat.completions.create(n=3, seed=11, **kwargs)
+    alone = [client.chat.completions.create(seed=11 + j, **kwargs) for j in range(3)]
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert [c.message.content for c in many.choices] == [
+        a.choices[0].message.content for a in alone
+    ]
+    assert many.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    _, greedy = served.reference(served.chat_ids(chat), "upper", 6)
+    flat = client.chat.completions.create(n=2, **{**kwargs, "temperature": 0})
+    assert [c.message.content for c in flat.choices] == [greedy, greedy]
+
+
+def test_completion_choices_are_prompt_major_and_stream_by_index(served, client):
+    """Prompt p's j-th choice is index p * n + j, streamed or not; each stream index opens,
+    carries its text and ends once."""
+    refs = [served.reference(served.text_ids(t), None, 4)[1] for t in TEXTS[:2]]
+    kwargs = dict(model=MODEL_ID, prompt=TEXTS[:2], n=2, max_tokens=4, temperature=0)
+    answer = client.completions.create(**kwargs)
+    assert [c.text for c in answer.choices] == [refs[0], refs[0], refs[1], refs[1]]
+    texts, ends = [""] * 4, [0] * 4
+    for chunk in client.completions.create(stream=True, **kwargs):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            ends[choice.index] += choice.finish_reason is not None
+    assert texts == [c.text for c in answer.choices] and ends == [1] * 4
+    chat = [{"role": "user", "content": "hi"}]
+    roles = Counter()
+    for chunk in client.chat.completions.create(
+        model=MODEL_ID, messages=chat, n=3, max_tokens=2, stream=True
+    ):
+        for choice in chunk.choices:
+            roles[choice.index] += choice.delta.role == "assistant"
+    assert roles == {0: 1, 1: 1, 2: 1}

@@ -55,7 +55,7 @@ def test_good_lines_come_back_in_order_with_their_bodies():
         (line("b", body={**CHAT, "stream": True}), "line 2: body.stream is not supported"),
         (line("b", body={"model": "demo"}), "line 2: body: messages"),
         (line("b", "/v1/completions", {"prompt": "x"}), "line 2: body: model"),
-        (line("b", body={**CHAT, "n": 2}), "line 2: body: n: only n=1 is supported"),
+        (line("b", body={**CHAT, "n": 2}), "line 2: body: a line asks for one choice"),
         (line("a"), "line 2: custom_id 'a' is used by an earlier line"),
     ],
 )

@@ -35,7 +35,9 @@ MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
 #                 dependentRequired dependentSchemas unevaluatedProperties (without strict)
 #                 oneOf (overlapping branches become anyOf) allOf of several, $anchor,
 #                 multipleOf on numbers, nullable and unknown keywords: ignored
-#   patterns      lookarounds and anchors inside are dropped (serving.api.schema_patterns)
+#   patterns      lookarounds and anchors inside are dropped (serving.api.schema_patterns);
+#                 an optional group with a repeat inside loses its first character unless
+#                 spelt {0,1}, which the engine does (serving.engine.grammar.formats)
 #   broken JSON   a pattern naming ", \ or a control character emits them unescaped
 #                 (minLength/maxLength did too until the engine took control characters
 #                 out of the grammar's negated classes)

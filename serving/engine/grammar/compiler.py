@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from serving.engine.grammar.formats import with_date_patterns
+from serving.engine.grammar.formats import prepared
 from serving.engine.grammar.workers import CompilePool, CompilerBusy, Job
 from serving.engine.request import ResponseFormat
 
@@ -145,7 +145,7 @@ class GrammarCompiler:
         if fmt.kind == "json_object":
             schema, strict = JSON_OBJECT, False
         elif fmt.kind == "json_schema" and fmt.schema is not None:
-            schema, strict = json.dumps(with_date_patterns(json.loads(fmt.schema))), fmt.strict
+            schema, strict = json.dumps(prepared(json.loads(fmt.schema))), fmt.strict
         else:
             raise GrammarError(f"unknown response format {fmt.kind!r}")
         import xgrammar  # (see _make_compiler)

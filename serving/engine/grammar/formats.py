@@ -1,10 +1,14 @@
-"""Date formats as patterns the grammar compiler enforces exactly.
+"""A schema as the grammar compiler is to read it: date formats and patterns it would
+misread, rewritten into equivalents it enforces exactly.
 
-xgrammar's own `date` and `date-time` rules allow days a month lacks (02-31), so a schema's
-`"format": "date"` / `"date-time"` is compiled as the pattern below instead: every month
-its own days, 29 February in leap years only, years 0001-9999 (as Python's date reads
-them), times 00:00:00-23:59:59 with up to 6 fraction digits and a Z or +hh:mm offset. What
-it writes is RFC 3339's, in its upper-case spelling.
+- `"format": "date"` / `"date-time"`: xgrammar's own rules allow days a month lacks
+  (02-31), so they are compiled as the patterns below instead: every month its own days,
+  29 February in leap years only, years 0001-9999 (as Python's date reads them), times
+  00:00:00-23:59:59 with up to 6 fraction digits and a Z or +hh:mm offset. What they write
+  is RFC 3339's, in its upper-case spelling.
+- A group made optional with `?`: xgrammar 0.2.9 drops the group's first character when a
+  counted or unbounded repeat follows it inside (`a(-[0-9]{1,3})?` writes `a12`), so `)?`
+  becomes the same `){0,1}`, which it enforces.
 """
 
 from __future__ import annotations
@@ -23,16 +27,51 @@ OFFSET = "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 PATTERNS = {"date": f"^{DATE}$", "date-time": f"^{DATE}T{TIME}{OFFSET}$"}
 
 
-def with_date_patterns(node: object) -> object:
-    """node (a parsed JSON schema) with each `format` in PATTERNS replaced by its pattern."""
+def prepared(node: object) -> object:
+    """node (a parsed JSON schema) with each `format` in PATTERNS replaced by its pattern,
+    and every pattern (patternProperties' keys too) made safe for the compiler."""
     if isinstance(node, list):
-        return [with_date_patterns(item) for item in node]
+        return [prepared(item) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {key: with_date_patterns(value) for key, value in node.items()}
+    out = {key: prepared(value) for key, value in node.items()}
     fmt, types = node.get("format"), node.get("type")
     strings = types == "string" or (isinstance(types, list) and "string" in types)
     if isinstance(fmt, str) and fmt in PATTERNS and strings:
         del out["format"]
         out["pattern"] = PATTERNS[fmt]
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = optional_groups_counted(out["pattern"])
+    if isinstance(node.get("patternProperties"), dict):
+        out["patternProperties"] = {
+            optional_groups_counted(key): prepared(value)
+            for key, value in node["patternProperties"].items()
+        }
     return out
+
+
+def optional_groups_counted(pattern: str) -> str:
+    """pattern with each group's `?` quantifier spelt {0,1}: `(ab)?` -> `(ab){0,1}`. Escapes
+    and character classes are copied as they are; `)??` (lazy) stays lazy."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern.startswith("[]", i) or pattern.startswith("[^]", i):  # "]" first is literal
+                out.append(pattern[i : i + (2 if pattern[i + 1] == "]" else 3)])
+                i += 2 if pattern[i + 1] == "]" else 3
+                continue
+        elif c == ")" and pattern.startswith("?", i + 1):
+            out.append("){0,1}")
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)

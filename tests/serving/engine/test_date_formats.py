@@ -1,10 +1,11 @@
-"""The date patterns the grammar compiles for `format: date` / `date-time`, against Python's
-calendar: every day of every month of years around each leap rule, and nothing else."""
+"""What the grammar compiler is given instead of what it misreads: the date patterns for
+`format: date` / `date-time`, against Python's calendar (every day of every month of years
+around each leap rule, and nothing else), and optional groups spelt {0,1}."""
 
 import datetime
 import re
 
-from serving.engine.grammar.formats import PATTERNS, with_date_patterns
+from serving.engine.grammar.formats import PATTERNS, optional_groups_counted, prepared
 
 YEARS = [*range(1, 30), *range(1890, 2110), 100, 400, 1600, 1700, 1800, 2400, 9996, 9999]
 
@@ -34,13 +35,31 @@ def test_the_date_time_pattern_takes_rfc3339_times_python_reads():
     assert not any(stamp.fullmatch(text) for text in bad)
 
 
-def test_only_string_date_formats_become_patterns():
+def test_only_string_date_formats_become_patterns_and_patterns_are_rewritten():
     schema = {"type": "object", "properties": {
         "a": {"type": "string", "format": "date"},
         "b": {"anyOf": [{"type": ["string", "null"], "format": "date-time"}]},
         "c": {"type": "string", "format": "uuid"},
-    }}  # fmt: skip
-    out = with_date_patterns(schema)["properties"]
-    assert out["a"] == {"type": "string", "pattern": PATTERNS["date"]}
-    assert out["b"]["anyOf"][0] == {"type": ["string", "null"], "pattern": PATTERNS["date-time"]}
-    assert out["c"] == schema["properties"]["c"]
+        "d": {"type": "string", "pattern": "^a(-[0-9]{1,3})?$"},
+    }, "patternProperties": {"^k(_[0-9]+)?$": {"type": "integer"}}}  # fmt: skip
+    out = prepared(schema)
+    props = out["properties"]
+    assert props["a"] == {"type": "string", "pattern": optional_groups_counted(PATTERNS["date"])}
+    assert props["b"]["anyOf"][0]["pattern"] == optional_groups_counted(PATTERNS["date-time"])
+    assert props["c"] == schema["properties"]["c"]
+    assert props["d"]["pattern"] == "^a(-[0-9]{1,3}){0,1}$"
+    assert list(out["patternProperties"]) == ["^k(_[0-9]+){0,1}$"]
+
+
+def test_only_a_groups_question_mark_is_rewritten():
+    cases = {
+        r"a(-[0-9]{1,3})?": r"a(-[0-9]{1,3}){0,1}",
+        r"(?:a|b)?x": r"(?:a|b){0,1}x",  # the group's own (? is no quantifier
+        r"a(b)??": r"a(b){0,1}?",  # lazy stays lazy
+        r"\)?x?": r"\)?x?",  # an escaped paren, a character's ?
+        r"[)?]": r"[)?]",  # inside a class
+        r"[]?)](c)?": r"[]?)](c){0,1}",  # ] first in a class is literal
+    }
+    for pattern, expected in cases.items():
+        assert optional_groups_counted(pattern) == expected
+        assert re.compile(expected).pattern  # still a regular expression

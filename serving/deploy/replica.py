@@ -110,7 +110,9 @@ class EngineReplica:
         tenancy = HandleTenancy(self.tenancy) if self.tenancy is not None else None
         batch = HandleBatch(self.batch) if self.batch is not None else None
         generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
-        app = create_app(generator, settings, tenancy, batch)
+        # Ray Serve's proxy names every answer with x-request-id (a client's own echoed):
+        # a second header from the app would reach the client as "id, id".
+        app = create_app(generator, settings, tenancy, batch, request_ids=False)
         app.add_middleware(DisconnectOnCancel)
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
         self.http_app = app  # batch items from the feeder are served through it

@@ -192,3 +192,12 @@ def test_fifty_mixed_requests_answer_valid_json(url):
     assert {k: completed[k] for k in SCHEMAS} == {k: asked[k] for k in SCHEMAS}, results
     assert completed["json_object"] >= 1, results
     assert free == [alone[m] for m in MODELS for _ in range(2)]
+
+
+def test_each_answer_is_named_by_one_request_id(url):
+    """Ray Serve's proxy names answers with x-request-id (a client's own echoed); the app
+    adds none of its own there, so a client sees one id, not "id, id"."""
+    mine = httpx.get(f"{url}/v1/models", headers={"x-request-id": "trace-7"}, timeout=30)
+    assert mine.headers.get_list("x-request-id") == ["trace-7"]
+    fresh = httpx.get(f"{url}/v1/models", timeout=30)
+    assert len(fresh.headers.get_list("x-request-id")) == 1

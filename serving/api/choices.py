@@ -36,6 +36,8 @@ async def start_all(starts: Sequence[Awaitable[Generation]]) -> list[Generation]
     failure = next((t.exception() for t in tasks if t.exception() is not None), None)
     started = [t.result() for t in tasks if t.exception() is None]
     if failure is not None:
+        for gen in started:  # the client gets the failure, none of these: not billed
+            gen.unbill()
         await close_all(started)
         raise failure
     return started
@@ -43,12 +45,14 @@ async def start_all(starts: Sequence[Awaitable[Generation]]) -> list[Generation]
 
 async def close_all(gens: Sequence[Generation]) -> None:
     for gen in gens:
-        await gen.aclose()
+        await gen.aclose(held_too=True)
 
 
 async def collect_all(gens: Sequence[Generation], request: Request) -> list[Outcome]:
     """Every generation's outputs joined, in order; a failure in one (its error, the first
     in order) or a client that disconnects meanwhile ends them all."""
+    for gen in gens:  # billed together below, or not at all when one fails
+        gen.hold()
     drains = [asyncio.ensure_future(drain(g)) for g in gens]
     gone = asyncio.ensure_future(disconnected(request))
     try:
@@ -56,6 +60,8 @@ async def collect_all(gens: Sequence[Generation], request: Request) -> list[Outc
         while not gone.done() and not all(t.done() for t in drains):
             done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if any(t.exception() is not None for t in done if t is not gone):
+                for gen in gens:  # the answer is the failure: no choice of it is billed
+                    gen.unbill()
                 break
     finally:
         await _ended([*drains, gone], gens)

@@ -61,6 +61,8 @@ class Generation:
         self._t0, self._ttft = t0, time.perf_counter() - t0
         self._last: RequestOutput = first
         self._closed = False
+        self._bill = True  # unbill(): a choice of an answer that failed as a whole
+        self._held = False  # hold(): closed by its owner only, once every choice is in
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
         try:
@@ -92,9 +94,10 @@ class Generation:
             error="the model replica serving this request failed; retry the request",
         )  # fmt: skip
 
-    async def aclose(self) -> None:
-        """Close the stream, which aborts the request if it runs on, and record it; once."""
-        if self._closed:
+    async def aclose(self, *, held_too: bool = False) -> None:
+        """Close the stream, which aborts the request if it runs on, and record it; once.
+        A held generation closes only when its owner says so (held_too)."""
+        if self._closed or (self._held and not held_too):
             return
         self._closed = True
         # Shielded: closing is what aborts the request, even while being cancelled; and its
@@ -102,7 +105,17 @@ class Generation:
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()
             self._record()
-            await finish(self._ctx, self.meter, self._last)
+            await finish(self._ctx, self.meter, self._last, bill=self._bill)
+
+    def hold(self) -> None:
+        """Leave the closing (and so the billing) to the owner of several choices, which
+        closes them together once it knows whether the answer as a whole succeeded."""
+        self._held = True
+
+    def unbill(self) -> None:
+        """Record no usage when this closes: its answer failed as a whole, so the client
+        got none of it (its tokens still count against the tenant's limits)."""
+        self._bill = False
 
     async def collect(self, request: Request) -> Outcome:
         """Every output joined; a client that disconnects meanwhile aborts the request."""

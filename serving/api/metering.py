@@ -69,16 +69,44 @@ class Meter:
 
 
 def fitted_to_token_limit(
-    ctx: ApiContext, caller: Principal, sampling: SamplingParams, prompt_tokens: int
-) -> SamplingParams:
+    ctx: ApiContext, caller: Principal, sampling: SamplingParams, prompt_tokens: int,
+    choices: int = 1,
+) -> SamplingParams:  # fmt: skip
     """sampling of a request that set no max_tokens, its output capped so that prompt and
-    output fit caller's tenant's tokens_per_minute. Uncapped, it would reserve the whole
-    context, which a smaller limit never admits: the most common chat call would be refused
-    forever. (A request whose prompt alone is larger is refused as too large.)"""
+    output, once per choice, fit caller's tenant's tokens_per_minute. Uncapped, it would
+    reserve the whole context, which a smaller limit never admits: the most common chat
+    call would be refused forever. (A request whose prompts alone are larger is refused as
+    too large.)"""
     most = ctx.settings.limits_of(caller.tenant).get("tokens_per_minute")
-    if most is None or most - prompt_tokens < 1:
+    room = None if most is None else most // choices - prompt_tokens
+    if room is None or room < 1:
         return sampling
-    return dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, most - prompt_tokens))
+    return dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room))
+
+
+def check_choices_fit(ctx: ApiContext, caller: Principal, requests: list[GenerateRequest]) -> None:
+    """A 429 with no Retry-After (as for one request larger than a limit) when the choices of
+    one answer, each admitted on its own, could never all be: more than the tenant may run
+    at once or in a minute, or tokens past its minute's. No wait would let them in."""
+    limits = ctx.settings.limits_of(caller.tenant)
+    count = len(requests)
+    if count < 2:
+        return
+    tokens = sum(_reserved(ctx, r) for r in requests)
+    for name, asked in (("concurrent_requests", count), ("requests_per_minute", count),
+                        ("tokens_per_minute", tokens)):  # fmt: skip
+        most = limits.get(name)
+        if most is not None and asked > most:
+            what = f"{asked} tokens" if name == "tokens_per_minute" else f"{asked} requests"
+            raise ApiError(429, f"this request's {count} choices (prompts x n) need {what} at "
+                                f"once, larger than this tenant's {name} limit of {most}; ask "
+                                "for fewer choices or fewer tokens", code="rate_limit_exceeded")  # fmt: skip
+
+
+def _reserved(ctx: ApiContext, request: GenerateRequest) -> int:
+    # The engine stops a sequence at max_model_len, prompt included: no request uses more.
+    prompt = len(request.prompt_token_ids)
+    return min(prompt + request.sampling.max_tokens, max(ctx.settings.max_model_len, prompt))
 
 
 async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) -> Admission | None:
@@ -86,9 +114,7 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
     when no rate limit applies to the tenant; 429 with OpenAI's headers when one is hit."""
     if not rate_limited(ctx.settings.limits_of(caller.tenant)):
         return None
-    # The engine stops a sequence at max_model_len, prompt included: no request uses more.
-    prompt = len(request.prompt_token_ids)
-    tokens = min(prompt + request.sampling.max_tokens, max(ctx.settings.max_model_len, prompt))
+    tokens = _reserved(ctx, request)
     try:
         return await asyncio.wait_for(ctx.tenancy.admit(caller.tenant, tokens), TENANCY_TIMEOUT_S)
     except RateLimited as exc:
@@ -103,14 +129,17 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
         ) from None  # fmt: skip
 
 
-async def finish(ctx: ApiContext, meter: Meter, out: RequestOutput | None) -> None:
+async def finish(
+    ctx: ApiContext, meter: Meter, out: RequestOutput | None, *, bill: bool = True
+) -> None:
     """Record the request's usage (out: its last output; None if it never ran) and release
-    its admission, charging the tokens it used even when it is not metered (a failure). A
-    store that fails is logged, never the client's error."""
+    its admission, charging the tokens it used even when it is not metered (a failure, or
+    bill False: a choice of an answer that failed as a whole). A store that fails is
+    logged, never the client's error."""
     used = out.prompt_tokens + out.completion_tokens if out is not None else 0
     try:
         # Built inside the try: a record that cannot be built must not keep the admission.
-        record = meter.record(out)
+        record = meter.record(out) if bill else None
     except Exception as exc:
         log.error("usage of a %s request could not be recorded: %s", meter.caller.tenant, exc)
         record = None

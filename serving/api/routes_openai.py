@@ -27,7 +27,7 @@ from serving.api.choices import collect_all, merged, start_all
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
-from serving.api.metering import fitted_to_token_limit
+from serving.api.metering import check_choices_fit, fitted_to_token_limit
 from serving.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import (
@@ -56,7 +56,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     _one_per_batch_line(request, 1, body.n)
     ids = await chat_ids(s, body.messages)
     if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
-        params = fitted_to_token_limit(ctx, caller, params, len(ids))
+        params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=body.n)
     gens = await _start(ctx, caller, request, body, rid, [ids], params, version, t0)
     if body.stream:
         return event_stream(gens, _chat_events(ctx, gens, rid, body), s.send_timeout_s)
@@ -105,6 +105,7 @@ async def _start(ctx, caller, request, body, rid, prompts, params, version, t0) 
                 params if params.seed is None else replace(params, seed=(params.seed + j) % 2**63)
             )
             requests.append(_request(rid_, ids, seeded, version, salt, body))
+    check_choices_fit(ctx, caller, requests)
     return await start_all([start(ctx, r, caller=caller, **who) for r in requests])
 
 

@@ -16,6 +16,7 @@ from serving.api.batch_input import parse_input
 from serving.api.choices import start_all
 from serving.api.errors import ApiError
 from serving.api.generation import Generation
+from serving.engine.request import RequestOutput
 from tests.serving.api.served import MODEL_ID, stub_settings
 from tests.serving.api.test_sse import AUTH, Endless, stalled_client
 from tests.serving.api.test_stream_faults import DiesMidStream
@@ -95,9 +96,9 @@ class _Started(Generation):
     """A generation that only notes being closed."""
 
     def __init__(self):  # no engine behind it
-        self.closed = False
+        self.closed, self._bill, self._held = False, True, False
 
-    async def aclose(self):
+    async def aclose(self, *, held_too=False):
         self.closed = True
 
 
@@ -138,7 +139,8 @@ def test_a_start_that_fails_closes_the_others_and_is_raised():
             await start_all([good(), bad()])
         return ok
 
-    assert asyncio.run(scenario()).closed
+    ok = asyncio.run(scenario())
+    assert ok.closed and not ok._bill  # the client got the 429, none of this choice
 
 
 def test_n_choices_of_a_chat_differ_by_seed_and_repeat(served, client):
@@ -179,3 +181,34 @@ def test_completion_choices_are_prompt_major_and_stream_by_index(served, client)
         for choice in chunk.choices:
             roles[choice.index] += choice.delta.role == "assistant"
     assert roles == {0: 1, 1: 1, 2: 1}
+
+
+class SecondFails:
+    """Each request answers a token; the second choice then fails, the others finish."""
+
+    async def generate(self, request, *, session=None):
+        yield RequestOutput(request.request_id, (5,), "a", prompt_tokens=2, completion_tokens=1)
+        if request.request_id.endswith("-1"):
+            await asyncio.sleep(0.05)  # the others have finished by then
+            raise RuntimeError("replica lost")
+        yield RequestOutput(request.request_id, (6,), "b", True, "length", 2, 2)
+
+    async def figures(self):
+        return []
+
+    async def ready(self):
+        return True
+
+
+def test_an_answer_that_fails_bills_none_of_its_choices(world, tmp_path):
+    app = create_app(SecondFails(), stub_settings(world, tmp_path))
+    client = TestClient(app, raise_server_exceptions=False)
+    body = {"model": MODEL_ID, "prompt": ["a", "b", "c"], "max_tokens": 2}
+    r = client.post("/v1/completions", json=body, headers=AUTH)
+    assert r.status_code == 500
+    usage = client.get("/v1/usage", headers=AUTH).json()["data"]
+    assert sum(row["interactive"]["requests"] for row in usage) == 0
+    one = client.post("/v1/completions", json={**body, "prompt": "a"}, headers=AUTH)
+    assert one.status_code == 200  # a whole answer is billed, as before
+    usage = client.get("/v1/usage", headers=AUTH).json()["data"]
+    assert sum(row["interactive"]["requests"] for row in usage) == 1

@@ -230,3 +230,28 @@ def test_an_unreachable_limiter_is_503_and_unlimited_tenants_go_on(world, tmp_pa
     assert held.started == 0  # refused before the engine
     # a tenant without limits needs no admission; its lost usage record fails nothing
     assert post(client, "admin-key-0123").status_code == 200
+
+
+def test_choices_share_the_token_limit_and_one_answer_past_a_limit_is_refused_whole(
+    world, tmp_path
+):
+    """A chat with n choices and no max_tokens is capped so that all n fit the minute's
+    tokens; choices no wait could all admit are one 429 without Retry-After, and nothing
+    of such a request runs or is billed."""
+    limits = {"globex": {"tokens_per_minute": 100}, "acme": {"concurrent_requests": 3}}
+    client, held = client_for(world, tmp_path, limits)
+    chat = {"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]}
+    r = client.post("/v1/chat/completions", json={**chat, "n": 3}, headers=auth(GLOBEX))
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 3 and held.max_tokens == 100 // 3 - held.prompt_len
+    started = held.started
+    r = client.post("/v1/chat/completions", json={**chat, "n": 4, "max_tokens": 2},
+                    headers=auth(ACME))  # fmt: skip
+    assert r.status_code == 429 and "retry-after" not in r.headers
+    assert "4 choices (prompts x n) need 4 requests" in r.json()["error"]["message"]
+    assert held.started == started  # none of them ran
+    body = {"model": MODEL_ID, "prompt": ["a", "b"], "max_tokens": 60}  # each alone fits
+    r = client.post("/v1/completions", json=body, headers=auth(GLOBEX))
+    assert r.status_code == 429 and "tokens_per_minute limit of 100" in r.json()["error"]["message"]
+    assert client.post("/v1/completions", json={**body, "max_tokens": 4},
+                       headers=auth(GLOBEX)).status_code == 200  # fmt: skip

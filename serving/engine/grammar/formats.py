@@ -27,26 +27,43 @@ OFFSET = "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 PATTERNS = {"date": f"^{DATE}$", "date-time": f"^{DATE}T{TIME}{OFFSET}$"}
 
 
+# Where a schema holds schemas; anything else (const, enum, default, examples) is a value,
+# copied as it is even when it looks like a schema.
+SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("prefixItems", "anyOf", "allOf", "oneOf")
+SCHEMA_ONE = ("additionalProperties", "items", "unevaluatedItems", "unevaluatedProperties",
+              "propertyNames", "contains", "not", "if", "then", "else")  # fmt: skip
+
+
 def prepared(node: object) -> object:
-    """node (a parsed JSON schema) with each `format` in PATTERNS replaced by its pattern,
-    and every pattern (patternProperties' keys too) made safe for the compiler."""
-    if isinstance(node, list):
-        return [prepared(item) for item in node]
+    """node (a parsed JSON schema) with each string's `format` in PATTERNS replaced by its
+    pattern, and every pattern (patternProperties' keys too) made safe for the compiler."""
     if not isinstance(node, dict):
         return node
-    out = {key: prepared(value) for key, value in node.items()}
+    out = dict(node)
+    for key in SCHEMA_MAPS:
+        if isinstance(node.get(key), dict):
+            out[key] = {name: prepared(sub) for name, sub in node[key].items()}
+    for key in SCHEMA_LISTS:
+        if isinstance(node.get(key), list):
+            out[key] = [prepared(sub) for sub in node[key]]
+    for key in SCHEMA_ONE:
+        if key in node:
+            out[key] = prepared(node[key])
+    if isinstance(node.get("items"), list):  # the older list form
+        out["items"] = [prepared(sub) for sub in node["items"]]
+    if isinstance(node.get("patternProperties"), dict):
+        out["patternProperties"] = {
+            optional_groups_counted(key): prepared(sub)
+            for key, sub in node["patternProperties"].items()
+        }
     fmt, types = node.get("format"), node.get("type")
     strings = types == "string" or (isinstance(types, list) and "string" in types)
-    if isinstance(fmt, str) and fmt in PATTERNS and strings:
+    if isinstance(fmt, str) and fmt in PATTERNS and strings and "pattern" not in node:
         del out["format"]
         out["pattern"] = PATTERNS[fmt]
     if isinstance(out.get("pattern"), str):
         out["pattern"] = optional_groups_counted(out["pattern"])
-    if isinstance(node.get("patternProperties"), dict):
-        out["patternProperties"] = {
-            optional_groups_counted(key): prepared(value)
-            for key, value in node["patternProperties"].items()
-        }
     return out
 
 

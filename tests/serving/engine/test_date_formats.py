@@ -63,3 +63,14 @@ def test_only_a_groups_question_mark_is_rewritten():
     for pattern, expected in cases.items():
         assert optional_groups_counted(pattern) == expected
         assert re.compile(expected).pattern  # still a regular expression
+
+
+def test_values_that_look_like_schemas_are_left_as_they_are():
+    """const, enum, default and examples hold values, not schemas: rewriting one would make
+    the grammar force another value than the one given."""
+    looks = {"type": "string", "format": "date", "pattern": "a(b)?"}
+    schema = {"type": "object", "properties": {"v": {"const": looks}, "w": {"enum": [looks]}},
+              "default": looks, "examples": [looks]}  # fmt: skip
+    out = prepared(schema)
+    assert out["properties"]["v"]["const"] == looks and out["properties"]["w"]["enum"] == [looks]
+    assert out["default"] == looks and out["examples"] == [looks]

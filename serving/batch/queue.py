@@ -148,13 +148,13 @@ def close_if_ended(db: sqlite3.Connection, seq: int, now: float) -> None:
 
 
 def _take_next(db: sqlite3.Connection, tenant: str, now: float) -> tuple | None:
-    """Mark tenant's next queued item running (the lowest index over its open jobs, then the
-    oldest job); its row for an Item, or None when it has none queued."""
+    """Mark tenant's next queued item running (the lowest index over its jobs, then the
+    oldest job: one step of the items_tenant_queue index); its row for an Item, or None
+    when it has none queued. Only an open job, not being cancelled, has queued items."""
     found = db.execute(
-        "SELECT seq, first FROM (SELECT seq, (SELECT MIN(idx) FROM items WHERE state = ? AND "
-        "job = seq) AS first FROM jobs WHERE tenant = ? AND finished IS NULL AND cancelling "
-        "IS NULL) WHERE first IS NOT NULL ORDER BY first, seq LIMIT 1", (QUEUED, tenant),
-    ).fetchone()  # fmt: skip
+        "SELECT job, idx FROM items WHERE state = ? AND tenant = ? ORDER BY idx, job LIMIT 1",
+        (QUEUED, tenant),
+    ).fetchone()
     if found is None:
         return None
     seq, idx = found

@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS items (
     idx INTEGER NOT NULL, ref TEXT, body TEXT NOT NULL, state TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0, status INTEGER, result TEXT, error TEXT,
     prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0, tenant TEXT,  -- the job's: a tenant's queue
     PRIMARY KEY (job, idx)
 ) WITHOUT ROWID;
 -- A job's next queued item, and the items in one state, without reading the others
@@ -100,6 +100,7 @@ class BatchStore(FileTable, ItemQueue):
                            "synchronous = FULL", "foreign_keys = ON"):  # fmt: skip
                 self._db.execute(f"PRAGMA {pragma}")
             self._db.executescript(_SCHEMA)
+            _with_item_tenants(self._db)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -128,9 +129,10 @@ class BatchStore(FileTable, ItemQueue):
                 (key_id, *_job_row(job)),
             ).lastrowid
             db.executemany(
-                "INSERT INTO items (job, idx, ref, body, state) VALUES (?, ?, ?, ?, ?)",
-                ((seq, i, it.ref, json.dumps(it.body), QUEUED) for i, it in enumerate(items)),
-            )
+                "INSERT INTO items (job, idx, ref, body, state, tenant) VALUES (?, ?, ?, ?, ?, ?)",
+                ((seq, i, it.ref, json.dumps(it.body), QUEUED, tenant)
+                 for i, it in enumerate(items)),
+            )  # fmt: skip
         return job
 
     def job(self, tenant: str, job_id: str) -> Job | None:
@@ -237,6 +239,19 @@ class BatchStore(FileTable, ItemQueue):
             yield
         except (OSError, sqlite3.Error) as exc:
             raise BatchStoreError(f"batch store {self.path}: cannot {action} it: {exc}") from exc
+
+
+def _with_item_tenants(db: sqlite3.Connection) -> None:
+    """Give a file made before items named their tenant that column, filled from the jobs,
+    and the index a tenant's next queued item is read from (the feeder's order within a
+    tenant: the i-th item of each of its jobs before any job's (i+1)-th, then oldest job)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+    if "tenant" not in columns:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ALTER TABLE items ADD COLUMN tenant TEXT")
+        db.execute("UPDATE items SET tenant = (SELECT tenant FROM jobs WHERE seq = items.job)")
+        db.execute("COMMIT")
+    db.execute("CREATE INDEX IF NOT EXISTS items_tenant_queue ON items (state, tenant, idx, job)")
 
 
 def _pending(db: sqlite3.Connection, tenant: str) -> int:

@@ -71,8 +71,12 @@ class _OpenAIBody(SamplingFields):
         return value
 
     def biases(self) -> tuple[tuple[int, float], ...]:
-        """logit_bias as (token id, bias) pairs, zero biases left out."""
-        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items() if v != 0.0)
+        """logit_bias as (token id, bias) pairs, one per id ("5" and "05" name one token:
+        their biases add up), zero biases left out."""
+        summed: dict[int, float] = {}
+        for key, bias in (self.logit_bias or {}).items():
+            summed[int(key)] = summed.get(int(key), 0.0) + bias
+        return tuple((i, b) for i, b in summed.items() if b != 0.0)
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,7 @@ answer where that token first appears."""
 import openai
 import pytest
 
+from serving.api.openai_schemas import CompletionRequest
 from tests.serving.api.served import MODEL_ID
 
 PROMPT = [5, 6, 7, 8]
@@ -90,3 +91,8 @@ def test_ignore_eos_runs_past_a_certain_end_of_sequence(served, client):
 def test_bad_values_are_refused_naming_the_field(client, extra, words):
     with pytest.raises(openai.BadRequestError, match=words):
         complete(client, extra_body=extra)
+
+
+def test_two_spellings_of_one_token_id_add_their_biases():
+    body = CompletionRequest(model=MODEL_ID, prompt="x", logit_bias={"5": 30, "05": 40, "7": 0})
+    assert body.biases() == ((5, 70.0),)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 
 from serving.api.errors import error_body
-from serving.batch.records import ItemRecord, Job
+from serving.batch.records import CANCELLED, ItemRecord, Job
 
 # OpenAI's batch status by the store's job state; items are checked at submission, so a job
 # is in progress from the start.
 OPENAI_STATUS = {"queued": "in_progress", "running": "in_progress", "done": "completed",
                  "cancelling": "cancelling", "cancelled": "cancelled"}  # fmt: skip
 COMPLETION_WINDOW_S = 24 * 3600
+NEVER_RAN = "the batch was cancelled before this request ran"
 OUTPUT, ERRORS = "-output", "-errors"
 
 
@@ -48,7 +49,9 @@ def output_file_ids(job: Job) -> tuple[str | None, str | None]:
     if job.finished is None:
         return None, None
     base = "file-" + job.id.removeprefix("batch_")
-    return (base + OUTPUT if job.completed else None), (base + ERRORS if job.failed else None)
+    # A cancelled job's requests that never ran are error lines too (batch_cancelled).
+    errors = job.failed or job.total > job.completed + job.failed
+    return (base + OUTPUT if job.completed else None), (base + ERRORS if errors else None)
 
 
 def job_of_file(file_id: str) -> tuple[str, bool] | None:
@@ -90,14 +93,23 @@ def file_lines(job: Job, records: list[ItemRecord], errors: bool) -> bytes:
     lines = []
     for record in records:
         r = record.result
+        if errors and record.state == CANCELLED:  # as OpenAI writes a request that never ran
+            line = {"id": _line_id(job, record), "custom_id": record.ref, "response": None,
+                    "error": {"code": "batch_cancelled", "message": NEVER_RAN}}  # fmt: skip
+            lines.append(json.dumps(line) + "\n")
+            continue
         if r is None or r.ok == errors:
             continue
         body = r.body if r.ok or r.body else error_body(job.endpoint, r.status, r.error or "failed")
         response = {"status_code": r.status, "request_id": f"{job.id}-{record.index}", "body": body}
-        line = {"id": f"batch_req_{job.id.removeprefix('batch_')}_{record.index}",
-                "custom_id": record.ref, "response": response, "error": None}  # fmt: skip
+        line = {"id": _line_id(job, record), "custom_id": record.ref, "response": response,
+                "error": None}  # fmt: skip
         lines.append(json.dumps(line) + "\n")
     return "".join(lines).encode()
+
+
+def _line_id(job: Job, record: ItemRecord) -> str:
+    return f"batch_req_{job.id.removeprefix('batch_')}_{record.index}"
 
 
 def _seconds(t: float | None) -> int | None:

@@ -108,8 +108,9 @@ def test_list_pages_newest_first_with_limit_and_after(served):
 @pytest.mark.slow
 def test_cancel_keeps_finished_items_and_runs_no_more(served):
     """Cancelling a slow batch midway: cancelling, then cancelled; what finished by then is
-    in the output file; at most the items already running finish after the cancel, and
-    once cancelled the counts stop changing and the engine is idle."""
+    in the output file, what never ran in the error file (batch_cancelled); at most the
+    items already running finish after the cancel, and once cancelled the counts stop
+    changing and the engine is idle."""
     c = client(served)
     model = served.generator.engine.model
     forward = model.forward
@@ -138,6 +139,12 @@ def test_cancel_keeps_finished_items_and_runs_no_more(served):
     outputs = read(c, done.output_file_id)
     assert len(outputs) == counts.completed
     assert {x["custom_id"] for x in outputs} <= {f"s{i}" for i in range(80)}
+    # every request that never ran is an error line, so each custom_id is in one file
+    never = read(c, done.error_file_id)
+    assert {x["error"]["code"] for x in never} == {"batch_cancelled"}
+    assert all(x["response"] is None for x in never)
+    ids = [x["custom_id"] for x in outputs + never]
+    assert sorted(ids) == sorted(f"s{i}" for i in range(80))
     time.sleep(1.0)
     assert c.batches.retrieve(batch.id).request_counts == counts
     assert not served.generator.engine.scheduler.has_work()

@@ -115,8 +115,12 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
     if not rate_limited(ctx.settings.limits_of(caller.tenant)):
         return None
     tokens = _reserved(ctx, request)
+    # Its own task: a caller cancelled (its client left) or timed out while a shared limiter
+    # still decides would otherwise drop an admission granted a moment later, holding the
+    # tenant's place until the running TTL. _release_late hands it back instead.
+    asked = asyncio.ensure_future(ctx.tenancy.admit(caller.tenant, tokens))
     try:
-        return await asyncio.wait_for(ctx.tenancy.admit(caller.tenant, tokens), TENANCY_TIMEOUT_S)
+        return await asyncio.wait_for(asyncio.shield(asked), TENANCY_TIMEOUT_S)
     except RateLimited as exc:
         raise ApiError(
             429, str(exc), code="rate_limit_exceeded", headers=dict(exc.headers)
@@ -127,6 +131,22 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
             503, "the rate limiter cannot be reached; try again",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         ) from None  # fmt: skip
+    finally:
+        if not asked.done():  # given up on (a timeout, a cancel): release what it grants
+            asked.add_done_callback(lambda done: _release_late(ctx, done))
+
+
+def _release_late(ctx: ApiContext, asked: asyncio.Future) -> None:
+    """Hand back an admission granted after its request stopped waiting for it."""
+    if asked.cancelled() or asked.exception() is not None:
+        return
+    release = asyncio.ensure_future(ctx.tenancy.finish(asked.result(), None, 0))
+    release.add_done_callback(_logged)
+
+
+def _logged(release: asyncio.Future) -> None:
+    if not release.cancelled() and release.exception() is not None:
+        log.error("a late admission could not be released: %s", release.exception())
 
 
 async def finish(

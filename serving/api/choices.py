@@ -1,8 +1,9 @@
-"""Several generations answered as one: the choices of a completion with a list of prompts.
+"""The generations of one answer, started, collected or streamed together: a choice per
+prompt and per n on the OpenAI routes, and the one generation of any other answer.
 
-Each prompt is a request of its own (admitted, metered and aborted on its own), started
-together so that they share engine steps. The answer is whole or an error: one that cannot
-start, or fails, ends them all; a client that leaves aborts them all.
+Each is a request of its own (admitted, metered and aborted on its own), started together
+so that they share engine steps. The answer is whole or an error: one that cannot start,
+or fails, ends them all, unbilled; a client that leaves aborts them all.
 """
 
 from __future__ import annotations

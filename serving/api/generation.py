@@ -10,8 +10,6 @@ last byte) and its admission released (serving.api.metering).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -116,22 +114,6 @@ class Generation:
         """Record no usage when this closes: its answer failed as a whole, so the client
         got none of it (its tokens still count against the tenant's limits)."""
         self._bill = False
-
-    async def collect(self, request: Request) -> Outcome:
-        """Every output joined; a client that disconnects meanwhile aborts the request."""
-        draining = asyncio.ensure_future(drain(self))
-        gone = asyncio.ensure_future(disconnected(request))
-        try:
-            await asyncio.wait({draining, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (draining, gone):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        if draining.cancelled():
-            raise ApiError(CLIENT_CLOSED, "the client disconnected")
-        return draining.result()
 
     def _record(self) -> None:
         out = self._last

@@ -20,6 +20,7 @@ from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
 from serving.api.batch_calls import batch_call
 from serving.api.batch_format import workers_status
+from serving.api.choices import collect_all
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
@@ -91,7 +92,7 @@ async def run(
     )
     if body.stream:
         return event_stream(gen, _events(gen), s.send_timeout_s)
-    outcome = await gen.collect(request)
+    [outcome] = await collect_all([gen], request)
     usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
     result = {"response": outcome.text, "usage": usage}
     return answer(gen, {"result": result, "success": True, "errors": [], "messages": []})

@@ -16,6 +16,7 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
+from serving.api.choices import close_all
 from serving.api.generation import Generation
 
 log = logging.getLogger("loraserve.api")
@@ -40,7 +41,7 @@ def event_stream(
             # and events first, so that no task still reads a generation being closed.
             with anyio.CancelScope(shield=True):
                 await events.aclose()
-                await _close(gens)
+                await close_all(gens)
 
     return _Stream(
         gens,
@@ -50,11 +51,6 @@ def event_stream(
         send_timeout=send_timeout,
         headers=gens[-1].meter.headers,
     )
-
-
-async def _close(gens: Sequence[Generation]) -> None:
-    for gen in gens:
-        await gen.aclose()
 
 
 class _Stream(EventSourceResponse):
@@ -71,4 +67,4 @@ class _Stream(EventSourceResponse):
         finally:
             # An answer that never started its body (its start failed, or it was cancelled
             # first) never ran closing(): the requests must still end and release their place.
-            await _close(self.gens)
+            await close_all(self.gens)

@@ -89,8 +89,6 @@ def verify(
         rows = rows.clone()
         masks.apply(rows)
         rows, dead = without_dead_ends(rows)
-        if dead[0]:
-            raise RowFault(DEAD_END)
     states = row_states(state, drafts)
     penalized = apply_penalties(rows, states)  # [k + 1, V]
     if state.params.greedy:
@@ -101,7 +99,7 @@ def verify(
         tokens = [*drafts[:a], target[a]]
     else:
         a, tokens = _speculative_sample(penalized, states, drafts, draft_probs, default_generator)
-    if any(dead[: len(tokens)]):  # an accepted draft led where the grammar allows nothing
+    if any(dead[: len(tokens)]):  # now, or after an accepted draft, the grammar allows nothing
         raise RowFault(DEAD_END)
     return Verified(
         tokens, a, token_logprobs(penalized[: len(tokens)], states[: len(tokens)], tokens)

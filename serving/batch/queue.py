@@ -31,8 +31,7 @@ class ItemQueue:
             return []
         with self._write() as db:
             running = dict(db.execute(
-                "SELECT j.tenant, COUNT(*) FROM items i JOIN jobs j ON j.seq = i.job "
-                "WHERE i.state = ? GROUP BY j.tenant", (RUNNING,),
+                "SELECT tenant, COUNT(*) FROM items WHERE state = ? GROUP BY tenant", (RUNNING,)
             ).fetchall())  # fmt: skip
             turns = [
                 (running.get(tenant, 0), oldest, tenant)

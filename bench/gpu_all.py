@@ -54,7 +54,17 @@ def main() -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="tiny shapes on the CPU (interpreter)"
     )
+    parser.add_argument(
+        "--only", help="comma-separated sections to run (correctness, lora, fp8, model, graph, "
+        "spec, engine, structured); the tests still run"
+    )  # fmt: skip
     args = parser.parse_args()
+    sections = SECTIONS
+    if args.only:
+        wanted = set(args.only.split(","))
+        sections = tuple(s for s in SECTIONS if s[1].removesuffix("_rows") in wanted)
+        if len(sections) != len(wanted):
+            sys.exit(f"--only: unknown section in {args.only}")
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():
@@ -63,12 +73,13 @@ def main() -> None:
     start = time.monotonic()
 
     print(
-        f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; torch {torch.__version__}\n"
+        f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu (dry run)'}; torch {torch.__version__}"
     )
+    print(f"LoRA launch configs: {_lora_configs(device)}\n")
     print("| check | shape | result | ratio | target | ok |")
     print("|---|---|---|---:|---|:-:|")
     failed = total = 0
-    for section in SECTIONS:
+    for section in sections:
         # Print each section as it lands: a timeout or a crash later keeps what ran before.
         for row in _guarded(section, device, args.dry_run):
             total += 1
@@ -91,6 +102,16 @@ def _guarded(section: tuple[str, str], device: str, dry_run: bool) -> list[tuple
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".replace("|", "/").replace("\n", " ")[:160]
         return [(name.removesuffix("_rows"), "-", message, "-", "runs", "no")]
+
+
+def _lora_configs(device: str) -> str:
+    """The tuned table the LoRA kernels read here (bench/gpu_lora_tune.py writes it)."""
+    if device != "cuda":
+        return "defaults (interpreter)"
+    from kernels.lora_tuning import file_for
+
+    path = os.environ.get("LORASERVE_LORA_CONFIGS") or file_for(torch.cuda.get_device_name())
+    return str(path) if os.path.isfile(path) else "defaults (no tuned table for this GPU)"
 
 
 def _pytest_gpu_row() -> tuple[str, ...]:

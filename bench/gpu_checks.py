@@ -11,8 +11,6 @@ from kernels import (
     build_segments,
     fp8_linear,
     lora_apply_planned,
-    lora_expand,
-    lora_shrink,
     quantize_fp8,
 )
 from kernels.fp8 import dequantize_fp8
@@ -68,9 +66,9 @@ def _lora_error(tokens, hidden, width, dtype, device) -> float:
     seg = build_segments(slots.to(device), ranks.to(device))
     t = torch.zeros(tokens, max_rank, device=device)
     y = torch.zeros(tokens, width, dtype=dtype, device=device)
-    if device == "cuda":  # through the dispatch point, which picks Triton on CUDA
-        lora_shrink(x.to(device), a.to(device), t, seg)
-        lora_expand(t, b.to(device), y, seg, scales.to(device))
+    if device == "cuda":  # a LoRA layer's path: the expand adds up the shrink's split parts
+        lora_apply_planned(x.to(device), (a.to(device),), (b.to(device),), y, seg,
+                           scales.to(device), max_rank)  # fmt: skip
     else:  # dry run: the same Triton kernels, interpreted
         lora_shrink_triton(x, (a,), t[None], seg)
         lora_expand_triton(t[None], (b,), y, seg, scales)

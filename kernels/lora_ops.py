@@ -159,12 +159,20 @@ def lora_apply_planned(
 
     x: [T, hidden]; lora_a, lora_b: tuples of stacks, one per fused slice; y: [T, sum(out_s)].
     On the CPU a decode step (every rank group padded) runs the two fused, with no shrink
-    buffer; otherwise through a float32 [num_slices, T, max_rank] one.
+    buffer; otherwise through a float32 [num_slices, T, max_rank] one. On CUDA the buffer
+    holds the shrink's split-K parts, which the expand adds up.
     """
     if not x.is_cuda and segments.cpu_plan is not None and segments.cpu_plan.all_padded:
         from kernels.lora_torch import lora_apply_padded_torch
 
         lora_apply_padded_torch(x, lora_a, lora_b, y, segments, scales, host_scales)
+        return
+    if x.is_cuda:  # the shrink's split-K parts go to the expand, which adds them up
+        from kernels.lora_expand_triton import lora_expand_triton
+        from kernels.lora_shrink_triton import lora_shrink_parts
+
+        parts = lora_shrink_parts(x, lora_a, segments, slice_ranks)
+        lora_expand_triton(parts, lora_b, y, segments, scales, slice_ranks)
         return
     # Uninitialised: the expand reads only active rows and columns below each rank.
     t = torch.empty(len(lora_a), x.shape[0], max_rank, dtype=torch.float32, device=x.device)

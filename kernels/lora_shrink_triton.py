@@ -10,11 +10,14 @@ programs each stream a whole [rank, hidden] A sequentially and the GPU idles (a 
 down_proj at batch 32: 32 programs of 128 serial steps). With few programs, each split of
 hidden writes its partial sum to a scratch buffer, and a second kernel adds the splits up in
 a fixed order (deterministic, unlike atomics) and stores them as the one-split kernel would.
+A LoRA layer skips that kernel: `lora_shrink_parts` hands the parts to the expand, which adds
+them up in the same order as it loads them.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -22,11 +25,11 @@ import triton.language as tl
 
 from kernels.device_info import multiprocessors
 from kernels.device_tables import device_table
+from kernels.lora_tuning import ShrinkConfig, shrink_config
 from kernels.segments import Segments
 
-# Split only while the grid is under this many programs per multiprocessor, and no split
-# shorter than MIN_SPLIT_K elements of hidden (a few BLOCK_K steps).
-PROGRAMS_PER_SM, MIN_SPLIT_K, MAX_SPLITS = 4, 256, 32
+# No split shorter than MIN_SPLIT_K elements of hidden, and at most MAX_SPLITS of them.
+MIN_SPLIT_K, MAX_SPLITS = 256, 32
 
 
 @triton.jit
@@ -170,73 +173,107 @@ def lora_shrink_triton(
     slice_ranks: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
+    config: ShrinkConfig | None = None,
 ) -> None:
     """Launch the shrink kernel; arguments already checked by kernels.lora_ops.
 
     num_splits: how many parts hidden is summed in (None: as many as fill the GPU, 1 on
-    the CPU's interpreter).
+    the CPU's interpreter). config: the launch's tiles (None: kernels.lora_tuning's).
     """
     if segments.num_segments == 0:
         return
-    hidden = x.shape[1]
-    max_rank = lora_a[0].shape[1]
-    block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
-    block_n = max(16, min(64, triton.next_power_of_2(max_rank)))
-    block_k = 64 if hidden >= 64 else max(16, triton.next_power_of_2(hidden))
-    a_table = device_table(tuple(a.data_ptr() for a in lora_a), torch.int64, x.device)
-    tiles = triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n)
-    programs = tiles * segments.num_segments * len(lora_a)
-    if num_splits is None:
-        num_splits = _splits(programs, hidden, x.device)
-    k_per_split = triton.cdiv(triton.cdiv(hidden, num_splits), block_k) * block_k
-    num_splits = triton.cdiv(hidden, k_per_split)  # no empty split
+    plan = _plan(x, lora_a, segments, num_splits, config)
     # [num_splits, num_slices, T, max_rank] scratch when split; uninitialised: the sum reads
     # only what the splits wrote.
-    part = out if num_splits == 1 else out.new_empty((num_splits, *out.shape))
+    part = out if plan.num_splits == 1 else out.new_empty((plan.num_splits, *out.shape))
     # The first kernel writes where it was given: out itself (any strides), or the scratch
     # (its own, contiguous strides), which the sum kernel then reads into out.
-    strides = (0, *out.stride()) if num_splits == 1 else part.stride()
-    grid = (tiles * num_splits, segments.num_segments, len(lora_a))
-    ranks = segments.seg_ranks if slice_ranks is None else slice_ranks
-    num_slots = lora_a[0].shape[0]
-    # Launch on x's GPU, whichever is current.
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-        _lora_shrink_kernel[grid](
-            x,
-            a_table,
-            part,
-            segments.token_order,
-            segments.seg_starts,
-            segments.seg_slots,
-            segments.seg_ranks,
-            ranks,
-            num_slots,
-            hidden,
-            k_per_split,
-            x.stride(0),
-            x.stride(1),
-            *strides,
-            num_splits,
-            MAX_RANK=max_rank,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            BLOCK_K=block_k,
-            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            HAS_SLICE_RANKS=slice_ranks is not None,
-        )
-        if num_splits > 1:
-            _lora_shrink_sum_kernel[(tiles, segments.num_segments, len(lora_a))](
+    strides = (0, *out.stride()) if plan.num_splits == 1 else part.stride()
+    with _on(x):
+        _launch(x, lora_a, part, strides, segments, slice_ranks, plan)
+        if plan.num_splits > 1:
+            ranks = segments.seg_ranks if slice_ranks is None else slice_ranks
+            _lora_shrink_sum_kernel[(plan.tiles, segments.num_segments, len(lora_a))](
                 part, out, segments.token_order, segments.seg_starts, segments.seg_slots,
-                segments.seg_ranks, ranks, num_slots, part.stride(0), part.stride(1),
-                part.stride(2), out.stride(0), out.stride(1), out.stride(2), num_splits,
-                MAX_RANK=max_rank, BLOCK_M=block_m, BLOCK_N=block_n,
+                segments.seg_ranks, ranks, lora_a[0].shape[0], part.stride(0), part.stride(1),
+                part.stride(2), out.stride(0), out.stride(1), out.stride(2), plan.num_splits,
+                MAX_RANK=lora_a[0].shape[1], BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                 HAS_SLICE_RANKS=slice_ranks is not None,
             )  # fmt: skip
 
 
-def _splits(programs: int, hidden: int, device: torch.device) -> int:
-    """Splits of hidden that bring the grid to PROGRAMS_PER_SM programs per multiprocessor."""
+def lora_shrink_parts(
+    x: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    segments: Segments,
+    slice_ranks: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+    config: ShrinkConfig | None = None,
+) -> torch.Tensor:
+    """parts[k, s, t] = x[t, split k] @ A_s[slot(t)][:, split k].T: lora_shrink's out, left
+    as float32 [num_splits, num_slices, T, max_rank] partial sums over hidden for the expand
+    to add up (one launch fewer). Rows and columns lora_shrink leaves untouched are
+    uninitialised."""
+    plan = _plan(x, lora_a, segments, num_splits, config)
+    shape = (plan.num_splits, len(lora_a), x.shape[0], lora_a[0].shape[1])
+    parts = torch.empty(shape, dtype=torch.float32, device=x.device)
+    if segments.num_segments:
+        with _on(x):
+            _launch(x, lora_a, parts, parts.stride(), segments, slice_ranks, plan)
+    return parts
+
+
+@dataclass(frozen=True)
+class _Plan:
+    config: ShrinkConfig
+    block_m: int
+    block_n: int
+    block_k: int
+    tiles: int  # m-blocks x n-blocks of one segment's longest run
+    num_splits: int
+    k_per_split: int
+
+
+def _plan(x, lora_a, segments, num_splits, config) -> _Plan:
+    hidden, max_rank = x.shape[1], lora_a[0].shape[1]
+    config = config or shrink_config(x.device, x.shape[0])
+    block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
+    block_n = max(16, min(64, triton.next_power_of_2(max_rank)))
+    block_k = min(config.block_k, max(16, triton.next_power_of_2(hidden)))
+    tiles = triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n)
+    if num_splits is None:
+        programs = tiles * segments.num_segments * len(lora_a)
+        num_splits = _splits(programs, hidden, x.device, config.programs_per_sm)
+    k_per_split = triton.cdiv(triton.cdiv(hidden, num_splits), block_k) * block_k
+    num_splits = triton.cdiv(hidden, k_per_split)  # no empty split
+    return _Plan(config, block_m, block_n, block_k, tiles, num_splits, k_per_split)
+
+
+def _launch(x, lora_a, dest, strides, segments, slice_ranks, plan: _Plan) -> None:
+    """The shrink kernel writing split k's sums at dest + k * strides[0]."""
+    a_table = device_table(tuple(a.data_ptr() for a in lora_a), torch.int64, x.device)
+    grid = (plan.tiles * plan.num_splits, segments.num_segments, len(lora_a))
+    _lora_shrink_kernel[grid](
+        x, a_table, dest, segments.token_order, segments.seg_starts, segments.seg_slots,
+        segments.seg_ranks, segments.seg_ranks if slice_ranks is None else slice_ranks,
+        lora_a[0].shape[0], x.shape[1], plan.k_per_split, x.stride(0), x.stride(1), *strides,
+        plan.num_splits, MAX_RANK=lora_a[0].shape[1], BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        HAS_SLICE_RANKS=slice_ranks is not None,
+        num_warps=plan.config.num_warps, num_stages=plan.config.num_stages,
+    )  # fmt: skip
+
+
+def _on(x: torch.Tensor):
+    """Launch on x's GPU, whichever is current."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _splits(programs: int, hidden: int, device: torch.device, programs_per_sm: int) -> int:
+    """Splits of hidden that bring the grid to programs_per_sm programs per multiprocessor."""
     if device.type != "cuda":
         return 1  # the interpreter runs programs one by one: splitting only adds work
-    want = triton.cdiv(PROGRAMS_PER_SM * multiprocessors(device), programs)
+    want = triton.cdiv(programs_per_sm * multiprocessors(device), programs)
     return max(1, min(want, hidden // MIN_SPLIT_K, MAX_SPLITS))

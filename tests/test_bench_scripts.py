@@ -26,6 +26,23 @@ def test_gpu_all_dry_run_checks_the_triton_kernels():
     assert out.count("| decode step graphs / eager |") == 2, out
 
 
+def test_lora_tuner_dry_run_writes_a_table_the_kernels_read(tmp_path, monkeypatch):
+    out_file = tmp_path / "tuned.json"
+    out = _run("bench.gpu_lora_tune", "--dry-run", "--out", str(out_file))
+    assert out.count("| shrink |") == 4 and out.count("| expand |") == 4, out
+    from kernels import lora_tuning
+
+    monkeypatch.setenv("LORASERVE_LORA_CONFIGS", str(out_file))
+    lora_tuning.clear_cache()
+    try:  # every bucket written, and in a form the launchers' lookup accepts
+        table = lora_tuning._table(0)
+    finally:
+        lora_tuning.clear_cache()
+    assert {op: sorted(b) for op, b in table.items()} == {
+        op: ["16", "256", "64", "large"] for op in ("shrink", "expand")
+    }
+
+
 @pytest.mark.slow
 def test_kernels_bench_quick():
     out = _run("bench.kernels", "--quick")

@@ -45,3 +45,20 @@ def check_expand(case: Case, expand) -> None:
     assert torch.equal(y[base], y_before[base]), "changed a row of a base-only token"
     atol, rtol = TOLERANCE[case.dtype]
     torch.testing.assert_close(y.double(), want, atol=atol, rtol=rtol)
+
+
+def check_apply(case: Case, apply) -> None:
+    """apply(x, lora_a, lora_b, y, segments, scales) adds each token's scaled shrink-expand
+    to y, for a fused projection of one A slice per B slice."""
+    x, lora_a, lora_b, scales, slot_ids, ranks = make_inputs(case, len(case.widths))
+    segments = build_segments(slot_ids, ranks)
+    gen = torch.Generator().manual_seed(case.seed + 2)
+    y = torch.randn(case.num_tokens, sum(case.widths), generator=gen).to(case.dtype)
+    y_before = y.clone()
+    apply(x, lora_a, lora_b, y, segments, scales)
+    t = shrink_oracle(x, lora_a, slot_ids, ranks)
+    want = expand_oracle(y_before, t.nan_to_num(0.0), lora_b, slot_ids, ranks, scales)
+    base = slot_ids < 0
+    assert torch.equal(y[base], y_before[base]), "changed a row of a base-only token"
+    atol, rtol = TOLERANCE[case.dtype]
+    torch.testing.assert_close(y.double(), want, atol=atol, rtol=rtol)

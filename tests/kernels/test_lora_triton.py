@@ -13,10 +13,11 @@ import torch
 
 from kernels import build_segments
 from kernels.lora_expand_triton import lora_expand_triton
-from kernels.lora_ops import lora_expand, lora_shrink
-from kernels.lora_shrink_triton import lora_shrink_triton
+from kernels.lora_ops import lora_apply_planned, lora_expand, lora_shrink
+from kernels.lora_shrink_triton import lora_shrink_parts, lora_shrink_triton
+from kernels.lora_tuning import ExpandConfig
 from tests.kernels.cases import Case, sample_cases
-from tests.kernels.checking import check_expand, check_shrink
+from tests.kernels.checking import check_apply, check_expand, check_shrink
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -92,9 +93,58 @@ def test_shrink_three_slices_split_k():
     check_shrink(case, partial(_triton_shrink, num_splits=3), num_a_slices=3)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(torch.float32, 9, 140, (8, 16, 5), 16, "uniform", (140, 36, 36), seed=31),
+        Case(torch.float16, 40, 260, (8, 3, 32, 1), 32, "skewed", (70,), seed=32),
+    ],
+    ids=str,
+)
+def test_apply_adds_up_the_split_parts_in_the_expand(case, num_splits):
+    """A LoRA layer's path: the shrink leaves its split-K parts (the last one short) and the
+    expand adds them up as it loads them; the oracle's result, base-only rows untouched."""
+
+    def apply(x, lora_a, lora_b, y, segments, scales):
+        seg = _on_device(segments)
+        parts = lora_shrink_parts(x.to(DEVICE), _stacks(lora_a), seg, num_splits=num_splits)
+        assert parts.shape == (num_splits, len(lora_a), case.num_tokens, case.max_rank)
+        y_dev = y.to(DEVICE)
+        lora_expand_triton(parts, _stacks(lora_b), y_dev, seg, scales.to(DEVICE))
+        y.copy_(y_dev.cpu())
+
+    check_apply(case, apply)
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_expand(case):
     check_expand(case, _triton_expand)
+
+
+@pytest.mark.parametrize(
+    "config", [ExpandConfig(block_n=16, n_chunks=3), ExpandConfig(block_n=32, n_chunks=2)], ids=str
+)
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(torch.float32, 9, 40, (8, 16, 5), 16, "uniform", (70, 23, 23), seed=41),
+        Case(torch.float16, 7, 24, (128, 100), 128, "skewed", (50,), seed=42),
+    ],
+    ids=str,
+)
+def test_expand_in_column_groups(case, config):
+    """A program writing several blocks of columns in turn (the last group partly past the
+    slice's width), with ranks in one k tile and with a loop over the rank."""
+
+    def expand(t, lora_b, y, segments, scales):
+        t3 = (t if t.dim() == 3 else t.unsqueeze(0)).to(DEVICE)
+        y_dev = y.to(DEVICE)
+        lora_expand_triton(t3, _stacks(lora_b), y_dev, _on_device(segments), scales.to(DEVICE),
+                           config=config)  # fmt: skip
+        y.copy_(y_dev.cpu())
+
+    check_expand(case, expand)
 
 
 @pytest.mark.slow
@@ -130,6 +180,28 @@ def test_dispatch_on_cuda_matches_cpu(dtype):
         results.append(y.cpu().double())
     tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
     torch.testing.assert_close(results[1], results[0], atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [32, 300])
+def test_apply_on_cuda_equals_shrink_then_expand_bit_for_bit(tokens):
+    """The layer path (split parts added up by the expand) against the two public ops (added
+    up by the shrink's sum kernel): the same sums in the same order, so equal bits."""
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 2048, generator=gen).to(torch.bfloat16).cuda()
+    a = [(torch.randn(8, 16, 2048, generator=gen) / 40).to(torch.bfloat16).cuda() for _ in "qkv"]
+    b = [(torch.randn(8, 16, w, generator=gen) / 4).to(torch.bfloat16).cuda()
+         for w in (2048, 512, 512)]  # fmt: skip
+    slots = torch.randint(-1, 8, (tokens,), generator=gen).to(torch.int32).cuda()
+    seg = build_segments(slots, torch.full((8,), 16, dtype=torch.int32, device="cuda"))
+    scales = torch.rand(8, generator=gen).cuda()
+    y0 = torch.randn(tokens, 3072, generator=gen).to(torch.bfloat16).cuda()
+    fused = y0.clone()
+    lora_apply_planned(x, tuple(a), tuple(b), fused, seg, scales, 16)
+    t = lora_shrink(x, a, torch.zeros(3, tokens, 16, device="cuda"), seg)
+    two = lora_expand(t, b, y0.clone(), seg, scales)
+    assert torch.equal(fused, two)
+    assert not torch.equal(fused, y0)
 
 
 @pytest.mark.parametrize("layout", ["transposed", "inside a wider buffer"])

@@ -1,6 +1,6 @@
 """Tunes the Triton LoRA kernels' launch configurations on this GPU: kernels/tuned/<GPU>.json.
 
-    python -m bench.gpu_lora_tune            # on a CUDA machine, about three minutes
+    python -m bench.gpu_lora_tune            # on a CUDA machine, a few minutes
     python -m bench.gpu_lora_tune --dry-run  # tiny shapes, Triton interpreted: checks the script
 
 Each token bucket of kernels/lora_tuning.py gets the cases a step of that size meets: the
@@ -8,9 +8,10 @@ fused projections (q/k/v, o, gate/up, down) of a 1B- and an 8B-shaped model, ran
 adapters. Decode batches are laid out as the CUDA graphs lay them out (one adapter per row,
 segments padded to the batch); prefill batches share 64 adapters. A candidate's time is the
 GPU time of a graph replaying its launches over 8 slabs in turn (weights come from HBM, as
-a model's 16-32 layers bring them, not from L2). Per bucket the candidate with the least
-total over the bucket's cases wins: first the shrink's, then the expand's, fed by the
-winning shrink's split parts. The table compares each winner with the defaults.
+a model's 16-32 layers bring them, not from L2); a config's score is its total over the
+bucket's cases. Per bucket, from the defaults, each field in turn takes its best value
+given the others: first the shrink's, then the expand's, fed by the shrink's winner's split
+parts. The table compares each winner with the defaults.
 """
 
 from __future__ import annotations
@@ -94,10 +95,12 @@ def main() -> None:
         shrink = ShrinkConfig(**result["shrink"].get(key, {}))
         if "shrink" in ops:
             timers = [_shrink_timer(c) for c in cases]
-            shrink = _tuned(result, key, "shrink", _best(_shrink_candidates(args.dry_run), timers))
+            axes = DRY_AXES[ShrinkConfig] if args.dry_run else SHRINK_AXES
+            shrink = _tuned(result, key, "shrink", _descend(ShrinkConfig, axes, timers))
         if "expand" in ops:
             timers = [_expand_timer(c, shrink) for c in cases]
-            _tuned(result, key, "expand", _best(_expand_candidates(args.dry_run), timers))
+            axes = DRY_AXES[ExpandConfig] if args.dry_run else EXPAND_AXES
+            _tuned(result, key, "expand", _descend(ExpandConfig, axes, timers))
         del cases
         # Written after each bucket: a run cut short keeps the buckets it finished.
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,30 +120,40 @@ def _tuned(result: dict, key: str, op: str, best: tuple[object, float, float]):
     return cfg
 
 
-def _shrink_candidates(dry_run: bool) -> list[ShrinkConfig]:
-    if dry_run:
-        return [ShrinkConfig(), ShrinkConfig(block_k=32, num_warps=2)]
-    tiles = itertools.product((64, 128, 256), (2, 4), (2, 4))
-    shapes = [ShrinkConfig(k, w, s) for k, w, s in tiles] + [ShrinkConfig()]
-    return [dataclasses.replace(c, programs_per_sm=p) for c in shapes for p in (2, 4, 8)]
+# The values each field is tried at, field by field (coordinate descent from the defaults):
+# about 15 timings per op and bucket, where every combination would be thousands.
+SHRINK_AXES = {
+    "block_m": (16, 32, 64), "block_k": (32, 64, 128, 256), "num_warps": (1, 2, 4, 8),
+    "num_stages": (2, 3, 4), "programs_per_sm": (2, 4, 8, 16),
+}  # fmt: skip
+EXPAND_AXES = {
+    "block_m": (16, 32, 64), "block_n": (64, 128, 256), "num_warps": (1, 2, 4, 8),
+    "num_stages": (2, 3, 4), "n_chunks": (1, 2, 4),
+}  # fmt: skip
+DRY_AXES = {
+    ShrinkConfig: {"block_k": (32, 64), "num_warps": (2, 4)},
+    ExpandConfig: {"block_n": (32, 128), "n_chunks": (1, 2)},
+}
 
 
-def _expand_candidates(dry_run: bool) -> list[ExpandConfig]:
-    if dry_run:
-        return [ExpandConfig(), ExpandConfig(block_n=32, num_warps=2, n_chunks=2)]
-    # Each (block, chunks) pair compiles once per width it is capped at: 36 candidates took
-    # an H200 over 200 s for the first bucket alone, so the grid stays this small.
-    tiles = itertools.product((64, 128, 256), (2, 4), (1, 4))
-    return [ExpandConfig(n, w, 3, c) for n, w, c in tiles] + [ExpandConfig()]
+def _descend(kind, axes: dict, timers: list[Callable]) -> tuple[object, float, float]:
+    """(the fastest config found, the default's total seconds over the timers, its total):
+    each field in turn set to its fastest value given the others, starting from the
+    defaults, each config timed once."""
+    seen: dict[object, float] = {}
 
+    def total(cfg) -> float:
+        if cfg not in seen:
+            seen[cfg] = sum(_guarded(timer, cfg) for timer in timers)
+        return seen[cfg]
 
-def _best(candidates, timers: list[Callable]) -> tuple[object, float, float]:
-    """(fastest candidate, the default's total seconds, the fastest's) over the cases'
-    timers, each timer(candidate) -> seconds."""
-    totals = {cfg: sum(_guarded(timer, cfg) for timer in timers) for cfg in candidates}
-    default = type(candidates[0])()
-    best = min(totals, key=totals.get)
-    return best, totals[default], totals[best]
+    best = kind()
+    for field, values in axes.items():
+        for value in values:
+            candidate = dataclasses.replace(best, **{field: value})
+            if total(candidate) < total(best):
+                best = candidate
+    return best, total(kind()), total(best)
 
 
 def _guarded(timer, cfg) -> float:

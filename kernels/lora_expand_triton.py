@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels.device_tables import device_table
-from kernels.lora_tuning import ExpandConfig, expand_config
+from kernels.lora_tuning import ExpandConfig, expand_config, rows_per_program
 from kernels.segments import Segments
 
 SINGLE_K_RANK = 64
@@ -157,7 +157,7 @@ def lora_expand_triton(
     b_table = device_table(tuple(b.data_ptr() for b in lora_b), torch.int64, device)
     width_table = device_table(tuple(widths), torch.int32, device)
     offset_table = device_table(tuple(offsets), torch.int32, device)
-    block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
+    block_m = rows_per_program(segments.max_segment_len, config.block_m)
     block_n = min(config.block_n, max(16, triton.next_power_of_2(max(widths))))
     n_chunks = max(1, min(config.n_chunks, triton.cdiv(max(widths), block_n)))
     num_n_groups = triton.cdiv(max(widths), block_n * n_chunks)

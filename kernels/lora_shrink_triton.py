@@ -25,7 +25,7 @@ import triton.language as tl
 
 from kernels.device_info import multiprocessors
 from kernels.device_tables import device_table
-from kernels.lora_tuning import ShrinkConfig, shrink_config
+from kernels.lora_tuning import ShrinkConfig, rows_per_program, shrink_config
 from kernels.segments import Segments
 
 # No split shorter than MIN_SPLIT_K elements of hidden, and at most MAX_SPLITS of them.
@@ -238,7 +238,7 @@ class _Plan:
 def _plan(x, lora_a, segments, num_splits, config) -> _Plan:
     hidden, max_rank = x.shape[1], lora_a[0].shape[1]
     config = config or shrink_config(x.device, x.shape[0])
-    block_m = 16 if segments.max_segment_len <= 16 else 32 if segments.max_segment_len <= 32 else 64
+    block_m = rows_per_program(segments.max_segment_len, config.block_m)
     block_n = max(16, min(64, triton.next_power_of_2(max_rank)))
     block_k = min(config.block_k, max(16, triton.next_power_of_2(hidden)))
     tiles = triton.cdiv(segments.max_segment_len, block_m) * triton.cdiv(max_rank, block_n)

@@ -34,12 +34,13 @@ class ShrinkConfig:
     num_warps: int = 4
     num_stages: int = 3
     programs_per_sm: int = 4
+    block_m: int = 64
 
     def __post_init__(self):
         _check(
             self,
             {"num_stages": self.num_stages, "programs_per_sm": self.programs_per_sm},
-            {"block_k": self.block_k},
+            {"block_k": self.block_k, "block_m": self.block_m},
         )
 
 
@@ -51,12 +52,13 @@ class ExpandConfig:
     num_warps: int = 4
     num_stages: int = 3
     n_chunks: int = 1
+    block_m: int = 64
 
     def __post_init__(self):
         _check(
             self,
             {"num_stages": self.num_stages, "n_chunks": self.n_chunks},
-            {"block_n": self.block_n},
+            {"block_n": self.block_n, "block_m": self.block_m},
         )
 
 
@@ -69,6 +71,16 @@ def _check(config, counts: dict[str, int], blocks: dict[str, int]) -> None:
         bad.append(f"num_warps={config.num_warps}")
     if bad:
         raise ValueError(f"{type(config).__name__}: invalid {', '.join(bad)}")
+
+
+def rows_per_program(max_segment_len: int, cap: int) -> int:
+    """BLOCK_M: tokens of one segment per program, 16-64 by the longest segment, at most cap.
+
+    CUDA graphs size the grid for the longest segment a batch could hold (all of it), so a
+    decode batch of one token per adapter still gets 32- or 64-row tiles unless the cap is
+    lower; tiles that size carry [BLOCK_M, BLOCK_N] pointers and masks for one live row."""
+    rows = 16 if max_segment_len <= 16 else 32 if max_segment_len <= 32 else 64
+    return min(rows, cap)
 
 
 def bucket(num_tokens: int) -> str:

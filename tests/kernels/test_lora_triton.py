@@ -15,7 +15,7 @@ from kernels import build_segments
 from kernels.lora_expand_triton import lora_expand_triton
 from kernels.lora_ops import lora_apply_planned, lora_expand, lora_shrink
 from kernels.lora_shrink_triton import lora_shrink_parts, lora_shrink_triton
-from kernels.lora_tuning import ExpandConfig
+from kernels.lora_tuning import ExpandConfig, ShrinkConfig
 from tests.kernels.cases import Case, sample_cases
 from tests.kernels.checking import check_apply, check_expand, check_shrink
 
@@ -48,11 +48,11 @@ def _stacks(stacks):
     return tuple(s.to(DEVICE) for s in (stacks if isinstance(stacks, list) else [stacks]))
 
 
-def _triton_shrink(x, lora_a, out, segments, num_splits=None):
+def _triton_shrink(x, lora_a, out, segments, num_splits=None, config=None):
     """The launcher on DEVICE (the interpreter without CUDA); the result lands in `out`."""
     out3 = (out if out.dim() == 3 else out.unsqueeze(0)).to(DEVICE)
     lora_shrink_triton(x.to(DEVICE), _stacks(lora_a), out3, _on_device(segments),
-                       num_splits=num_splits)  # fmt: skip
+                       num_splits=num_splits, config=config)  # fmt: skip
     out.copy_(out3.view(out.shape).cpu())
 
 
@@ -86,6 +86,14 @@ def test_shrink_split_k(case, num_splits):
     """hidden summed in parts (the last one short), the parts added by a second kernel: the
     oracle's result, and base-only rows and columns past a rank still untouched."""
     check_shrink(case, partial(_triton_shrink, num_splits=num_splits))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_shrink_with_rows_capped_at_16(num_splits):
+    """A tuned cap of 16 rows per program: a 30-token segment spans two m-blocks."""
+    case = Case(torch.float32, 40, 130, (16, 8), 16, "skewed", (130,), seed=44)
+    config = ShrinkConfig(block_m=16)
+    check_shrink(case, partial(_triton_shrink, num_splits=num_splits, config=config))
 
 
 def test_shrink_three_slices_split_k():
@@ -123,19 +131,26 @@ def test_expand(case):
 
 
 @pytest.mark.parametrize(
-    "config", [ExpandConfig(block_n=16, n_chunks=3), ExpandConfig(block_n=32, n_chunks=2)], ids=str
+    "config",
+    [
+        ExpandConfig(block_n=16, n_chunks=3),
+        ExpandConfig(block_n=32, n_chunks=2, block_m=16),
+    ],
+    ids=str,
 )
 @pytest.mark.parametrize(
     "case",
     [
         Case(torch.float32, 9, 40, (8, 16, 5), 16, "uniform", (70, 23, 23), seed=41),
         Case(torch.float16, 7, 24, (128, 100), 128, "skewed", (50,), seed=42),
+        Case(torch.float32, 40, 24, (16, 8), 16, "skewed", (40,), seed=43),
     ],
     ids=str,
 )
 def test_expand_in_column_groups(case, config):
     """A program writing several blocks of columns in turn (the last group partly past the
-    slice's width), with ranks in one k tile and with a loop over the rank."""
+    slice's width), with ranks in one k tile and with a loop over the rank; with 16-row
+    tiles, a segment longer than 16 tokens spans several programs."""
 
     def expand(t, lora_b, y, segments, scales):
         t3 = (t if t.dim() == 3 else t.unsqueeze(0)).to(DEVICE)

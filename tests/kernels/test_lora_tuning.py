@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import lora_tuning
-from kernels.lora_tuning import ExpandConfig, ShrinkConfig, bucket, file_for
+from kernels.lora_tuning import ExpandConfig, ShrinkConfig, bucket, file_for, rows_per_program
 
 
 @pytest.fixture
@@ -24,6 +24,11 @@ def test_buckets_split_decode_batches_from_prefill():
     ]  # fmt: skip
 
 
+def test_rows_per_program_follow_the_longest_segment_up_to_the_cap():
+    assert [rows_per_program(n, 64) for n in (1, 16, 17, 32, 33, 4096)] == [16, 16, 32, 32, 64, 64]
+    assert [rows_per_program(n, 16) for n in (1, 32, 4096)] == [16, 16, 16]
+
+
 def test_a_file_is_named_for_its_gpu():
     assert file_for("NVIDIA H200").name == "NVIDIA_H200.json"
     assert file_for("NVIDIA H100 80GB HBM3").name == "NVIDIA_H100_80GB_HBM3.json"
@@ -31,12 +36,13 @@ def test_a_file_is_named_for_its_gpu():
 
 def test_a_table_gives_its_buckets_and_leaves_the_rest_to_the_defaults(table_file):
     table_file.write_text(json.dumps({
-        "shrink": {"64": {"block_k": 256, "num_warps": 2, "num_stages": 4, "programs_per_sm": 8}},
+        "shrink": {"64": {"block_k": 256, "num_warps": 2, "num_stages": 4, "programs_per_sm": 8,
+                          "block_m": 16}},
         "expand": {"16": {"block_n": 64, "num_warps": 8, "num_stages": 2}},
         "measured": {"note": "kept beside the configs, not read"},
     }))  # fmt: skip
     table = lora_tuning._table(0)
-    assert table["shrink"] == {"64": ShrinkConfig(256, 2, 4, 8)}
+    assert table["shrink"] == {"64": ShrinkConfig(256, 2, 4, 8, block_m=16)}
     assert table["expand"] == {"16": ExpandConfig(64, 8, 2)}
     # Off CUDA (the interpreter) the launchers always get the defaults.
     assert lora_tuning.shrink_config(torch.device("cpu"), 32) == ShrinkConfig()
@@ -48,7 +54,8 @@ def test_a_table_gives_its_buckets_and_leaves_the_rest_to_the_defaults(table_fil
         ({"shrink": {"64": {"block_k": 96}}}, "block_k=96"),
         ({"shrink": {"64": {"block_k": 8}}}, "block_k=8"),
         ({"expand": {"16": {"num_warps": 3}}}, "num_warps=3"),
-        ({"expand": {"16": {"block_m": 32}}}, "block_m"),
+        ({"expand": {"16": {"block_q": 32}}}, "block_q"),
+        ({"expand": {"16": {"block_m": 8}}}, "block_m=8"),
         ({"expand": {"32": {"block_n": 32}}}, "unknown bucket"),
     ],
 )

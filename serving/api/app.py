@@ -17,6 +17,7 @@ from serving.api import (
     routes_dashboard,
     routes_openai,
     routes_ops,
+    routes_responses,
     routes_stats,
     routes_usage,
     routes_workers_ai,
@@ -87,8 +88,8 @@ def create_app(
     if request_ids:  # outermost: even the gate's refusals name their request
         app.add_middleware(RequestId)
     install_error_handlers(app)
-    routes = (routes_workers_ai, routes_openai, routes_batch, routes_adapters, routes_usage,
-              routes_stats, routes_ops, routes_dashboard)  # fmt: skip
+    routes = (routes_workers_ai, routes_openai, routes_responses, routes_batch, routes_adapters,
+              routes_usage, routes_stats, routes_ops, routes_dashboard)  # fmt: skip
     for module in routes:
         app.include_router(module.router)
     return app

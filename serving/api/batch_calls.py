@@ -1,7 +1,7 @@
 """One batch item run through the app itself, as the HTTP request it stands for.
 
 An item is the body of a request to one of the app's own routes (/ai/run/{model},
-/v1/chat/completions, /v1/completions), so it is served by that route in this process: the
+/v1/chat/completions, /v1/completions, /v1/responses), so it is served by that route in this process: the
 same validation, adapter resolution, generation and answer as if its tenant had sent it,
 minus the network. The call's ASGI scope carries its principal (which the gate trusts: no
 client can set scope state) and a BatchCall, which tells generation.start to run the request

@@ -17,12 +17,14 @@ from pydantic import BaseModel, ValidationError
 
 from serving.api.errors import ApiError, describe_validation
 from serving.api.openai_schemas import ChatCompletionRequest, CompletionRequest
+from serving.api.responses_schemas import ResponsesRequest
 from serving.api.schemas import MAX_BATCH_ITEMS
 from serving.api.text import nesting, unicode
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
 }
 MAX_REPORTED = 10
 MAX_CUSTOM_ID = 512

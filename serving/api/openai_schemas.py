@@ -38,7 +38,7 @@ UNSERVED = {
 }  # fmt: skip
 
 
-class _OpenAIBody(SamplingFields):
+class OpenAIBody(SamplingFields):
     model_config = ConfigDict(extra="ignore")
 
     model: Text = Field(..., description="The model id, an adapter name or <model>:<adapter>.")
@@ -100,7 +100,7 @@ class _OpenAIBody(SamplingFields):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     @model_validator(mode="after")
-    def _stream_options_need_a_stream(self) -> _OpenAIBody:
+    def _stream_options_need_a_stream(self) -> OpenAIBody:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
         return self
@@ -109,7 +109,7 @@ class _OpenAIBody(SamplingFields):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_OpenAIBody):
+class ChatCompletionRequest(OpenAIBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage]
@@ -144,7 +144,7 @@ class ChatCompletionRequest(_OpenAIBody):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class CompletionRequest(_OpenAIBody):
+class CompletionRequest(OpenAIBody):
     """POST /v1/completions: a raw prompt, as text or token ids."""
 
     prompt: Text | list[int] | list[Text] | list[list[int]] = Field(

@@ -23,7 +23,7 @@ from serving.batch.records import OPENAI, NewItem, StoredFile
 router = APIRouter(tags=["OpenAI Batch"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
-Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
 MAX_LISTED_FILES = 10_000  # OpenAI's own bound and default for a page of files
 
 

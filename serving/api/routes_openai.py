@@ -50,14 +50,14 @@ SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on 
 @router.post("/v1/chat/completions", summary="Chat completion")
 async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
-    version = await _version(ctx, caller, body)
-    params = _sampling(body, s)
+    version = await version_for(ctx, caller, body)
+    params = sampling_for(body, s)
     rid = fmt.new_id("chatcmpl")
     _one_per_batch_line(request, 1, body.n)
     ids = await chat_ids(s, body.messages)
     if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=body.n)
-    gens = await _start(ctx, caller, request, body, rid, [ids], params, version, t0)
+    gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
     if body.stream:
         return event_stream(gens, _chat_events(ctx, gens, rid, body), s.send_timeout_s)
     outcomes = await collect_all(gens, request)
@@ -70,12 +70,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
 @router.post("/v1/completions", summary="Text completion")
 async def completions(body: CompletionRequest, request: Request, ctx: Ctx, caller: Caller):
     t0, s = time.perf_counter(), ctx.settings
-    version = await _version(ctx, caller, body)
-    params = _sampling(body, s)
+    version = await version_for(ctx, caller, body)
+    params = sampling_for(body, s)
     rid, prompts = fmt.new_id("cmpl"), body.prompts()
     _one_per_batch_line(request, len(prompts), body.n)
     ids = [await text_ids(s, p) if isinstance(p, str) else given_ids(s, p) for p in prompts]
-    gens = await _start(ctx, caller, request, body, rid, ids, params, version, t0)
+    gens = await start_choices(ctx, caller, request, body, rid, ids, params, version, t0)
     if body.stream:
         return event_stream(gens, _completion_events(ctx, gens, rid, body), s.send_timeout_s)
     outcomes = await collect_all(gens, request)
@@ -93,7 +93,7 @@ def _one_per_batch_line(request: Request, prompts: int, n: int) -> None:
                             "its own line")  # fmt: skip
 
 
-async def _start(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
+async def start_choices(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
     """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
     with seed + j when a seed is given, so the choices differ yet repeat."""
     salt, who, n = cache_salt(ctx, caller), _who(request, t0, version), body.n
@@ -143,7 +143,7 @@ async def model_card(model: str, ctx: Ctx, caller: Caller):
     raise ApiError(404, f"the model {quoted(model)} does not exist", code="model_not_found")
 
 
-def _sampling(body, settings):
+def sampling_for(body, settings):
     """SamplingParams of a chat or text completion body (OpenAI's default temperature 1)."""
     return sampling(
         body,
@@ -162,7 +162,7 @@ def _request(rid, ids, params, version: Version | None, salt: str | None, body) 
     )  # fmt: skip
 
 
-async def _version(ctx: ApiContext, caller: Principal, body) -> Version | None:
+async def version_for(ctx: ApiContext, caller: Principal, body) -> Version | None:
     s = ctx.settings
     from_lora = adapter_from_lora(s, body.lora) if body.lora is not None else None
     ref = pick_adapter(adapter_from_model(s, body.model), from_lora)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 # The APIs a job came through; each renders the same items in its own shape.
 WORKERS_AI, OPENAI = "workers-ai", "openai"
 # The bodies an item may carry: a Workers-AI body, or an OpenAI body for one of its URLs.
-ENDPOINTS = ("/ai/run", "/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/ai/run", "/v1/chat/completions", "/v1/completions", "/v1/responses")
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 
 

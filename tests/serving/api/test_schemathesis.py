@@ -9,9 +9,9 @@ from schemathesis.checks import not_a_server_error
 
 from tests.serving.api.served import ACME, MODEL_ID, serve
 
-ROUTES = r"^/(v1/chat/completions|v1/completions|v1/models|ai/run/\{model\})$"
-OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
-              "POST /ai/run/{model}"]  # fmt: skip
+ROUTES = r"^/(v1/chat/completions|v1/completions|v1/responses|v1/models|ai/run/\{model\})$"
+OPERATIONS = ["POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses",
+              "GET /v1/models", "POST /ai/run/{model}"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

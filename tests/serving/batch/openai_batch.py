@@ -11,7 +11,7 @@ from tests.serving.api.served import ACME, MODEL_ID, serve
 GREEDY = {"temperature": 0, "max_tokens": 3}
 MODELS = [MODEL_ID, "upper", "rot13", "mlp", f"{MODEL_ID}:rot13"]
 UNKNOWN = "nobody-has-this"
-CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+CHAT, TEXT, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 TOKENS = ("prompt_tokens", "completion_tokens", "cached_tokens")
 
 

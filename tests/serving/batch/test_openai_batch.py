@@ -13,6 +13,7 @@ from tests.serving.batch.openai_batch import (
     CHAT,
     GREEDY,
     MODELS,
+    RESPONSES,
     TEXT,
     TOKENS,
     UNKNOWN,
@@ -87,6 +88,25 @@ def test_completions_batch_equals_each_body_alone(served):
     for out, body in zip(outputs, bodies, strict=True):
         got = out["response"]["body"]["choices"][0]["text"]
         assert got == c.completions.create(**body).choices[0].text
+
+
+def test_responses_batch_equals_each_body_alone(served):
+    """The /v1/responses endpoint: each line's response object holds what the body gets
+    alone, its usage in the Responses API's words."""
+    c = client(served)
+    bodies = [{"model": m, "input": f"count {i}", "instructions": "short", "temperature": 0,
+               "max_output_tokens": 3} for i, m in enumerate(MODELS[:3])]  # fmt: skip
+    lines = [line(f"r{i}", b, RESPONSES) for i, b in enumerate(bodies)]
+    done = wait(c, start(c, lines, RESPONSES).id)
+    assert done.endpoint == RESPONSES and done.error_file_id is None
+    outputs = read(c, done.output_file_id)
+    assert [x["custom_id"] for x in outputs] == ["r0", "r1", "r2"]
+    for out, body in zip(outputs, bodies, strict=True):
+        got = out["response"]["body"]
+        alone = c.responses.create(**body)
+        assert got["object"] == "response" and got["status"] == alone.status
+        assert got["output"][0]["content"][0]["text"] == alone.output_text
+        assert got["usage"]["output_tokens"] == alone.usage.output_tokens
 
 
 def test_list_pages_newest_first_with_limit_and_after(served):

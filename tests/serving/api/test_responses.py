@@ -1,0 +1,164 @@
+"""POST /v1/responses through the `openai` client: the answer equals the engine run alone on
+the chat the input makes, streamed or not; earlier output read back as input; text.format
+constrains the output (the client's parse() fills a model); what is not served is a 400."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+from tests.serving.api.served import ACME, MODEL_ID
+
+AUTH = {"Authorization": f"Bearer {ACME}"}
+
+
+def _expected(served, messages: list[dict], adapter: str | None, max_tokens: int):
+    """(text, status) of the request run alone, greedy, on the reference engine."""
+    tokens, text = served.reference(served.chat_ids(messages), adapter, max_tokens)
+    return text, "incomplete" if len(tokens) == max_tokens else "completed"
+
+
+@pytest.mark.parametrize("model, adapter", [(MODEL_ID, None), ("upper", "upper")])
+def test_a_response_equals_the_engine_alone(served, client, model, adapter):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    want, status = _expected(served, messages, adapter, 6)
+    out = client.responses.create(
+        model=model, input="hi", instructions="be brief", max_output_tokens=6, temperature=0
+    )
+    assert out.object == "response" and out.id.startswith("resp_") and out.model == model
+    assert out.output_text == want and out.status == status
+    [message] = out.output
+    assert message.type == "message" and message.role == "assistant"
+    assert message.content[0].type == "output_text" and message.content[0].text == want
+    if status == "incomplete":
+        assert out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.input_tokens == len(served.chat_ids(messages))
+    assert out.usage.output_tokens <= 6
+    assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
+    assert out.store is False and out.instructions == "be brief"
+
+
+def test_a_streamed_response_gives_the_same_text_and_ordered_events(served, client):
+    messages = [{"role": "user", "content": "hello there"}]
+    want, status = _expected(served, messages, "rot13", 8)
+    kinds, deltas = [], []
+    with client.responses.stream(
+        model="rot13", input="hello there", max_output_tokens=8, temperature=0
+    ) as stream:
+        for event in stream:
+            kinds.append((event.type, event.sequence_number))
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        # the closing event's response (the client's get_final_response() reads only a
+        # response.completed, and max_output_tokens may end this one incomplete)
+        final = event.response
+    assert "".join(deltas) == want == final.output_text
+    assert final.status == status and final.usage.output_tokens <= 8
+    assert [n for _, n in kinds] == list(range(len(kinds)))
+    names = [k for k, _ in kinds]
+    head = ["response.created", "response.in_progress", "response.output_item.added",
+            "response.content_part.added"]  # fmt: skip
+    tail = ["response.output_text.done", "response.content_part.done",
+            "response.output_item.done", f"response.{status}"]  # fmt: skip
+    assert names[:4] == head and names[-4:] == tail
+    assert set(names[4:-4]) <= {"response.output_text.delta"}
+
+
+def test_an_earlier_output_is_read_back_as_a_turn(served, client):
+    first = client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=4, temperature=0)
+    follow = [{"role": "user", "content": "hi"}, *first.output,
+              {"role": "user", "content": [{"type": "input_text", "text": "more"}]}]  # fmt: skip
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "more"}]  # fmt: skip
+    want, _ = _expected(served, messages, None, 5)
+    out = client.responses.create(model=MODEL_ID, input=follow, max_output_tokens=5, temperature=0)
+    assert out.output_text == want
+    assert out.usage.input_tokens == len(served.chat_ids(messages))
+
+
+class Label(pydantic.BaseModel):
+    label: Literal["yes", "no", "unsure"]
+    n: int = pydantic.Field(ge=0, le=9)
+
+
+def test_text_format_constrains_the_output_and_parse_fills_the_model(client):
+    out = client.responses.parse(
+        model="upper", input="Is it raining?", text_format=Label, max_output_tokens=40,
+        temperature=0,
+    )  # fmt: skip
+    assert out.status == "completed"
+    assert isinstance(out.output_parsed, Label)
+    assert out.text.format.type == "json_schema" and out.text.format.name == "Label"
+
+
+def test_logprobs_are_included_when_asked(client):
+    out = client.responses.create(
+        model="upper", input="hi", max_output_tokens=4, temperature=0,
+        include=["message.output_text.logprobs"], top_logprobs=2,
+    )  # fmt: skip
+    entries = out.output[0].content[0].logprobs
+    assert len(entries) == out.usage.output_tokens
+    # the tokens' bytes make the text (a token may hold part of a character)
+    assert b"".join(bytes(e.bytes) for e in entries).decode(errors="replace") == out.output_text
+    for e in entries:
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token and e.logprob <= 0
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id: responses are not stored"),
+        ({"background": True}, "background responses are not supported"),
+        ({"n": 2}, "a response has one output"),
+        ({"tools": [{"type": "function", "name": "f"}]}, "tools is not supported"),
+        ({"include": ["file_search_call.results"]}, "'file_search_call.results' is not supported"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+         "input[0].content[0]: only text is supported, not 'input_image'"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
+         "input[0]: items of type 'function_call_output' are not supported"),
+        ({"input": []}, "input: needs at least one turn"),
+        ({"input": [{"role": "user", "content": "\ud800"}]}, "input[0].content: the text holds"),
+        ({"response_format": {"type": "json_object"}}, "use text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs a name and a schema"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {
+            "type": "string", "pattern": "(?=a)"}}}}, "a lookahead or lookbehind cannot be"),
+    ],
+)  # fmt: skip
+def test_what_is_not_served_is_a_400_naming_it(served, body, message):
+    body = {"model": MODEL_ID, "input": "hi", "max_output_tokens": 2, **body}
+    # json.dumps escapes a lone surrogate (as a client may send it); httpx's json= cannot
+    r = httpx.post(served.url + "/v1/responses", content=json.dumps(body), timeout=60,
+                   headers={**AUTH, "content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"], r.text
+
+
+def test_an_unknown_model_is_a_404(served):
+    r = httpx.post(served.url + "/v1/responses", headers=AUTH, timeout=60,
+                   json={"model": "nope", "input": "hi"})  # fmt: skip
+    assert r.status_code == 404, r.text
+
+
+# A pattern whose class is empty: after the opening quote the grammar allows no token.
+NOTHING = {"type": "json_schema", "name": "none",
+           "schema": {"type": "string", "pattern": "^[^\\s\\S]$"}}  # fmt: skip
+
+
+def test_a_request_failing_midway_is_a_400_or_ends_its_stream_failed(client):
+    kwargs = dict(model=MODEL_ID, input="hi", text={"format": NOTHING}, max_output_tokens=5,
+                  temperature=0)  # fmt: skip
+    with pytest.raises(openai.BadRequestError, match="allows no next token"):
+        client.responses.create(**kwargs)
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert "allows no next token" in events[-2].message
+    failed = events[-1].response
+    assert failed.status == "failed" and "allows no next token" in failed.error.message
+    # the server goes on serving
+    assert client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=2).output_text

@@ -13,7 +13,7 @@ from kernels import (
     lora_apply_planned,
     quantize_fp8,
 )
-from kernels.fp8 import dequantize_fp8
+from kernels.fp8 import _scaled_mm_linear, dequantize_fp8
 from kernels.lora_expand_triton import lora_expand_triton
 from kernels.lora_shrink_triton import lora_shrink_triton
 from tests.kernels.oracle import expand_oracle, shrink_oracle
@@ -141,7 +141,27 @@ def _lora_case(tokens, hidden, num_adapters, dtype, device, copy):
 
 
 def fp8_rows(device: str, dry_run: bool):
-    return [] if dry_run else [_fp8_case(tokens, device) for tokens in (1, 4, 32, 64, 2048)]
+    if dry_run:
+        return []
+    rows = [_fp8_case(tokens, device) for tokens in (1, 4, 32, 64, 2048)]
+    return rows + [_small_m_case(tokens, device) for tokens in (16, 32, 64)]
+
+
+def _small_m_case(tokens, device):
+    """The weight-streaming kernel past SMALL_M against what fp8_linear runs there
+    (_scaled_mm with its activation quantization): where SMALL_M should sit."""
+    from kernels.fp8_small_m_triton import fp8_linear_small_m
+
+    x = torch.randn(tokens, 4096, device=device, dtype=torch.bfloat16)
+    weights = itertools.cycle([quantize_fp8(torch.randn(4096 * 3, 4096, device=device) / 64)
+                               for _ in range(4)])  # fmt: skip
+    fns = {"stream": lambda: fp8_linear_small_m(x, *next(weights)),
+           "scaled_mm": lambda: _scaled_mm_linear(x, *next(weights), None)}  # fmt: skip
+    s = interleaved_seconds({k: replayed(f, REPEATS, device) for k, f in fns.items()}, rounds=3)
+    ratio = s["stream"] / s["scaled_mm"]
+    return ("fp8 streaming kernel / _scaled_mm", f"T{tokens} 4096 -> 12288",
+            f"{s['stream'] / REPEATS * 1e6:.0f} us vs {s['scaled_mm'] / REPEATS * 1e6:.0f} us",
+            f"{ratio:.2f}x", "(report: SMALL_M)", "-")  # fmt: skip
 
 
 def _fp8_case(tokens, device):

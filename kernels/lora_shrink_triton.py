@@ -215,12 +215,14 @@ def lora_shrink_parts(
     as float32 [num_splits, num_slices, T, max_rank] partial sums over hidden for the expand
     to add up (one launch fewer). Rows and columns lora_shrink leaves untouched are
     uninitialised."""
+    if segments.num_segments == 0:  # nothing to project: one (unread) part
+        shape = (1, len(lora_a), x.shape[0], lora_a[0].shape[1])
+        return torch.empty(shape, dtype=torch.float32, device=x.device)
     plan = _plan(x, lora_a, segments, num_splits, config)
     shape = (plan.num_splits, len(lora_a), x.shape[0], lora_a[0].shape[1])
     parts = torch.empty(shape, dtype=torch.float32, device=x.device)
-    if segments.num_segments:
-        with _on(x):
-            _launch(x, lora_a, parts, parts.stride(), segments, slice_ranks, plan)
+    with _on(x):
+        _launch(x, lora_a, parts, parts.stride(), segments, slice_ranks, plan)
     return parts
 
 
@@ -275,5 +277,5 @@ def _splits(programs: int, hidden: int, device: torch.device, programs_per_sm: i
     """Splits of hidden that bring the grid to programs_per_sm programs per multiprocessor."""
     if device.type != "cuda":
         return 1  # the interpreter runs programs one by one: splitting only adds work
-    want = triton.cdiv(programs_per_sm * multiprocessors(device), programs)
+    want = triton.cdiv(programs_per_sm * multiprocessors(device), max(programs, 1))
     return max(1, min(want, hidden // MIN_SPLIT_K, MAX_SPLITS))

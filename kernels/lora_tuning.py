@@ -65,6 +65,10 @@ class ExpandConfig:
 def _check(config, counts: dict[str, int], blocks: dict[str, int]) -> None:
     """Tiles Triton can build: power-of-two blocks of 16 or more, 1-16 warps, counts of 1 or
     more."""
+    every = {**blocks, **counts, "num_warps": config.num_warps}
+    not_ints = [f"{k}={v!r}" for k, v in every.items() if type(v) is not int]
+    if not_ints:
+        raise ValueError(f"{type(config).__name__}: not whole numbers: {', '.join(not_ints)}")
     bad = [f"{k}={v}" for k, v in blocks.items() if v < 16 or v & (v - 1)]
     bad += [f"{k}={v}" for k, v in counts.items() if v < 1]
     if config.num_warps not in (1, 2, 4, 8, 16):
@@ -113,19 +117,32 @@ def _lookup(device: torch.device, op: str, num_tokens: int, kind):
 
 @cache
 def _table(index: int) -> dict[str, dict[str, object]]:
-    """{op: {bucket: config}} for GPU `index`; empty when no file is found."""
+    """{op: {bucket: config}} for GPU `index`; empty when the GPU has no file. A file named
+    by LORASERVE_LORA_CONFIGS must exist."""
     override = os.environ.get("LORASERVE_LORA_CONFIGS")
     path = Path(override) if override else file_for(torch.cuda.get_device_name(index))
     if not path.is_file():
+        if override:
+            raise ValueError(f"LORASERVE_LORA_CONFIGS: {path} is not a file")
         return {}
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected an object of ops")
     kinds = {"shrink": ShrinkConfig, "expand": ExpandConfig}
     table: dict[str, dict[str, object]] = {}
     for op, by_bucket in raw.items():
-        if op not in kinds:
-            continue  # notes and measurements kept beside the configs
+        if op == "measured":
+            continue  # the tuner's measurements, kept beside the configs
+        if op not in kinds or not isinstance(by_bucket, dict):
+            raise ValueError(f"{path}: {op!r}: expected shrink, expand or measured, each an "
+                             "object of buckets")  # fmt: skip
         names = {f.name for f in fields(kinds[op])}
         for key, values in by_bucket.items():
+            if not isinstance(values, dict):
+                raise ValueError(f"{path}: {op}[{key}]: expected an object of fields")
             unknown = set(values) - names
             if unknown or key not in (*map(str, TOKEN_BUCKETS), "large"):
                 raise ValueError(f"{path}: {op}[{key}]: unknown bucket or fields {sorted(unknown)}")

@@ -104,13 +104,15 @@ def answer_result(status: int, raw: bytes, record: UsageRecord | None) -> ItemRe
         # (model_not_found, context_length_exceeded), as the same request answered alone.
         kept = answer if isinstance(answer, dict) and status != 200 else None
         return ItemResult(status if status != 200 else 500, kept, _message(answer))
+    if record is not None:  # what was metered: the same counts whatever the answer's shape
+        counts = (record.prompt_tokens, record.completion_tokens, record.cached_tokens)
+        return ItemResult(200, answer, None, *counts, usage=record)
     usage = answer.get("usage") or (answer.get("result") or {}).get("usage") or {}
-    cached = usage.get("cached_tokens", (usage.get("prompt_tokens_details") or {}).get(
-        "cached_tokens", 0))  # fmt: skip
-    return ItemResult(
-        200, answer, None, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
-        cached or 0, usage=record,
-    )  # fmt: skip
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    cached = usage.get("cached_tokens", details.get("cached_tokens", 0))
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", 0))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    return ItemResult(200, answer, None, prompt or 0, completion or 0, cached or 0, usage=record)
 
 
 def _message(answer) -> str:

@@ -108,6 +108,13 @@ class ResponsesRequest(OpenAIBody):
             raise ValueError("n: a response has one output; send n requests for more")
         return data
 
+    @field_validator("max_output_tokens")
+    @classmethod
+    def _output_at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("max_output_tokens must be at least 1")
+        return value
+
     @field_validator("metadata")
     @classmethod
     def _small_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:

@@ -31,6 +31,8 @@ from serving.api.sse import event_stream
 router = APIRouter(tags=["OpenAI"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
+# A failed response's error.code, from OpenAI's list: the caller's input, a limit, or ours.
+RESPONSE_ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
 @router.post("/v1/responses", summary="Response (OpenAI's Responses API; nothing is stored)")
@@ -71,7 +73,7 @@ async def _events(ctx: ApiContext, gen: Generation, view: ResponseView) -> Async
         async for _, out in outputs:
             if out.finish_reason == "error":
                 error = failed(out)
-                code = error.code or ("server_error" if error.status >= 500 else "invalid_request")
+                code = RESPONSE_ERROR_CODES.get(error.status, "server_error")
                 yield view.event("error", code=code, message=error.message, param=None)
                 problem = {"code": code, "message": error.message}
                 yield view.event("response.failed", response=view.response("failed", error=problem))

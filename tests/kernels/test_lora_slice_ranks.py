@@ -8,7 +8,7 @@ import torch
 from kernels import build_segments
 from kernels.lora_expand_triton import lora_expand_triton
 from kernels.lora_ops import lora_expand, lora_shrink
-from kernels.lora_shrink_triton import lora_shrink_triton
+from kernels.lora_shrink_triton import lora_shrink_parts, lora_shrink_triton
 
 SLOT_RANKS = torch.tensor([8, 16, 4, 0], dtype=torch.int32)  # slot 3 is empty
 # [slices, slots]: each module's own rank, at most its slot's; 0 = the adapter leaves it out
@@ -87,6 +87,28 @@ def test_triton_kernels_stop_at_each_slices_rank(dtype, num_splits):
     got = got.cpu()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), oracle(x, a, b, slots, scales, y), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["whole", "split-k"])
+def test_the_split_parts_added_up_by_the_expand_stop_at_each_slices_rank(num_splits):
+    """The layer path (lora_shrink_parts, then the expand adding them up) with rank_pattern
+    ranks: every part past a slice's rank, and every base-only row, is made NaN before the
+    expand, which must not read them."""
+    x, a, b, slots, scales, y = world(torch.float32, seed=2)
+    segments = build_segments(slots.to(DEVICE), SLOT_RANKS.to(DEVICE))
+    ranks = SLICE_RANKS.to(DEVICE)
+    parts = lora_shrink_parts(x.to(DEVICE), tuple(t_.to(DEVICE) for t_ in a), segments, ranks,
+                              num_splits=num_splits).cpu()  # fmt: skip
+    assert (parts.shape[0] > 1) == (num_splits > 1)  # hidden split, the last part short
+    for s in range(len(WIDTHS)):
+        for tok, slot in enumerate(slots.tolist()):
+            r = int(SLICE_RANKS[s, slot]) if slot >= 0 else 0
+            parts[:, s, tok, r:] = float("nan")
+    got = y.clone().to(DEVICE)
+    lora_expand_triton(parts.to(DEVICE), tuple(t_.to(DEVICE) for t_ in b), got, segments,
+                       scales.to(DEVICE), ranks)  # fmt: skip
+    torch.testing.assert_close(got.cpu().double(), oracle(x, a, b, slots, scales, y),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
 def test_a_bad_table_is_refused():

@@ -57,6 +57,11 @@ def test_a_table_gives_its_buckets_and_leaves_the_rest_to_the_defaults(table_fil
         ({"expand": {"16": {"block_q": 32}}}, "block_q"),
         ({"expand": {"16": {"block_m": 8}}}, "block_m=8"),
         ({"expand": {"32": {"block_n": 32}}}, "unknown bucket"),
+        ({"expand": {"16": {"n_chunks": 1.5}}}, "not whole numbers: n_chunks=1.5"),
+        ({"shrink": {"16": {"num_warps": True}}}, "num_warps=True"),
+        ({"expand": {"16": 5}}, "expected an object of fields"),
+        ({"expnad": {"16": {}}}, "'expnad': expected shrink, expand or measured"),
+        ([1], "expected an object of ops"),
     ],
 )
 def test_a_bad_table_names_its_problem(table_file, entry, problem):
@@ -66,8 +71,9 @@ def test_a_bad_table_names_its_problem(table_file, entry, problem):
     assert str(table_file) in str(info.value)
 
 
-def test_no_file_means_defaults(table_file):
-    assert lora_tuning._table(0) == {}
+def test_a_named_file_that_is_missing_is_an_error(table_file):
+    with pytest.raises(ValueError, match=r"LORASERVE_LORA_CONFIGS: .* is not a file"):
+        lora_tuning._table(0)
 
 
 @pytest.mark.parametrize("path", sorted(lora_tuning.TUNED_DIR.glob("*.json")), ids=lambda p: p.name)

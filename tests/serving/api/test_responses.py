@@ -114,6 +114,8 @@ def test_logprobs_are_included_when_asked(client):
     ("body", "message"),
     [
         ({"previous_response_id": "resp_1"}, "previous_response_id: responses are not stored"),
+        ({"max_output_tokens": 0}, "max_output_tokens must be at least 1"),
+        ({"max_output_tokens": -100}, "max_output_tokens must be at least 1"),
         ({"background": True}, "background responses are not supported"),
         ({"n": 2}, "a response has one output"),
         ({"tools": [{"type": "function", "name": "f"}]}, "tools is not supported"),
@@ -160,5 +162,6 @@ def test_a_request_failing_midway_is_a_400_or_ends_its_stream_failed(client):
     assert "allows no next token" in events[-2].message
     failed = events[-1].response
     assert failed.status == "failed" and "allows no next token" in failed.error.message
+    assert failed.error.code == events[-2].code == "invalid_prompt"  # OpenAI's code for input
     # the server goes on serving
     assert client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=2).output_text

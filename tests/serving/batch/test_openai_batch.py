@@ -101,12 +101,17 @@ def test_responses_batch_equals_each_body_alone(served):
     assert done.endpoint == RESPONSES and done.error_file_id is None
     outputs = read(c, done.output_file_id)
     assert [x["custom_id"] for x in outputs] == ["r0", "r1", "r2"]
+    lines_usage = []
     for out, body in zip(outputs, bodies, strict=True):
         got = out["response"]["body"]
         alone = c.responses.create(**body)
         assert got["object"] == "response" and got["status"] == alone.status
         assert got["output"][0]["content"][0]["text"] == alone.output_text
         assert got["usage"]["output_tokens"] == alone.usage.output_tokens
+        lines_usage.append(got["usage"])
+    # the batch object's usage adds up its lines' (read in the Responses API's words)
+    assert done.usage.input_tokens == sum(u["input_tokens"] for u in lines_usage) > 0
+    assert done.usage.output_tokens == sum(u["output_tokens"] for u in lines_usage) > 0
 
 
 def test_list_pages_newest_first_with_limit_and_after(served):

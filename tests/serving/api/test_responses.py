@@ -147,18 +147,22 @@ def test_an_unknown_model_is_a_404(served):
     assert r.status_code == 404, r.text
 
 
-# A pattern whose class is empty: after the opening quote the grammar allows no token.
+# A pattern whose last class is empty: after the quote and 16 letters the grammar allows no
+# token. The letters come first so the stream has begun (its first output sent) when the
+# request fails, however many steps the engine runs before the route reads it.
 NOTHING = {"type": "json_schema", "name": "none",
-           "schema": {"type": "string", "pattern": "^[^\\s\\S]$"}}  # fmt: skip
+           "schema": {"type": "string", "pattern": "^abcdefghijklmnop[^\\s\\S]$"}}  # fmt: skip
 
 
 def test_a_request_failing_midway_is_a_400_or_ends_its_stream_failed(client):
-    kwargs = dict(model=MODEL_ID, input="hi", text={"format": NOTHING}, max_output_tokens=5,
+    kwargs = dict(model=MODEL_ID, input="hi", text={"format": NOTHING}, max_output_tokens=40,
                   temperature=0)  # fmt: skip
     with pytest.raises(openai.BadRequestError, match="allows no next token"):
         client.responses.create(**kwargs)
     events = list(client.responses.create(stream=True, **kwargs))
     assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas.startswith('"a')  # the text sent before the dead end
     assert "allows no next token" in events[-2].message
     failed = events[-1].response
     assert failed.status == "failed" and "allows no next token" in failed.error.message

@@ -41,6 +41,7 @@ def test_a_response_equals_the_engine_alone(served, client, model, adapter):
     assert out.usage.output_tokens <= 6
     assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
     assert out.store is False and out.instructions == "be brief"
+    assert out.usage.input_tokens_details.cache_write_tokens == 0  # the SDK requires it
 
 
 def test_a_streamed_response_gives_the_same_text_and_ordered_events(served, client):

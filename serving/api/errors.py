@@ -1,7 +1,10 @@
 """Every error the API answers, as JSON in the style of the route that was asked.
 
     /ai/...      {"success": false, "errors": [{"code": 400, "message": "..."}], "result": null}
-    elsewhere    {"error": {"message": "...", "type": "invalid_request_error", "code": null}}
+    elsewhere    {"error": {"message": "...", "type": "invalid_request_error", "param": null,
+                            "code": null}}
+
+`param` names the field at fault when one is (a validation error), as OpenAI's errors do.
 
 Workers-AI error codes are the HTTP status. Bad input of any kind (validation, malformed
 JSON, a wrong content type, bytes that are not UTF-8) is a 400; an unexpected fault is a
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 
 from fastapi import FastAPI, Request
@@ -44,16 +48,17 @@ class ApiError(Exception):
         message: str,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.param = status, message, code, param
         self.headers = dict(headers or {})
 
     def __reduce__(self):
         # Pickled whole: raised in another deployment (the Batch one), it crosses Ray to the
         # route intact. Without this, unpickling calls ApiError(message) and fails, and Ray
         # hands over a stand-in that no route recognises.
-        return type(self), (self.status, self.message, self.code, self.headers)
+        return type(self), (self.status, self.message, self.code, self.headers, self.param)
 
 
 def is_workers_ai(path: str) -> bool:
@@ -61,12 +66,14 @@ def is_workers_ai(path: str) -> bool:
     return path == "/ai" or path.startswith("/ai/")
 
 
-def error_body(path: str, status: int, message: str, code: str | None = None) -> dict:
+def error_body(
+    path: str, status: int, message: str, code: str | None = None, param: str | None = None
+) -> dict:
     """The JSON body of an error answered on path."""
     if is_workers_ai(path):
         return {"success": False, "errors": [{"code": status, "message": message}], "result": None}
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "code": code}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 async def send_error(
@@ -90,7 +97,7 @@ async def send_error(
 
 
 def error_response(request: Request, error: ApiError) -> JSONResponse:
-    body = error_body(request.url.path, error.status, error.message, error.code)
+    body = error_body(request.url.path, error.status, error.message, error.code, error.param)
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
@@ -115,7 +122,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(request, ApiError(400, describe_validation(exc)))
+        message = describe_validation(exc)
+        return error_response(request, ApiError(400, message, param=_param(message)))
 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception) -> JSONResponse:
@@ -152,12 +160,22 @@ def describe_validation(exc: RequestValidationError) -> str:
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         # our validators' messages already start with the field's name; a field within an
         # item keeps the item's path ("requests.3.max_tokens must be at least 1")
-        if fields and msg.startswith(f"{fields[-1]} "):
+        if fields and msg.startswith((f"{fields[-1]} ", f"{fields[-1]}: ")):
             parts.append(".".join([*fields[:-1], msg]))
         else:
             parts.append(f"{'.'.join(fields)}: {msg}" if fields else msg)
     unique = list(dict.fromkeys(parts))
     return "; ".join(unique[:3]) or "invalid request"
+
+
+# A message that opens with a field path ("input[0].content: ...", "max_tokens must ...")
+_LEADING_FIELD = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+|\[\d+\])*)(?::| must | is )")
+
+
+def _param(message: str) -> str | None:
+    """The field a validation message names first, for OpenAI's `param`."""
+    match = _LEADING_FIELD.match(message)
+    return match.group(1) if match else None
 
 
 def _is_union_tag(part: object) -> bool:

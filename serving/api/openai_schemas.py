@@ -124,13 +124,6 @@ class ChatCompletionRequest(OpenAIBody):
             raise ValueError("messages must not be empty")
         return value
 
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _completion_at_least_one(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("max_completion_tokens must be at least 1")
-        return value
-
     @model_validator(mode="after")
     def _logprobs_need_flag(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:

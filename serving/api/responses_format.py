@@ -46,7 +46,7 @@ class ResponseView:
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                      else {"type": "text"}},
             "tool_choice": "none", "tools": [], "top_p": 1.0 if b.top_p is None else b.top_p,
-            "truncation": "disabled", "usage": usage, "user": b.user,
+            "truncation": b.truncation or "disabled", "usage": usage, "user": b.user,
             "metadata": b.metadata or {},
         }  # fmt: skip
 

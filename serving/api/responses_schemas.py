@@ -83,7 +83,9 @@ class ResponsesRequest(OpenAIBody):
     metadata: dict[str, Text] | None = Field(None, description="Up to 16 pairs, echoed back.")
     include: list[str] | None = Field(None, description=f"Only {LOGPROBS_INCLUDE!r} is served.")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    truncation: Literal["disabled"] | None = Field(None, description='Only "disabled".')
+    truncation: Literal["disabled", "auto"] | None = Field(
+        None, description='"auto" drops the oldest turns of an input over the context.'
+    )
     # Accepted and left alone: a reasoning effort, a service tier, a cache key
     reasoning: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -107,13 +109,6 @@ class ResponsesRequest(OpenAIBody):
         if data.get("n") not in (None, 1):
             raise ValueError("n: a response has one output; send n requests for more")
         return data
-
-    @field_validator("max_output_tokens")
-    @classmethod
-    def _output_at_least_one(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("max_output_tokens must be at least 1")
-        return value
 
     @field_validator("metadata")
     @classmethod

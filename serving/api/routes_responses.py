@@ -20,12 +20,14 @@ from serving.api.auth import Principal, authenticate
 from serving.api.batch_calls import batch_call
 from serving.api.choices import collect_all, merged
 from serving.api.context import ApiContext, api_context
+from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, failed
 from serving.api.metering import fitted_to_token_limit
 from serving.api.prompts import chat_ids
 from serving.api.responses_format import ResponseView, final_status, response_usage
 from serving.api.responses_schemas import ResponsesRequest
 from serving.api.routes_openai import sampling_for, start_choices, version_for
+from serving.api.settings import AppSettings
 from serving.api.sse import event_stream
 
 router = APIRouter(tags=["OpenAI"])
@@ -41,7 +43,7 @@ async def responses(body: ResponsesRequest, request: Request, ctx: Ctx, caller: 
     version = await version_for(ctx, caller, body)
     params = sampling_for(body, s)
     rid = fmt.new_id("resp").replace("-", "_")
-    ids = await chat_ids(s, body.messages(), field="input")
+    ids = await _prompt_ids(s, body)
     if body.output_limit() is None and batch_call(request) is None:
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=1)
     gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
@@ -55,6 +57,20 @@ async def responses(body: ResponsesRequest, request: Request, ctx: Ctx, caller: 
     status = final_status(outcome.finish_reason)
     return answer(gens[0], view.response(status, outcome.text, outcome.finish_reason, usage,
                                          logprobs))  # fmt: skip
+
+
+async def _prompt_ids(settings: AppSettings, body: ResponsesRequest) -> list[int]:
+    """The chat's token ids. With truncation "auto", as OpenAI's, the oldest turns go (system
+    turns stay) until the rest leaves room for output; the last turn is never dropped."""
+    turns = body.messages()
+    while True:
+        try:
+            return await chat_ids(settings, turns, field="input")
+        except ApiError as exc:
+            spare = [k for k, t in enumerate(turns[:-1]) if t.role not in ("system", "developer")]
+            if body.truncation != "auto" or exc.code != "context_length_exceeded" or not spare:
+                raise
+            del turns[spare[0]]
 
 
 def _logprobs(ctx: ApiContext, body: ResponsesRequest, logprobs) -> list | None:

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from serving.api.messages import ChatMessage
 from serving.api.response_format import WorkersResponseFormat
@@ -29,8 +37,17 @@ TopK = Annotated[int, Field(ge=0)]
 Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a torch generator's seed range
 RepetitionPenalty = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
-# >= 1, checked by a validator whose message the API contract fixes; the minimum documents it
-MaxTokens = Annotated[int, Field(json_schema_extra={"minimum": 1})]
+
+
+def _at_least_one(value: int, info: ValidationInfo) -> int:
+    # the API contract fixes this message ("max_tokens must be at least 1"), not pydantic's
+    if value < 1:
+        raise ValueError(f"{info.field_name} must be at least 1")
+    return value
+
+
+# A token count (max_tokens and its aliases); the minimum documents the check in the schema
+MaxTokens = Annotated[int, AfterValidator(_at_least_one), Field(json_schema_extra={"minimum": 1})]
 
 
 class SamplingFields(BaseModel):
@@ -55,13 +72,6 @@ class SamplingFields(BaseModel):
             fields = cls.model_fields
             return {k: v for k, v in data.items() if v is not None or k not in fields}
         return data
-
-    @field_validator("max_tokens", check_fields=False)
-    @classmethod
-    def _at_least_one(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError("max_tokens must be at least 1")
-        return value
 
 
 class _WorkersBody(SamplingFields):

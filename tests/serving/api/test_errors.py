@@ -168,7 +168,7 @@ def test_bad_input_is_a_json_error(served, method, path, kwargs, status, message
         assert body["result"] is None and body["errors"][0]["code"] == status
         text = body["errors"][0]["message"]
     else:
-        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"}
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
         text = body["error"]["message"]
     assert message in text, text
     assert "Traceback" not in r.text and len(r.content) < 2000  # no echo of a huge input

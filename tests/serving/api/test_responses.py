@@ -12,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.serving.api.served import ACME, MODEL_ID
+from tests.serving.api.served import ACME, MAX_MODEL_LEN, MODEL_ID
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
 
@@ -140,6 +140,58 @@ def test_what_is_not_served_is_a_400_naming_it(served, body, message):
                    headers={**AUTH, "content-type": "application/json"})  # fmt: skip
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"include": ["x"]}, "include"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"temperature": 9}, "temperature"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+    ],
+)  # fmt: skip
+def test_a_400_names_its_field_once_and_as_param(served, body, param):
+    r = httpx.post(served.url + "/v1/responses", headers=AUTH, timeout=60,
+                   json={"model": MODEL_ID, "input": "hi", **body})  # fmt: skip
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param, r.text
+    assert error["message"].count(param) == 1, r.text  # not "include: include: ..."
+
+
+def _long_turns(words: int) -> list[dict]:
+    """Old turns that together overflow the context, then a short question."""
+    old = [{"role": r, "content": " ".join(["apple"] * words)} for r in ("user", "assistant")] * 3
+    return [{"role": "system", "content": "be brief"}, *old, {"role": "user", "content": "hi"}]
+
+
+def test_truncation_auto_drops_the_oldest_turns_until_the_input_fits(served, client):
+    turns = _long_turns(words=6)
+    assert len(served.chat_ids(turns)) >= MAX_MODEL_LEN
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.responses.create(model=MODEL_ID, input=turns[1:], instructions="be brief",
+                                max_output_tokens=3)  # fmt: skip
+    # the reference: the system turn and the newest turns that leave room for output
+    kept = next(turns[:1] + turns[k:] for k in range(2, len(turns))
+                if len(served.chat_ids(turns[:1] + turns[k:])) < MAX_MODEL_LEN)  # fmt: skip
+    assert len(kept) > 2  # some old turns stay
+    want, _ = _expected(served, kept, None, 3)
+    out = client.responses.create(model=MODEL_ID, input=turns[1:], instructions="be brief",
+                                  max_output_tokens=3, temperature=0, truncation="auto")  # fmt: skip
+    assert out.output_text == want and out.truncation == "auto"
+    assert out.usage.input_tokens == len(served.chat_ids(kept))
+
+
+def test_truncation_auto_keeps_the_last_turn_whole(served):
+    body = {
+        "model": MODEL_ID,
+        "truncation": "auto",
+        "max_output_tokens": 2,
+        "input": [{"role": "user", "content": "x"}, {"role": "user", "content": "y " * 200}],
+    }
+    r = httpx.post(served.url + "/v1/responses", headers=AUTH, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
 def test_an_unknown_model_is_a_404(served):

@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 
 from serving.api.errors import error_body
-from serving.batch.records import CANCELLED, ItemRecord, Job
+from serving.batch.records import CANCELLED, COMPLETION_WINDOW_S, EXPIRED, ItemRecord, Job
 
 # OpenAI's batch status by the store's job state; items are checked at submission, so a job
 # is in progress from the start.
 OPENAI_STATUS = {"queued": "in_progress", "running": "in_progress", "done": "completed",
-                 "cancelling": "cancelling", "cancelled": "cancelled"}  # fmt: skip
-COMPLETION_WINDOW_S = 24 * 3600
-NEVER_RAN = "the batch was cancelled before this request ran"
+                 "cancelling": "cancelling", "cancelled": "cancelled",
+                 "expired": "expired"}  # fmt: skip
+# The error line of a request that never ran, as OpenAI writes it, by the item's state
+NEVER_RAN = {
+    CANCELLED: ("batch_cancelled", "the batch was cancelled before this request ran"),
+    EXPIRED: ("batch_expired", "the batch's 24h completion window ended before this request "
+              "ran"),
+}  # fmt: skip
 OUTPUT, ERRORS = "-output", "-errors"
 
 
@@ -49,7 +54,7 @@ def output_file_ids(job: Job) -> tuple[str | None, str | None]:
     if job.finished is None:
         return None, None
     base = "file-" + job.id.removeprefix("batch_")
-    # A cancelled job's requests that never ran are error lines too (batch_cancelled).
+    # A cancelled or expired job's requests that never ran are error lines too.
     errors = job.failed or job.total > job.completed + job.failed
     return (base + OUTPUT if job.completed else None), (base + ERRORS if errors else None)
 
@@ -73,7 +78,8 @@ def openai_batch(job: Job) -> dict:
         "status": OPENAI_STATUS[state], "output_file_id": output, "error_file_id": errors,
         "created_at": t(job.created), "in_progress_at": t(job.created),
         "expires_at": t(job.created + COMPLETION_WINDOW_S), "finalizing_at": t(ended),
-        "completed_at": t(ended), "failed_at": None, "expired_at": None,
+        "completed_at": t(ended), "failed_at": None,
+        "expired_at": t(job.expired if state == "expired" else None),
         "cancelling_at": t(job.cancelling),
         "cancelled_at": t(job.finished if state == "cancelled" else None),
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
@@ -93,9 +99,10 @@ def file_lines(job: Job, records: list[ItemRecord], errors: bool) -> bytes:
     lines = []
     for record in records:
         r = record.result
-        if errors and record.state == CANCELLED:  # as OpenAI writes a request that never ran
+        if errors and record.state in NEVER_RAN:
+            code, why = NEVER_RAN[record.state]
             line = {"id": _line_id(job, record), "custom_id": record.ref, "response": None,
-                    "error": {"code": "batch_cancelled", "message": NEVER_RAN}}  # fmt: skip
+                    "error": {"code": code, "message": why}}  # fmt: skip
             lines.append(json.dumps(line) + "\n")
             continue
         if r is None or r.ok == errors:

@@ -6,7 +6,8 @@ set) only use capacity interactive requests leave. Each result is committed to t
 its item ends. A failure the item is not to blame for (a full queue, a lost replica, a runner
 that raises) puts it back in the queue, up to MAX_ATTEMPTS runs; any other failure is that
 item's result alone. On start it puts back the items a dead process left running (failing
-one that has run MAX_RUNS times), and every sweep_s it deletes what has outlived
+one that has run MAX_RUNS times), and every sweep_s it ends the OpenAI jobs whose completion
+window (24 h) has passed, their queued items expired, and deletes what has outlived
 batch.ttl_hours. Committed results are then handed to on_result (usage metering), after the
 commit, so a crash between the two loses a usage record rather than counting one twice.
 """
@@ -21,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 from starlette.concurrency import run_in_threadpool
 
-from serving.batch.records import Item, ItemResult
+from serving.batch.records import COMPLETION_WINDOW_S, Item, ItemResult
 from serving.batch.store import BatchStore
 
 log = logging.getLogger("loraserve.batch")
@@ -44,11 +45,13 @@ class Feeder:
     def __init__(
         self, store: BatchStore, run: Runner, *, max_in_flight: int, ttl_s: float,
         on_result: ResultHook | None = None, sweep_s: float = SWEEP_S,
+        window_s: float = COMPLETION_WINDOW_S,
     ) -> None:  # fmt: skip
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.store, self.run, self.on_result = store, run, on_result
         self.max_in_flight, self.ttl_s, self.sweep_s = max_in_flight, ttl_s, sweep_s
+        self.window_s = window_s
         self.running: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -86,7 +89,7 @@ class Feeder:
             try:
                 if loop.time() >= next_sweep:
                     next_sweep = loop.time() + self.sweep_s
-                    await run_in_threadpool(self.store.expire, self.ttl_s)
+                    await self._sweep()
                 room = self.max_in_flight - len(self.running)
                 items = await run_in_threadpool(self.store.claim, room) if room else []
             except Exception as exc:  # the store is unreachable for now; keep trying
@@ -104,6 +107,13 @@ class Feeder:
                     await asyncio.wait((waiting,), timeout=IDLE_POLL_S)
                 finally:
                     waiting.cancel()
+
+    async def _sweep(self) -> None:
+        expired = await run_in_threadpool(self.store.close_overdue, self.window_s)
+        if expired:
+            log.warning("%d batches passed their completion window; their requests not yet "
+                        "run expired", expired)  # fmt: skip
+        await run_in_threadpool(self.store.expire, self.ttl_s)
 
     async def _store(self, call, *args):
         """call(*args) on the store, retried until it succeeds (a busy or full disk must

@@ -13,7 +13,17 @@ import sqlite3
 import time
 from typing import NamedTuple
 
-from serving.batch.records import CANCELLED, DONE, FAILED, QUEUED, RUNNING, Item, ItemResult
+from serving.batch.records import (
+    CANCELLED,
+    DONE,
+    EXPIRED,
+    FAILED,
+    OPENAI,
+    QUEUED,
+    RUNNING,
+    Item,
+    ItemResult,
+)
 
 
 class ItemQueue:
@@ -98,9 +108,25 @@ class ItemQueue:
             close_if_ended(db, seq, time.time())
         return True
 
+    def close_overdue(self, window_s: float, now: float | None = None) -> int:
+        """End the OpenAI jobs submitted more than window_s ago: their queued items expire
+        (never run), those running finish and are kept; how many jobs this closed."""
+        now = time.time() if now is None else now
+        with self._write() as db:
+            overdue = [seq for (seq,) in db.execute(
+                "SELECT seq FROM jobs WHERE finished IS NULL AND cancelling IS NULL AND "
+                "expired IS NULL AND api = ? AND created < ?", (OPENAI, now - window_s),
+            )]  # fmt: skip
+            for seq in overdue:
+                db.execute("UPDATE jobs SET expired = ? WHERE seq = ?", (now, seq))
+                db.execute("UPDATE items SET state = ? WHERE job = ? AND state = ?",
+                           (EXPIRED, seq, QUEUED))  # fmt: skip
+                close_if_ended(db, seq, now)
+        return len(overdue)
+
     def requeue_running(self, max_attempts: int | None = None) -> Requeued:
-        """Put back every running item (its runner died before committing). A cancelled
-        job's are dropped instead, as its queued ones were; one that has run max_attempts
+        """Put back every running item (its runner died before committing). A cancelled or
+        expired job's are dropped instead, as its queued ones were; one that has run max_attempts
         times already fails (a request that takes its server down with it must not do so on
         every restart)."""
         now = time.time()
@@ -108,6 +134,10 @@ class ItemQueue:
             ended = db.execute(
                 "UPDATE items SET state = ? WHERE state = ? AND job IN (SELECT seq FROM jobs "
                 "WHERE cancelling IS NOT NULL) RETURNING job", (CANCELLED, RUNNING),
+            ).fetchall()  # fmt: skip
+            ended += db.execute(
+                "UPDATE items SET state = ? WHERE state = ? AND job IN (SELECT seq FROM jobs "
+                "WHERE expired IS NOT NULL) RETURNING job", (EXPIRED, RUNNING),
             ).fetchall()  # fmt: skip
             given_up = []
             if max_attempts is not None:

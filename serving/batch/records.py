@@ -9,6 +9,9 @@ WORKERS_AI, OPENAI = "workers-ai", "openai"
 # The bodies an item may carry: a Workers-AI body, or an OpenAI body for one of its URLs.
 ENDPOINTS = ("/ai/run", "/v1/chat/completions", "/v1/completions", "/v1/responses")
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+EXPIRED = "expired"  # an item still queued when its job's completion window ended
+# OpenAI's one completion window: a batch's requests not begun within it are dropped
+COMPLETION_WINDOW_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class ItemRecord:
 
     index: int
     ref: str | None
-    state: str  # queued | running | done | failed | cancelled
+    state: str  # queued | running | done | failed | cancelled | expired
     result: ItemResult | None
 
 
@@ -90,17 +93,21 @@ class Job:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    expired: float | None = None  # the completion window ended with items still queued
 
     @property
-    def cancelled(self) -> int:
-        """Items dropped by a cancel before they ran."""
+    def dropped(self) -> int:
+        """Items that never ran: dropped by a cancel, or by the end of the window."""
         return self.total - self.completed - self.failed if self.finished else 0
 
     @property
     def state(self) -> str:
-        """queued | running | done | cancelling | cancelled."""
+        """queued | running | done | cancelling | cancelled | expired (once the items running
+        when the window ended have finished)."""
         if self.cancelling is not None:
             return CANCELLED if self.finished is not None else "cancelling"
+        if self.expired is not None:
+            return EXPIRED if self.finished is not None else RUNNING
         if self.finished is not None:
             return "done"
         return RUNNING if self.started is not None else QUEUED

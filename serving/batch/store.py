@@ -37,7 +37,8 @@ from serving.batch.records import (
 BUSY_TIMEOUT_MS = 30_000
 _JOB_COLUMNS = (
     "id, tenant, model, api, endpoint, total, completed, failed, created, started, finished, "
-    "cancelling, input_file_id, metadata, prompt_tokens, completion_tokens, cached_tokens"
+    "cancelling, input_file_id, metadata, prompt_tokens, completion_tokens, cached_tokens, "
+    "expired"
 )
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS jobs (
@@ -101,6 +102,7 @@ class BatchStore(FileTable, ItemQueue):
                 self._db.execute(f"PRAGMA {pragma}")
             self._db.executescript(_SCHEMA)
             _with_item_tenants(self._db)
+            _with_job_expiry(self._db)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -119,14 +121,15 @@ class BatchStore(FileTable, ItemQueue):
             raise ValueError("a batch needs at least one request")
         job = Job(new_id("batch_"), tenant, model, api, endpoint, len(items), 0, 0,
                   time.time(), input_file_id=input_file_id, metadata=dict(metadata or {}))  # fmt: skip
+        row = _job_row(job)
         with self._write() as db:
             if max_pending is not None:
                 pending = _pending(db, tenant)
                 if pending + len(items) > max_pending:
                     raise BatchQueueFull(pending, max_pending, len(items))
             seq = db.execute(
-                f"INSERT INTO jobs (key_id, {_JOB_COLUMNS}) VALUES ({', '.join('?' * 18)})",
-                (key_id, *_job_row(job)),
+                f"INSERT INTO jobs (key_id, {_JOB_COLUMNS}) VALUES (?, {', '.join('?' * len(row))})",
+                (key_id, *row),
             ).lastrowid
             db.executemany(
                 "INSERT INTO items (job, idx, ref, body, state, tenant) VALUES (?, ?, ?, ?, ?, ?)",
@@ -175,7 +178,7 @@ class BatchStore(FileTable, ItemQueue):
                 return None
             now = time.time()
             db.execute("UPDATE jobs SET cancelling = ? WHERE seq = ? AND cancelling IS NULL "
-                       "AND finished IS NULL", (now, seq))  # fmt: skip
+                       "AND expired IS NULL AND finished IS NULL", (now, seq))  # fmt: skip
             db.execute("UPDATE items SET state = ? WHERE job = ? AND state = ?",
                        (CANCELLED, seq, QUEUED))  # fmt: skip
             close_if_ended(db, seq, now)
@@ -254,18 +257,25 @@ def _with_item_tenants(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS items_tenant_queue ON items (state, tenant, idx, job)")
 
 
+def _with_job_expiry(db: sqlite3.Connection) -> None:
+    """Give a file made before jobs could expire their `expired` column (all NULL)."""
+    if "expired" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+        db.execute("ALTER TABLE jobs ADD COLUMN expired")
+
+
 def _pending(db: sqlite3.Connection, tenant: str) -> int:
-    # Only open jobs hold such items: an ended job's are done, failed or cancelled. An item
-    # of a job not being cancelled is queued, running, done or failed, and the job counts the
-    # done and failed ones; a cancelling job's queued ones are cancelled, so count its items.
+    # Only open jobs hold such items: an ended job's are done, failed, cancelled or expired.
+    # An item of a job still taking items is queued, running, done or failed, and the job
+    # counts the done and failed ones; a stopping job's (cancelled or expired) queued ones
+    # were dropped, so count its items.
     left = db.execute(
         "SELECT COALESCE(SUM(total - completed - failed), 0) FROM jobs WHERE tenant = ? AND "
-        "finished IS NULL AND cancelling IS NULL", (tenant,),
+        "finished IS NULL AND cancelling IS NULL AND expired IS NULL", (tenant,),
     ).fetchone()[0]  # fmt: skip
     stopping = db.execute(
         "SELECT COALESCE(SUM((SELECT COUNT(*) FROM items WHERE state IN (?, ?) AND job = seq)),"
-        " 0) FROM jobs WHERE tenant = ? AND finished IS NULL AND cancelling IS NOT NULL",
-        (QUEUED, RUNNING, tenant),
+        " 0) FROM jobs WHERE tenant = ? AND finished IS NULL AND (cancelling IS NOT NULL OR "
+        "expired IS NOT NULL)", (QUEUED, RUNNING, tenant),
     ).fetchone()[0]  # fmt: skip
     return left + stopping
 
@@ -280,7 +290,7 @@ def _job_row(job: Job) -> tuple:
     return (job.id, job.tenant, job.model, job.api, job.endpoint, job.total, job.completed,
             job.failed, job.created, job.started, job.finished, job.cancelling,
             job.input_file_id, json.dumps(job.metadata), job.prompt_tokens,
-            job.completion_tokens, job.cached_tokens)  # fmt: skip
+            job.completion_tokens, job.cached_tokens, job.expired)  # fmt: skip
 
 
 def _job(row: tuple) -> Job:

@@ -119,6 +119,7 @@ def serve(
     generator_class: type[LocalGenerator] = LocalGenerator,
     tenancy=None,
     embeddings: bool = False,
+    batch=None,
     **settings_fields,
 ) -> Iterator[Served]:
     """The world's model served over HTTP; `publish` names the world's adapters published
@@ -149,7 +150,7 @@ def serve(
         **settings_fields,
     )
     settings.ready.set()
-    app = create_app(generator, settings, tenancy)
+    app = create_app(generator, settings, tenancy, batch)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -2,6 +2,7 @@
 
 import json
 import time
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -42,11 +43,36 @@ def wait(c, batch_id, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         batch = c.batches.retrieve(batch_id)
-        if batch.status in ("completed", "cancelled"):
+        if batch.status in ("completed", "cancelled", "expired"):
             return batch
         assert batch.status in ("in_progress", "cancelling"), batch.status
         time.sleep(0.05)
     raise AssertionError(f"batch {batch_id} did not finish")
+
+
+@contextmanager
+def slowed(served, step_s=0.03):
+    """Each forward of the served engine takes step_s longer, so a batch runs for seconds."""
+    model = served.generator.engine.model
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(step_s)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward
+    try:
+        yield
+    finally:
+        model.forward = forward
+
+
+def until_completed(c, batch_id, n, timeout=60):
+    """Wait until n of the batch's requests have completed."""
+    deadline = time.monotonic() + timeout
+    while c.batches.retrieve(batch_id).request_counts.completed < n:
+        assert time.monotonic() < deadline, f"fewer than {n} requests completed"
+        time.sleep(0.02)
 
 
 def read(c, file_id) -> list[dict]:

@@ -8,7 +8,17 @@ import pytest
 
 from serving.batch import feeder as feeder_module
 from serving.batch.feeder import MAX_ATTEMPTS, Feeder
-from serving.batch.records import DONE, FAILED, QUEUED, RUNNING, WORKERS_AI, ItemResult, NewItem
+from serving.batch.records import (
+    DONE,
+    EXPIRED,
+    FAILED,
+    OPENAI,
+    QUEUED,
+    RUNNING,
+    WORKERS_AI,
+    ItemResult,
+    NewItem,
+)
 from serving.batch.store import BatchStore
 
 TTL_S = 3600.0
@@ -217,3 +227,21 @@ def test_a_busy_server_puts_the_item_back_rather_than_failing_it(store, monkeypa
     feed_to_the_end(store, job, run, max_in_flight=2, on_result=meter)
     assert [r.state for r in store.results("acme", job.id)] == [DONE, DONE]
     assert runs == {0: 1, 1: MAX_ATTEMPTS} and sorted(metered) == [(0, 200), (1, 200)]
+
+
+def test_a_job_past_its_completion_window_expires_before_any_item_runs(store):
+    """The feeder's sweep (on start, then every sweep_s) ends OpenAI jobs older than the
+    window: their items expire without running; a job of another API still runs."""
+    overdue = store.submit(tenant="acme", key_id="k", model="demo", api=OPENAI,
+                           endpoint="/v1/completions", items=[NewItem({"prompt": "a"})] * 3)  # fmt: skip
+    workers = submit(store, ["b"])
+    ran = []
+
+    async def run(item):
+        ran.append(item.job_id)
+        return answer(item)
+
+    feed_to_the_end(store, workers, run, max_in_flight=2, window_s=0.0)
+    assert ran == [workers.id]
+    assert store.job("acme", overdue.id).state == "expired"
+    assert [r.state for r in store.results("acme", overdue.id)] == [EXPIRED] * 3

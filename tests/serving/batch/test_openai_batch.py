@@ -23,7 +23,9 @@ from tests.serving.batch.openai_batch import (
     line,
     read,
     served_batches,
+    slowed,
     start,
+    until_completed,
     wait,
 )  # fmt: skip
 
@@ -137,25 +139,12 @@ def test_cancel_keeps_finished_items_and_runs_no_more(served):
     items already running finish after the cancel, and once cancelled the counts stop
     changing and the engine is idle."""
     c = client(served)
-    model = served.generator.engine.model
-    forward = model.forward
-
-    def slow_forward(*args, **kwargs):
-        time.sleep(0.03)
-        return forward(*args, **kwargs)
-
-    model.forward = slow_forward
-    try:
+    with slowed(served):
         batch = start(c, [line(f"s{i}", chat(MODELS[i % 4], i, max_tokens=4)) for i in range(80)])
-        deadline = time.monotonic() + 60
-        while c.batches.retrieve(batch.id).request_counts.completed < 2:
-            assert time.monotonic() < deadline, "no item finished"
-            time.sleep(0.02)
+        until_completed(c, batch.id, 2)
         cancel = c.batches.cancel(batch.id)
         assert cancel.status in ("cancelling", "cancelled") and cancel.cancelling_at
         done = wait(c, batch.id)
-    finally:
-        model.forward = forward
     counts = done.request_counts
     assert done.status == "cancelled" and done.cancelled_at and done.completed_at is None
     ended = counts.completed + counts.failed

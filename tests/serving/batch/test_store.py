@@ -140,7 +140,7 @@ def test_cancel_drops_queued_items_and_keeps_what_running_ones_return(store):
     assert store.finish(running[0], ok(1)) is True
     assert store.finish(running[1], ItemResult(500, error="boom")) is True
     ended = store.job("acme", job.id)
-    assert (ended.state, ended.completed, ended.failed, ended.cancelled) == ("cancelled", 1, 1, 3)
+    assert (ended.state, ended.completed, ended.failed, ended.dropped) == ("cancelled", 1, 1, 3)
     assert states(store, job) == [DONE, FAILED] + [CANCELLED] * 3
     untouched = submit(store, 2, name="queued")  # nothing running: cancelled at once
     assert store.cancel("acme", untouched.id).state == "cancelled"

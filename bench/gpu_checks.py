@@ -15,7 +15,7 @@ from kernels import (
 )
 from kernels.fp8 import _scaled_mm_linear, dequantize_fp8
 from kernels.lora_expand_triton import lora_expand_triton
-from kernels.lora_shrink_triton import lora_shrink_triton
+from kernels.lora_shrink_triton import lora_shrink_parts
 from tests.kernels.oracle import expand_oracle, shrink_oracle
 
 RANK = 16
@@ -64,14 +64,11 @@ def _lora_error(tokens, hidden, width, dtype, device) -> float:
     b = (torch.randn(num_slots, max_rank, width, generator=gen) / 4).to(dtype)
     scales = torch.rand(num_slots, generator=gen) + 0.5
     seg = build_segments(slots.to(device), ranks.to(device))
-    t = torch.zeros(tokens, max_rank, device=device)
     y = torch.zeros(tokens, width, dtype=dtype, device=device)
-    if device == "cuda":  # a LoRA layer's path: the expand adds up the shrink's split parts
-        lora_apply_planned(x.to(device), (a.to(device),), (b.to(device),), y, seg,
-                           scales.to(device), max_rank)  # fmt: skip
-    else:  # dry run: the same Triton kernels, interpreted
-        lora_shrink_triton(x, (a,), t[None], seg)
-        lora_expand_triton(t[None], (b,), y, seg, scales)
+    # A LoRA layer's CUDA path, interpreted in a dry run: the expand adds up the shrink's
+    # split parts
+    parts = lora_shrink_parts(x.to(device), (a.to(device),), seg)
+    lora_expand_triton(parts, (b.to(device),), y, seg, scales.to(device))
     want_t = shrink_oracle(x, [a], slots, ranks)
     want = expand_oracle(
         torch.zeros(tokens, width), want_t.nan_to_num(0.0), [b], slots, ranks, scales

@@ -10,8 +10,9 @@ segments padded to the batch); prefill batches share 64 adapters. A candidate's 
 GPU time of a graph replaying its launches over 8 slabs in turn (weights come from HBM, as
 a model's 16-32 layers bring them, not from L2); a config's score is its total over the
 bucket's cases. Per bucket, from the defaults, each field in turn takes its best value
-given the others: first the shrink's, then the expand's, fed by the shrink's winner's split
-parts. The table compares each winner with the defaults.
+given the others: first the shrink's, timed with the expand that reads its split parts (a
+split more costs the expand a load), then the expand's, fed by the shrink's winner's parts.
+The table compares each winner with the defaults; a shrink row's times include its expand.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kernels.lora_tuning import ExpandConfig, ShrinkConfig
 from kernels.segments import Segments
 
 RANK, SLABS, REPEATS = 16, 8, 8
-DEADLINE_S = 150  # buckets not begun by then keep the defaults
+DEADLINE_S = 150  # buckets not begun by then keep what the file had (else the defaults)
 MODELS = {  # hidden, intermediate, kv width
     "1b": (2048, 8192, 512),
     "8b": (4096, 14336, 1024),
@@ -94,7 +95,8 @@ def main() -> None:
         cases = [_case(spec, i, device, args.dry_run) for spec in specs for i in projections]
         shrink = ShrinkConfig(**result["shrink"].get(key, {}))
         if "shrink" in ops:
-            timers = [_shrink_timer(c) for c in cases]
+            expand = ExpandConfig(**result["expand"].get(key, {}))
+            timers = [_shrink_timer(c, expand) for c in cases]
             axes = DRY_AXES[ShrinkConfig] if args.dry_run else SHRINK_AXES
             shrink = _tuned(result, key, "shrink", _descend(ShrinkConfig, axes, timers))
         if "expand" in ops:
@@ -165,14 +167,21 @@ def _guarded(timer, cfg) -> float:
         return float("inf")
 
 
-def _shrink_timer(case: Case) -> Callable[[ShrinkConfig], float]:
+def _shrink_timer(case: Case, expand: ExpandConfig) -> Callable[[ShrinkConfig], float]:
+    """Timing the shrink with the expand that reads its parts: the split count a shrink
+    config sets (block_k, programs_per_sm) costs the expand a load per split."""
+    from kernels.lora_expand_triton import lora_expand_triton
     from kernels.lora_shrink_triton import lora_shrink_parts
 
     def timer(cfg: ShrinkConfig) -> float:
-        turn = itertools.cycle([a for a, _ in case.slabs])
-        return _gpu_seconds(
-            lambda: lora_shrink_parts(case.x, next(turn), case.segments, config=cfg), case.x.device
-        )
+        turn = itertools.cycle(case.slabs)
+
+        def run():
+            a, b = next(turn)
+            parts = lora_shrink_parts(case.x, a, case.segments, config=cfg)
+            lora_expand_triton(parts, b, case.y, case.segments, case.scales, config=expand)
+
+        return _gpu_seconds(run, case.x.device)
 
     return timer
 

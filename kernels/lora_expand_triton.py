@@ -4,9 +4,9 @@ Grid: (m-blocks x column groups of the widest slice, segments, slices). One
 launch writes every slice of a fused output (q/k/v or gate/up); each slice
 has its own B stack and its own width, looked up from small tables. The
 loop over the rank stops at the segment's own rank. A column group is n_chunks
-blocks of BLOCK_N columns, written in turn by one program: at decode sizes a
-program's own work is a few KB, and the chain of loads before it (segment, tokens,
-t) costs more than the work unless several blocks share it.
+blocks of BLOCK_N columns, written in turn by one program, which then loads the
+segment, its tokens and t once for all of them; n_chunks is a tuned field
+(kernels/lora_tuning.py), and on the H200 one block per program has won so far.
 
 t may come as the shrink's split-K parts ([num_splits, num_slices, T, max_rank]); the
 kernel adds them up as it loads them, in split order, so the sum is the one the shrink's

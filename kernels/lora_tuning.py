@@ -96,11 +96,11 @@ def bucket(num_tokens: int) -> str:
 
 
 def shrink_config(device: torch.device, num_tokens: int) -> ShrinkConfig:
-    return _lookup(device, "shrink", num_tokens, ShrinkConfig)
+    return _lookup(device, "shrink", num_tokens)
 
 
 def expand_config(device: torch.device, num_tokens: int) -> ExpandConfig:
-    return _lookup(device, "expand", num_tokens, ExpandConfig)
+    return _lookup(device, "expand", num_tokens)
 
 
 def file_for(device_name: str) -> Path:
@@ -108,11 +108,12 @@ def file_for(device_name: str) -> Path:
     return TUNED_DIR / (re.sub(r"[^A-Za-z0-9.-]+", "_", device_name).strip("_") + ".json")
 
 
-def _lookup(device: torch.device, op: str, num_tokens: int, kind):
+def _lookup(device: torch.device, op: str, num_tokens: int):
+    # Once per launch: the defaults are built once, not per call (frozen, so shared).
     if device.type != "cuda":
-        return kind()
+        return _DEFAULTS[op]
     index = torch.cuda.current_device() if device.index is None else device.index
-    return _table(index).get(op, {}).get(bucket(num_tokens), kind())
+    return _table(index).get(op, {}).get(bucket(num_tokens), _DEFAULTS[op])
 
 
 @cache
@@ -151,6 +152,9 @@ def _table(index: int) -> dict[str, dict[str, object]]:
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{path}: {op}[{key}]: {exc}") from None
     return table
+
+
+_DEFAULTS = {"shrink": ShrinkConfig(), "expand": ExpandConfig()}
 
 
 def clear_cache() -> None:

@@ -154,9 +154,11 @@ def describe_validation(exc: RequestValidationError) -> str:
             return "the body must be a JSON object sent with Content-Type: application/json"
         if loc == ("body",) and kind == "missing":
             return "a JSON body is required"
-        fields = [str(p) for p in loc[1:] if not _is_union_tag(p)] if loc[:1] == ("body",) else []
+        fields = (
+            [_shown(p) for p in loc[1:] if not _is_union_tag(p)] if loc[:1] == ("body",) else []
+        )
         if loc[:1] in (("query",), ("path",), ("header",)):
-            fields = [str(p) for p in loc[1:]]
+            fields = [_shown(p) for p in loc[1:]]
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         # our validators' messages already start with the field's name; a field within an
         # item keeps the item's path ("requests.3.max_tokens must be at least 1")
@@ -176,6 +178,14 @@ def _param(message: str) -> str | None:
     """The field a validation message names first, for OpenAI's `param`."""
     match = _LEADING_FIELD.match(message)
     return match.group(1) if match else None
+
+
+def _shown(part: object, limit: int = 64) -> str:
+    """A location part as the message shows it: a client's dict key may be long, or hold a
+    lone surrogate that no JSON answer can encode."""
+    text = str(part)
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _is_union_tag(part: object) -> bool:

@@ -119,8 +119,11 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
     # still decides would otherwise drop an admission granted a moment later, holding the
     # tenant's place until the running TTL. _release_late hands it back instead.
     asked = asyncio.ensure_future(ctx.tenancy.admit(caller.tenant, tokens))
+    handed = False  # set only once the admission is the caller's to release
     try:
-        return await asyncio.wait_for(asyncio.shield(asked), TENANCY_TIMEOUT_S)
+        admission = await asyncio.wait_for(asyncio.shield(asked), TENANCY_TIMEOUT_S)
+        handed = True
+        return admission
     except RateLimited as exc:
         raise ApiError(
             429, str(exc), code="rate_limit_exceeded", headers=dict(exc.headers)
@@ -132,7 +135,9 @@ async def admit(ctx: ApiContext, caller: Principal, request: GenerateRequest) ->
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         ) from None  # fmt: skip
     finally:
-        if not asked.done():  # given up on (a timeout, a cancel): release what it grants
+        # Given up on (a timeout, a cancel), even as the limiter answered: release what it
+        # grants. A callback added to a done future still runs (on the next loop turn).
+        if not handed:
             asked.add_done_callback(lambda done: _release_late(ctx, done))
 
 

@@ -52,8 +52,7 @@ class ResponseView:
 
     def message(self, text: str, finish: str | None, logprobs: list | None = None) -> dict:
         """The output message item; finish None: still being written."""
-        status = "in_progress" if finish is None else "incomplete" if finish == "length" else (
-            "completed")  # fmt: skip
+        status = "in_progress" if finish is None else final_status(finish)
         content = [self.part(text, logprobs)] if finish is not None else []
         return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant",
                 "content": content}  # fmt: skip

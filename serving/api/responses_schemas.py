@@ -26,9 +26,8 @@ from serving.api.messages import ChatMessage
 from serving.api.openai_schemas import MAX_TOP_LOGPROBS, OpenAIBody
 from serving.api.response_format import JsonSchema, OpenAIResponseFormat
 from serving.api.schemas import MaxTokens
-from serving.api.text import Text
+from serving.api.text import Metadata, Text
 
-MAX_METADATA = 16  # OpenAI's: keys of metadata, each up to 64 characters, values up to 512
 TEXT_PARTS = ("input_text", "output_text", "text")
 # What an item of `input` may hold that this server cannot read: refused by name.
 UNREAD_PARTS = ("input_image", "input_file", "input_audio", "refusal")
@@ -80,7 +79,7 @@ class ResponsesRequest(OpenAIBody):
     max_output_tokens: MaxTokens | None = Field(None, description="Tokens to generate at most.")
     text: TextConfig | None = Field(None, description='{"format": ...}: text or JSON output.')
     store: bool | None = Field(None, description="Accepted; responses are never stored here.")
-    metadata: dict[str, Text] | None = Field(None, description="Up to 16 pairs, echoed back.")
+    metadata: Metadata | None = Field(None, description="Up to 16 pairs, echoed back.")
     include: list[str] | None = Field(None, description=f"Only {LOGPROBS_INCLUDE!r} is served.")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     truncation: Literal["disabled", "auto"] | None = Field(
@@ -109,15 +108,6 @@ class ResponsesRequest(OpenAIBody):
         if data.get("n") not in (None, 1):
             raise ValueError("n: a response has one output; send n requests for more")
         return data
-
-    @field_validator("metadata")
-    @classmethod
-    def _small_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None and (len(value) > MAX_METADATA or any(len(k) > 64 for k in value)
-                                  or any(len(v) > 512 for v in value.values())):  # fmt: skip
-            raise ValueError("metadata holds at most 16 pairs: keys up to 64 characters, "
-                             "values up to 512")  # fmt: skip
-        return value
 
     @field_validator("include")
     @classmethod

@@ -18,6 +18,7 @@ from serving.api.batch_input import parse_input
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.schemas import Text
+from serving.api.text import Metadata
 from serving.batch.records import OPENAI, NewItem, StoredFile
 
 router = APIRouter(tags=["OpenAI Batch"])
@@ -35,9 +36,7 @@ class BatchCreate(BaseModel):
     input_file_id: Text = Field(..., description="A file uploaded with purpose batch.")
     endpoint: Endpoint = Field(..., description="The route every line's body is for.")
     completion_window: Literal["24h"] = Field("24h", description="Only 24h is offered.")
-    metadata: (
-        dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=512)]] | None
-    ) = Field(None, description="Up to 16 key-value pairs.")
+    metadata: Metadata | None = Field(None, description="Up to 16 key-value pairs.")
 
 
 @router.post("/v1/files", summary="Upload a batch input file (JSONL)")
@@ -109,8 +108,6 @@ async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller):
     if wrong:
         raise ApiError(400, f"line {wrong[0].line} of the file is for {wrong[0].url}, "
                             f"not the batch's endpoint {body.endpoint}")  # fmt: skip
-    if body.metadata is not None and len(body.metadata) > 16:
-        raise ApiError(400, "metadata holds at most 16 pairs")
     job = await ctx.batch.submit(
         tenant=caller.tenant, key_id=caller.key_id, model=ctx.settings.model_id, api=OPENAI,
         endpoint=body.endpoint, items=[NewItem(line.body, line.custom_id) for line in lines],

@@ -60,17 +60,36 @@ async def responses(body: ResponsesRequest, request: Request, ctx: Ctx, caller: 
 
 
 async def _prompt_ids(settings: AppSettings, body: ResponsesRequest) -> list[int]:
-    """The chat's token ids. With truncation "auto", as OpenAI's, the oldest turns go (system
-    turns stay) until the rest leaves room for output; the last turn is never dropped."""
+    """The chat's token ids. With truncation "auto", as OpenAI's, the fewest oldest turns go
+    (system turns stay; the last turn never goes) for the rest to leave room for output."""
     turns = body.messages()
-    while True:
+    try:
+        return await chat_ids(settings, turns, field="input")
+    except ApiError as exc:
+        if body.truncation != "auto" or exc.code != "context_length_exceeded":
+            raise
+        failure = exc
+    # Turns that may go, oldest first (a developer turn is a system turn by now)
+    spare = [k for k, t in enumerate(turns[:-1]) if t.role != "system"]
+
+    def without(n: int) -> list:
+        return [t for k, t in enumerate(turns) if k not in spare[:n]]
+
+    # Bisect on how many go: dropping more never lengthens the prompt, so O(log turns)
+    # renderings find the fewest, where dropping one at a time would take O(turns).
+    lo, hi, found = 1, len(spare), None
+    while lo <= hi:
+        mid = (lo + hi) // 2
         try:
-            return await chat_ids(settings, turns, field="input")
+            found = await chat_ids(settings, without(mid), field="input")
+            hi = mid - 1
         except ApiError as exc:
-            spare = [k for k, t in enumerate(turns[:-1]) if t.role not in ("system", "developer")]
-            if body.truncation != "auto" or exc.code != "context_length_exceeded" or not spare:
+            if exc.code != "context_length_exceeded":
                 raise
-            del turns[spare[0]]
+            lo = mid + 1
+    if found is None:
+        raise failure
+    return found
 
 
 def _logprobs(ctx: ApiContext, body: ResponsesRequest, logprobs) -> list | None:
@@ -109,9 +128,7 @@ async def _events(ctx: ApiContext, gen: Generation, view: ResponseView) -> Async
     yield view.text_event("response.content_part.done", part=view.part(whole, lps))
     item = view.message(whole, last.finish_reason, lps)
     yield view.event("response.output_item.done", output_index=0, item=item)
-    usage = fmt.summed_usage([last])
-    usage = response_usage(usage["prompt_tokens"], usage["completion_tokens"],
-                           usage["prompt_tokens_details"]["cached_tokens"])  # fmt: skip
+    usage = response_usage(last.prompt_tokens, last.completion_tokens, last.cached_tokens)
     status = final_status(last.finish_reason)
     final = view.response(status, whole, last.finish_reason, usage, lps)
     yield view.event(f"response.{status}", response=final)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 
 def unicode(text: str) -> str:
@@ -21,6 +21,11 @@ def unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(unicode)]  # every string a body may carry
+# OpenAI's metadata: up to 16 pairs, keys of at most 64 characters, values of at most 512
+Metadata = Annotated[
+    dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=512)]],
+    Field(max_length=16),
+]
 
 
 def nesting(value: object, limit: int) -> int:

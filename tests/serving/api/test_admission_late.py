@@ -75,3 +75,26 @@ def test_an_admission_in_time_is_the_callers_to_release():
     limiter = SlowLimiter(0.0)
     admission = asyncio.run(metering.admit(context(limiter), CALLER, REQUEST))
     assert admission == limiter.granted[0] and limiter.released == []
+
+
+@pytest.mark.parametrize("delay_s", [0.0095, 0.01, 0.0102, 0.0105])
+def test_an_admission_granted_as_the_wait_times_out_is_released(monkeypatch, delay_s):
+    """The limiter answers within a loop turn of the deadline: the caller got its 503, so
+    the admission is handed back, never left held (nor released twice)."""
+    monkeypatch.setattr(metering, "TENANCY_TIMEOUT_S", 0.01)
+
+    async def scenario():
+        limiter = SlowLimiter(delay_s)
+        outcomes = []
+        for _ in range(20):
+            try:
+                outcomes.append(await metering.admit(context(limiter), CALLER, REQUEST))
+            except ApiError as exc:
+                assert exc.status == 503
+        await asyncio.sleep(0.05)
+        return limiter, outcomes
+
+    limiter, outcomes = asyncio.run(scenario())
+    released = [a for a, _, _ in limiter.released]
+    # every grant is either the caller's (returned) or handed back, exactly once
+    assert sorted(released + outcomes, key=lambda a: a.ticket) == limiter.granted

@@ -134,8 +134,20 @@ def test_the_batch_limit_applies_to_exactly_the_queued_form(served, query, limit
         assert r.status_code == 400 and "?queueRequest=true" in r.text
 
 
-def test_metadata_that_is_not_unicode_text_is_refused(served):
-    raw = b'{"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "metadata": {"k": "\\ud800"}}'
-    r = httpx.post(f"{served.url}/v1/batches", content=raw, timeout=30,
+@pytest.mark.parametrize("route", ["/v1/batches", "/v1/responses"])
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ('{"k": "\\ud800"}', "surrogate"),
+        ('{"\\ud800": "v"}', "surrogate"),
+        ("{" + ", ".join(f'"k{i}": "v"' for i in range(17)) + "}", "at most 16"),
+        ('{"' + "k" * 5000 + '": "v"}', "at most 64"),
+    ],
+)  # fmt: skip
+def test_metadata_that_is_not_short_unicode_text_is_refused(served, route, metadata, message):
+    body = ('{"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "model": "demo", '
+            f'"input": "hi", "metadata": {metadata}}}').encode()  # fmt: skip
+    r = httpx.post(f"{served.url}{route}", content=body, timeout=30,
                    headers={**AUTH, "content-type": "application/json"})  # fmt: skip
-    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+    assert len(r.content) < 1000  # a long key is not echoed whole

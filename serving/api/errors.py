@@ -123,7 +123,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message = describe_validation(exc)
-        return error_response(request, ApiError(400, message, param=_param(message)))
+        return error_response(request, ApiError(400, message, param=_param(exc, message)))
 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception) -> JSONResponse:
@@ -174,8 +174,14 @@ def describe_validation(exc: RequestValidationError) -> str:
 _LEADING_FIELD = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+|\[\d+\])*)(?::| must | is )")
 
 
-def _param(message: str) -> str | None:
-    """The field a validation message names first, for OpenAI's `param`."""
+def _param(exc: RequestValidationError, message: str) -> str | None:
+    """The field the first error is about, for OpenAI's `param`: its place in the body, or
+    for a check of the whole body, the field its message opens with."""
+    errors = exc.errors()
+    loc = tuple(errors[0].get("loc", ())) if errors else ()
+    fields = [_shown(p) for p in loc[1:] if not _is_union_tag(p)] if loc[:1] == ("body",) else []
+    if fields:
+        return ".".join(fields)
     match = _LEADING_FIELD.match(message)
     return match.group(1) if match else None
 

@@ -154,11 +154,7 @@ def describe_validation(exc: RequestValidationError) -> str:
             return "the body must be a JSON object sent with Content-Type: application/json"
         if loc == ("body",) and kind == "missing":
             return "a JSON body is required"
-        fields = (
-            [_shown(p) for p in loc[1:] if not _is_union_tag(p)] if loc[:1] == ("body",) else []
-        )
-        if loc[:1] in (("query",), ("path",), ("header",)):
-            fields = [_shown(p) for p in loc[1:]]
+        fields = _fields(loc)
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         # our validators' messages already start with the field's name; a field within an
         # item keeps the item's path ("requests.3.max_tokens must be at least 1")
@@ -178,12 +174,20 @@ def _param(exc: RequestValidationError, message: str) -> str | None:
     """The field the first error is about, for OpenAI's `param`: its place in the body, or
     for a check of the whole body, the field its message opens with."""
     errors = exc.errors()
-    loc = tuple(errors[0].get("loc", ())) if errors else ()
-    fields = [_shown(p) for p in loc[1:] if not _is_union_tag(p)] if loc[:1] == ("body",) else []
+    fields = _fields(tuple(errors[0].get("loc", ()))) if errors else []
     if fields:
         return ".".join(fields)
     match = _LEADING_FIELD.match(message)
     return match.group(1) if match else None
+
+
+def _fields(loc: tuple) -> list[str]:
+    """The field path of an error's location in a request ([] for the body as a whole)."""
+    if loc[:1] == ("body",):
+        return [_shown(p) for p in loc[1:] if not _is_union_tag(p)]
+    if loc[:1] in (("query",), ("path",), ("header",)):
+        return [_shown(p) for p in loc[1:]]
+    return []
 
 
 def _shown(part: object, limit: int = 64) -> str:

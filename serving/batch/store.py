@@ -33,38 +33,9 @@ from serving.batch.records import (
     Job,
     NewItem,
 )
+from serving.batch.schema import JOB_COLUMNS, create_or_upgrade
 
 BUSY_TIMEOUT_MS = 30_000
-_JOB_COLUMNS = (
-    "id, tenant, model, api, endpoint, total, completed, failed, created, started, finished, "
-    "cancelling, input_file_id, metadata, prompt_tokens, completion_tokens, cached_tokens, "
-    "expired"
-)
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, key_id TEXT NOT NULL,
-    {_JOB_COLUMNS},  -- untyped: SQLite keeps what each is given
-    UNIQUE (id)
-);
-CREATE TABLE IF NOT EXISTS items (
-    job INTEGER NOT NULL REFERENCES jobs (seq) ON DELETE CASCADE,
-    idx INTEGER NOT NULL, ref TEXT, body TEXT NOT NULL, state TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0, status INTEGER, result TEXT, error TEXT,
-    prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0, tenant TEXT,  -- the job's: a tenant's queue
-    PRIMARY KEY (job, idx)
-) WITHOUT ROWID;
--- A job's next queued item, and the items in one state, without reading the others
--- (items_queued, its order before tenants took turns, is dropped from older files).
-DROP INDEX IF EXISTS items_queued;
-CREATE INDEX IF NOT EXISTS items_state ON items (state, job, idx);
--- The open jobs of a tenant, and of every tenant, without reading the ended ones.
-CREATE INDEX IF NOT EXISTS jobs_open ON jobs (tenant, seq) WHERE finished IS NULL;
-CREATE TABLE IF NOT EXISTS files (
-    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
-    bytes INTEGER NOT NULL, created REAL NOT NULL, content BLOB NOT NULL
-);
-"""
 
 
 class BatchStoreError(RuntimeError):
@@ -100,9 +71,7 @@ class BatchStore(FileTable, ItemQueue):
             for pragma in (f"busy_timeout = {BUSY_TIMEOUT_MS}", "journal_mode = WAL",
                            "synchronous = FULL", "foreign_keys = ON"):  # fmt: skip
                 self._db.execute(f"PRAGMA {pragma}")
-            self._db.executescript(_SCHEMA)
-            _with_item_tenants(self._db)
-            _with_job_expiry(self._db)
+            create_or_upgrade(self._db)
 
     # -- jobs ----------------------------------------------------------------------------
 
@@ -128,7 +97,7 @@ class BatchStore(FileTable, ItemQueue):
                 if pending + len(items) > max_pending:
                     raise BatchQueueFull(pending, max_pending, len(items))
             seq = db.execute(
-                f"INSERT INTO jobs (key_id, {_JOB_COLUMNS}) VALUES (?, {', '.join('?' * len(row))})",
+                f"INSERT INTO jobs (key_id, {JOB_COLUMNS}) VALUES (?, {', '.join('?' * len(row))})",
                 (key_id, *row),
             ).lastrowid
             db.executemany(
@@ -141,7 +110,7 @@ class BatchStore(FileTable, ItemQueue):
     def job(self, tenant: str, job_id: str) -> Job | None:
         """tenant's job, None if it has none of that id (another tenant's looks the same)."""
         row = self._read_one(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)
+            f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant)
         )
         return _job(row) if row else None
 
@@ -153,7 +122,7 @@ class BatchStore(FileTable, ItemQueue):
             args = [tenant, after, tenant]
         with self._reading() as db:
             rows = db.execute(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE tenant = ?{clause} "
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ?{clause} "
                 "ORDER BY seq DESC LIMIT ?", (*args, limit),
             ).fetchall()  # fmt: skip
         return [_job(row) for row in rows]
@@ -242,25 +211,6 @@ class BatchStore(FileTable, ItemQueue):
             yield
         except (OSError, sqlite3.Error) as exc:
             raise BatchStoreError(f"batch store {self.path}: cannot {action} it: {exc}") from exc
-
-
-def _with_item_tenants(db: sqlite3.Connection) -> None:
-    """Give a file made before items named their tenant that column, filled from the jobs,
-    and the index a tenant's next queued item is read from (the feeder's order within a
-    tenant: the i-th item of each of its jobs before any job's (i+1)-th, then oldest job)."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
-    if "tenant" not in columns:
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("ALTER TABLE items ADD COLUMN tenant TEXT")
-        db.execute("UPDATE items SET tenant = (SELECT tenant FROM jobs WHERE seq = items.job)")
-        db.execute("COMMIT")
-    db.execute("CREATE INDEX IF NOT EXISTS items_tenant_queue ON items (state, tenant, idx, job)")
-
-
-def _with_job_expiry(db: sqlite3.Connection) -> None:
-    """Give a file made before jobs could expire their `expired` column (all NULL)."""
-    if "expired" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
-        db.execute("ALTER TABLE jobs ADD COLUMN expired")
 
 
 def _pending(db: sqlite3.Connection, tenant: str) -> int:

@@ -62,10 +62,13 @@ class AdapterSlab:
             raise ValueError(f"modules {unknown} are not in the base model ({list(spec.shapes)})")
         # The embedding's and LM head's stacks are vocabulary-wide: only when asked for.
         self.outer = tuple(spec.outer_shapes) if embeddings else ()
-        self.contents = SlotContents(
-            spec, self.modules, self.outer, num_slots=num_slots, max_rank=max_rank,
-            max_tokens=max_tokens, base_weight=base_weight, dtype=dtype, device=self.device,
-        )  # fmt: skip
+        # Normal tensors even under a caller's inference_mode: loader threads (outside it)
+        # write them, and an inference tensor refuses every in-place write there.
+        with torch.inference_mode(False):
+            self.contents = SlotContents(
+                spec, self.modules, self.outer, num_slots=num_slots, max_rank=max_rank,
+                max_tokens=max_tokens, base_weight=base_weight, dtype=dtype, device=self.device,
+            )  # fmt: skip
         # What the model runtime reads, by the names it reads them by (see SlotContents).
         c = self.contents
         self.stacks, self.vectors, self.tokens = c.stacks, c.vectors, c.tokens
@@ -264,20 +267,22 @@ class AdapterSlab:
             adapter, tier = self._host.fetch(version)
             self.contents.check(version, adapter)
             self.contents.write(slot, adapter)
-        except BaseException as exc:  # every waiter must wake, whatever went wrong
             with self._lock:
+                self.contents.publish(slot, adapter)
                 del self._loading[version]
-                self._free(slot)
-                self._counts["failed_loads"] += 1
-            load.set_exception(exc)
+                self._resident[version] = slot
+                self._counts["loads"] += 1
+                self._counts[f"{tier}_hits"] += 1
+                self._load_seconds += time.perf_counter() - start
+        except BaseException as exc:  # every waiter must wake, whatever went wrong
+            try:
+                with self._lock:
+                    self._loading.pop(version, None)
+                    self._free(slot)
+                    self._counts["failed_loads"] += 1
+            finally:  # even if clearing the slot failed too
+                load.set_exception(exc)
             return
-        with self._lock:
-            del self._loading[version]
-            self.contents.publish(slot, adapter)
-            self._resident[version] = slot
-            self._counts["loads"] += 1
-            self._counts[f"{tier}_hits"] += 1
-            self._load_seconds += time.perf_counter() - start
         load.set_result(slot)
 
 

@@ -176,6 +176,30 @@ def test_failed_load_reaches_every_waiter_and_frees_the_slot(make_slab):
     assert slab.stats().failed_loads == 2
 
 
+def test_a_slab_made_under_inference_mode_loads_and_evicts(make_slab):
+    reg = Registry(make_adapter(), make_adapter(4, seed=5))
+    v0, v1 = reg.versions
+    with torch.inference_mode():  # a caller's; the loads run on the slab's own threads
+        slab = make_slab(reg, num_slots=1)
+    assert slab.prefetch(v0).result(timeout=5) == 0
+    assert_holds(slab, 0, reg.adapters[v0])
+    assert slab.prefetch(v1).result(timeout=5) == 0  # v0 evicted: its slot cleared
+    assert_holds(slab, 0, reg.adapters[v1])
+
+
+def test_a_load_whose_cleanup_fails_still_wakes_its_waiters(make_slab, monkeypatch):
+    reg = Registry(make_adapter())
+    slab = make_slab(reg, num_slots=1)
+    error = RuntimeError("writing the slot failed")
+
+    def fail(*args):
+        raise error
+
+    monkeypatch.setattr(slab.contents, "write", fail)
+    monkeypatch.setattr(slab.contents, "clear", lambda slot: fail())
+    assert slab.prefetch(reg.versions[0]).exception(timeout=5) is error
+
+
 def test_acquire_waits_for_a_running_prefetch(make_slab):
     reg = Registry(make_adapter(), make_adapter(4, seed=5), gated=True)
     v0, v1 = reg.versions

@@ -146,19 +146,22 @@ async def start(
     t0: float,
     batch: BatchCall | None = None,
     variants: tuple[str, ...] = (),
+    bills_prompt: bool = True,
 ) -> Generation:
     """The request admitted, queued and its first output in hand; 400, 429 or 500 if not.
 
     A batch item (batch given) runs at batch priority and is not rate limited: the feeder
     paces batches, and its items only use capacity interactive requests leave. `variants`
     are those of the request's adapter (Version.variants), counted in the metrics.
+    bills_prompt False: a further choice of a prompt, metered for its completion only.
     """
     if batch is not None:
         request = dataclasses.replace(request, priority=Priority.BATCH)
         meter = Meter(caller, request.adapter, "batch", sink=batch, variants=variants)
     else:
         admission = await admit(ctx, caller, request)
-        meter = Meter(caller, request.adapter, "interactive", admission, variants=variants)
+        meter = Meter(caller, request.adapter, "interactive", admission, variants=variants,
+                      bills_prompt=bills_prompt)  # fmt: skip
     stream = ctx.generator.generate(request, session=session)
     try:
         first = await anext(stream)

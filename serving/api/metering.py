@@ -43,6 +43,8 @@ class Meter:
     # A batch item's: its record is left here, metered by the feeder after the commit.
     sink: BatchCall | None = None
     variants: tuple[str, ...] = ()  # the adapter's LoRA variants (Version.variants)
+    # False for choices 1..n-1 of a prompt: as OpenAI bills n choices, the prompt once.
+    bills_prompt: bool = True
 
     @property
     def headers(self) -> dict[str, str]:
@@ -56,16 +58,21 @@ class Meter:
         as OpenAI bills a cancelled stream. A failed or refused one is not metered."""
         if out is None or out.finish_reason == "error":
             return None
+        prompt, cached = self.prompt_of(out)
         return UsageRecord(
             tenant=self.caller.tenant,
             key_id=self.caller.key_id,
             adapter=version_label(self.adapter) if self.adapter else "base",
             kind=self.kind,
-            prompt_tokens=out.prompt_tokens,
-            cached_tokens=out.cached_tokens,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
             completion_tokens=out.completion_tokens,
             time=time.time(),
         )
+
+    def prompt_of(self, out: RequestOutput) -> tuple[int, int]:
+        """(prompt tokens, cached tokens) this request is billed for."""
+        return (out.prompt_tokens, out.cached_tokens) if self.bills_prompt else (0, 0)
 
 
 def fitted_to_token_limit(
@@ -161,7 +168,7 @@ async def finish(
     its admission, charging the tokens it used even when it is not metered (a failure, or
     bill False: a choice of an answer that failed as a whole). A store that fails is
     logged, never the client's error."""
-    used = out.prompt_tokens + out.completion_tokens if out is not None else 0
+    used = meter.prompt_of(out)[0] + out.completion_tokens if out is not None else 0
     try:
         # Built inside the try: a record that cannot be built must not keep the admission.
         record = meter.record(out) if bill else None

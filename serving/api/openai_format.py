@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 
 from serving.api.generation import Outcome
 from serving.engine.request import RequestOutput, TokenLogprob
@@ -33,11 +33,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def summed_usage(parts: Iterable[Outcome | RequestOutput]) -> dict:
-    """The usage of several choices together: each one's prompt and completion counted."""
-    parts = list(parts)
-    return usage(sum(p.prompt_tokens for p in parts), sum(p.completion_tokens for p in parts),
-                 sum(p.cached_tokens for p in parts))  # fmt: skip
+def summed_usage(parts: Mapping[int, Outcome | RequestOutput], n: int) -> dict:
+    """The usage of choices {index: outcome} (prompt p's j-th of n at index p*n + j): every
+    completion, and each prompt once, as its first choice (j = 0) counted it."""
+    firsts = [p for k, p in parts.items() if k % n == 0]
+    return usage(sum(p.prompt_tokens for p in firsts),
+                 sum(p.completion_tokens for p in parts.values()),
+                 sum(p.cached_tokens for p in firsts))  # fmt: skip
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -122,9 +124,9 @@ def completion_logprobs(
 
 
 def chat_completion(
-    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None]
+    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None], n: int
 ) -> dict:
-    """One choice per outcome, in order; usage summed over them."""
+    """One choice per outcome, in order (n per prompt); usage summed over them."""
     return {
         "id": rid,
         "object": "chat.completion",
@@ -139,14 +141,14 @@ def chat_completion(
             }
             for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
         ],
-        "usage": summed_usage(outcomes),
+        "usage": summed_usage(dict(enumerate(outcomes)), n),
     }
 
 
 def text_completion(
-    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None]
+    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None], n: int
 ) -> dict:
-    """One choice per outcome (a prompt each), in order; usage summed over them."""
+    """One choice per outcome, in order (n per prompt); usage summed over them."""
     return {
         "id": rid,
         "object": "text_completion",
@@ -161,7 +163,7 @@ def text_completion(
             }
             for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
         ],
-        "usage": summed_usage(outcomes),
+        "usage": summed_usage(dict(enumerate(outcomes)), n),
     }
 
 

@@ -64,7 +64,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     logprobs = [
         fmt.chat_logprobs(s.tokenizer, o.logprobs) if body.logprobs else None for o in outcomes
     ]
-    return answer(gens[-1], fmt.chat_completion(rid, body.model, outcomes, logprobs))
+    return answer(gens[-1], fmt.chat_completion(rid, body.model, outcomes, logprobs, body.n))
 
 
 @router.post("/v1/completions", summary="Text completion")
@@ -83,7 +83,7 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
         fmt.completion_logprobs(s.tokenizer, o.logprobs) if body.logprobs is not None else None
         for o in outcomes
     ]
-    return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs))
+    return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs, body.n))
 
 
 def _one_per_batch_line(request: Request, prompts: int, n: int) -> None:
@@ -95,7 +95,8 @@ def _one_per_batch_line(request: Request, prompts: int, n: int) -> None:
 
 async def start_choices(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
     """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
-    with seed + j when a seed is given, so the choices differ yet repeat."""
+    with seed + j when a seed is given, so the choices differ yet repeat. A prompt is
+    billed once, with its first choice."""
     salt, who, n = cache_salt(ctx, caller), _who(request, t0, version), body.n
     requests = []
     for p, ids in enumerate(prompts):
@@ -106,7 +107,12 @@ async def start_choices(ctx, caller, request, body, rid, prompts, params, versio
             )
             requests.append(_request(rid_, ids, seeded, version, salt, body))
     check_choices_fit(ctx, caller, requests)
-    return await start_all([start(ctx, r, caller=caller, **who) for r in requests])
+    return await start_all(
+        [
+            start(ctx, r, caller=caller, bills_prompt=k % n == 0, **who)
+            for k, r in enumerate(requests)
+        ]
+    )
 
 
 @router.get("/v1/models", summary="The base model and the adapters this key may use")
@@ -203,7 +209,7 @@ async def _chat_events(
                 last[k] = out
                 yield chunk(k, {}, fmt.finish_reason(out.finish_reason))
     if body.include_usage():
-        usage = fmt.summed_usage(last.values())
+        usage = fmt.summed_usage(last, body.n)
         yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
     yield "[DONE]"
 
@@ -234,7 +240,7 @@ async def _completion_events(
                 last[k] = out
                 yield chunk(k, "", fmt.finish_reason(out.finish_reason))
     if body.include_usage():
-        usage = fmt.summed_usage(last.values())
+        usage = fmt.summed_usage(last, body.n)
         yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
     yield "[DONE]"
 

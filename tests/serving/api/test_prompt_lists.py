@@ -155,6 +155,7 @@ def test_n_choices_of_a_chat_differ_by_seed_and_repeat(served, client):
         a.choices[0].message.content for a in alone
     ]
     assert many.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert many.usage.prompt_tokens == alone[0].usage.prompt_tokens  # the prompt, once
     _, greedy = served.reference(served.chat_ids(chat), "upper", 6)
     flat = client.chat.completions.create(n=2, **{**kwargs, "temperature": 0})
     assert [c.message.content for c in flat.choices] == [greedy, greedy]
@@ -173,6 +174,13 @@ def test_completion_choices_are_prompt_major_and_stream_by_index(served, client)
             texts[choice.index] += choice.text
             ends[choice.index] += choice.finish_reason is not None
     assert texts == [c.text for c in answer.choices] and ends == [1] * 4
+    # Each prompt's tokens once, however many choices it has; every choice's completion.
+    prompt_tokens = sum(len(served.text_ids(t)) for t in TEXTS[:2])
+    assert answer.usage.prompt_tokens == prompt_tokens
+    assert answer.usage.completion_tokens == 4 * 4
+    last = list(client.completions.create(stream_options={"include_usage": True}, stream=True,
+                                          **kwargs))[-1]  # fmt: skip
+    assert last.usage.prompt_tokens == prompt_tokens and last.usage.completion_tokens == 16
     chat = [{"role": "user", "content": "hi"}]
     roles = Counter()
     for chunk in client.chat.completions.create(

@@ -35,7 +35,8 @@ def prompt(n):
 
 
 def run(url, key, route, adapter, stream, n):
-    """One request; the usage its answer carried, as (prompt, cached, completion)."""
+    """One request; the usage its answer carried, as (prompt, cached, completion), and how
+    many choices it asked for (each metered as a request; the prompt billed once)."""
     if route == "workers":
         body = {"prompt": prompt(n), "max_tokens": 4 + n % 3, "stream": stream}
         if adapter:
@@ -48,8 +49,14 @@ def run(url, key, route, adapter, stream, n):
             events = [json.loads(line[5:]) for line in r.text.splitlines()
                       if line.startswith("data:") and "[DONE]" not in line]  # fmt: skip
             usage = events[-1]["usage"]
-        return usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]
-    body = {"model": adapter or MODEL_ID, "prompt": prompt(n), "max_tokens": 3 + n % 4}
+        return (usage["prompt_tokens"], usage["cached_tokens"], usage["completion_tokens"]), 1
+    choices = 2 if n % 5 == 1 else 1
+    body = {
+        "model": adapter or MODEL_ID,
+        "prompt": prompt(n),
+        "max_tokens": 3 + n % 4,
+        "n": choices,
+    }
     if stream:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
     r = httpx.post(f"{url}/v1/completions", json=body, headers=auth(key), timeout=60)
@@ -61,7 +68,7 @@ def run(url, key, route, adapter, stream, n):
     else:
         usage = r.json()["usage"]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return usage["prompt_tokens"], cached, usage["completion_tokens"]
+    return (usage["prompt_tokens"], cached, usage["completion_tokens"]), choices
 
 
 def workload(url, sums, offset):
@@ -69,12 +76,12 @@ def workload(url, sums, offset):
         key = (ACME, GLOBEX)[(n // 2) % 2]
         adapter = (None, "upper", "rot13")[n % 3]
         route = ("workers", "openai")[(n // 2) % 2]
-        got = run(url, key, route, adapter, stream=n % 4 >= 2, n=n + offset)
+        got, choices = run(url, key, route, adapter, stream=n % 4 >= 2, n=n + offset)
         tenant = KEYS[key].tenant
         label = f"{OPERATOR}/{adapter}" if adapter else "base"
         for k, v in zip(TOKENS, got, strict=True):
             sums[tenant, label, KEYS[key].key_id][k] += v
-        sums[tenant, label, KEYS[key].key_id]["requests"] += 1
+        sums[tenant, label, KEYS[key].key_id]["requests"] += choices
 
 
 def tenancy(path):
@@ -124,6 +131,7 @@ def expected(sums, pick):
 
 def test_totals_equal_the_answers_usage_across_a_restart(metered):
     url, sums = metered
+    assert sum(c["requests"] for c in sums.values()) > 32  # some answers had two choices
     assert expected(sums, lambda *k: True)["cached_tokens"] > 0  # the workload hit the cache
     assert totals(usage(url, ADMIN, group_by="tenant")) == expected(sums, lambda *k: True)
     for tenant in ("acme", "globex"):

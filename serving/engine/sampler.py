@@ -85,7 +85,7 @@ def sample(
     errors: list[str | None] = [None] * len(states)
     # float32 throughout (a no-op when it already is): bf16 logprobs and cumsums are coarse
     logits = logits.float()
-    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    finite = finite_rows(logits)
     if not all(finite):
         # A bad row is zeroed, so nothing downstream raises on it; the others are untouched.
         logits = logits.masked_fill(~torch.tensor(finite, device=logits.device)[:, None], 0.0)
@@ -119,6 +119,20 @@ def sample(
                 errors[i] = str(exc)
 
     return SampleResult(token_ids, token_logprobs(logits, states, token_ids), errors)
+
+
+def finite_rows(logits: torch.Tensor) -> list[bool]:
+    """Whether each row of logits [B, V] is all finite. A row's sum is finite when its
+    logits are, unless finite ones overflow it: only the rows whose sum is not are read
+    whole again (one pass over the logits, not isfinite's three and a reduction)."""
+    finite = torch.isfinite(logits.sum(dim=-1)).tolist()
+    if all(finite):
+        return finite
+    suspect = [i for i, ok in enumerate(finite) if not ok]
+    again = torch.isfinite(logits[suspect]).all(dim=-1).tolist()
+    for i, ok in zip(suspect, again, strict=True):
+        finite[i] = ok
+    return finite
 
 
 def without_dead_ends(masked: torch.Tensor) -> tuple[torch.Tensor, list[bool]]:

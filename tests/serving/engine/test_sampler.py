@@ -274,3 +274,19 @@ def test_logit_bias_is_added_before_the_penalties():
             x = x / 2.0 if x > 0 else x * 2.0
         expected.append(x - 0.5 * output[t] - 0.25 * (output[t] > 0))
     assert out.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_non_finite_rows_fail_alone_and_huge_finite_rows_do_not():
+    """Rows with a NaN, +inf or -inf logit fail their request; a row of finite logits whose
+    sum overflows to inf (or to -inf) samples as usual, and so do the clean rows."""
+    huge = torch.full((8,), 3e38)
+    huge[5] = 3.3e38  # its argmax
+    rows = [torch.zeros(8), huge, -huge, torch.zeros(8), torch.zeros(8), torch.zeros(8)]
+    rows[0][2] = 1.0
+    rows[3][1], rows[4][6], rows[5][0] = math.nan, math.inf, -math.inf
+    logits = torch.stack(rows)
+    assert not torch.isfinite(logits[1:3].sum(dim=-1)).any()  # the sums overflow
+    result = sample(logits, _states(6, temperature=0.0))
+    assert result.errors[:3] == [None, None, None]
+    assert result.token_ids[:3] == [2, 5, int(torch.argmax(-huge))]
+    assert all("non-finite" in e for e in result.errors[3:])

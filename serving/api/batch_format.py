@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from serving.api.errors import error_body
-from serving.batch.records import CANCELLED, COMPLETION_WINDOW_S, EXPIRED, ItemRecord, Job
+from serving.batch.records import CANCELLED, COMPLETION_WINDOW_S, EXPIRED, OPENAI, ItemRecord, Job
 
 # OpenAI's batch status by the store's job state; items are checked at submission, so a job
 # is in progress from the start.
@@ -72,12 +72,14 @@ def openai_batch(job: Job) -> dict:
     output, errors = output_file_ids(job)
     state, t = job.state, _seconds
     ended = job.finished if state == "done" else None
+    # A Workers-AI queued job (listed here too) has no completion window: it never expires.
+    expires = job.created + COMPLETION_WINDOW_S if job.api == OPENAI else None
     return {
         "id": job.id, "object": "batch", "endpoint": job.endpoint, "model": job.model,
         "errors": None, "input_file_id": job.input_file_id, "completion_window": "24h",
         "status": OPENAI_STATUS[state], "output_file_id": output, "error_file_id": errors,
         "created_at": t(job.created), "in_progress_at": t(job.created),
-        "expires_at": t(job.created + COMPLETION_WINDOW_S), "finalizing_at": t(ended),
+        "expires_at": t(expires), "finalizing_at": t(ended),
         "completed_at": t(ended), "failed_at": None,
         "expired_at": t(job.expired if state == "expired" else None),
         "cancelling_at": t(job.cancelling),

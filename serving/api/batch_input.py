@@ -82,6 +82,8 @@ def _line(raw: str) -> InputLine:
     except RecursionError:  # deeper still than the bound below
         raise ValueError(too_deep) from None
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # int()'s, which names a sys knob
+            raise ValueError("a number with more than 4300 digits") from None
         raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")

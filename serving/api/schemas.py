@@ -24,7 +24,7 @@ from pydantic import (
 
 from serving.api.messages import ChatMessage
 from serving.api.response_format import WorkersResponseFormat
-from serving.api.text import Text
+from serving.api.text import Text, short_text
 
 MAX_BATCH_ITEMS = 50_000  # requests in one batch; a larger job is split by its sender
 
@@ -111,7 +111,7 @@ class _WorkersBody(SamplingFields):
 class QueuedItem(_WorkersBody):
     """One request of a queued batch: a generation body and the caller's reference for it."""
 
-    external_reference: Annotated[Text, Field(max_length=256)] | None = Field(
+    external_reference: short_text(256) | None = Field(
         None, description="Returned with this item's response."
     )
 

@@ -21,11 +21,22 @@ def unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(unicode)]  # every string a body may carry
+
+
+def short_text(characters: int):
+    """Text of at most `characters` characters. (Not Field(max_length): on Text it is
+    reported as "at most N items", and on str it refuses a lone surrogate without naming it.)"""
+
+    def bounded(text: str) -> str:
+        if len(text) > characters:
+            raise ValueError(f"at most {characters} characters, not {len(text)}")
+        return text
+
+    return Annotated[str, AfterValidator(unicode), AfterValidator(bounded)]
+
+
 # OpenAI's metadata: up to 16 pairs, keys of at most 64 characters, values of at most 512
-Metadata = Annotated[
-    dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=512)]],
-    Field(max_length=16),
-]
+Metadata = Annotated[dict[short_text(64), short_text(512)], Field(max_length=16)]
 
 
 def nesting(value: object, limit: int) -> int:

@@ -105,12 +105,15 @@ def test_line_separators_inside_json_strings_do_not_cut_a_line():
         ('{"custom_id": "\\ud800", "method": "POST", "url": "/v1/completions", "body": {}}',
          "line 1: custom_id: the text holds a lone surrogate"),
         ("[" * 100_000, f"line 1: the JSON nests more than {MAX_LINE_DEPTH} levels deep"),
+        ('{"custom_id": "x", "body": {"max_tokens": ' + "9" * 5000 + "}}",
+         "line 1: a number with more than 4300 digits"),
     ],
 )  # fmt: skip
 def test_text_no_store_can_hold_is_refused_as_a_bad_line(raw, message):
     with pytest.raises(ApiError) as caught:
         parse_input(raw.encode())
     assert caught.value.status == 400 and caught.value.message.startswith(message)
+    assert "sys." not in caught.value.message
 
 
 def _nested(levels: int) -> str:

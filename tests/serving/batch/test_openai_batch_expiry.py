@@ -7,6 +7,8 @@ import time
 import pytest
 
 from serving.api.batch_client import memory_batch
+from serving.api.batch_format import openai_batch
+from serving.batch.records import OPENAI, WORKERS_AI, Job
 from tests.serving.api.served import serve
 from tests.serving.batch.openai_batch import (
     MODELS,
@@ -54,3 +56,10 @@ def test_a_batch_past_its_window_expires_keeping_what_finished(served, local_bat
     time.sleep(1.0)
     assert c.batches.retrieve(batch.id).request_counts == counts
     assert not served.generator.engine.scheduler.has_work()
+
+
+@pytest.mark.parametrize("api, expires", [(OPENAI, 1000.0 + 24 * 3600), (WORKERS_AI, None)])
+def test_only_an_openai_batch_has_a_window_to_expire_at(api, expires):
+    """A Workers-AI queued job, listed by /v1/batches too, never expires: no expires_at."""
+    job = Job("batch_x", "acme", "demo", api, "/v1/chat/completions", 1, 0, 0, created=1000.0)
+    assert openai_batch(job)["expires_at"] == expires

@@ -141,7 +141,8 @@ def test_the_batch_limit_applies_to_exactly_the_queued_form(served, query, limit
         ('{"k": "\\ud800"}', "surrogate"),
         ('{"\\ud800": "v"}', "surrogate"),
         ("{" + ", ".join(f'"k{i}": "v"' for i in range(17)) + "}", "at most 16"),
-        ('{"' + "k" * 5000 + '": "v"}', "at most 64"),
+        ('{"' + "k" * 5000 + '": "v"}', "at most 64 characters, not 5000"),
+        ('{"k": "' + "v" * 600 + '"}', "at most 512 characters, not 600"),
     ],
 )  # fmt: skip
 def test_metadata_that_is_not_short_unicode_text_is_refused(served, route, metadata, message):

@@ -38,7 +38,10 @@ MAX_THREADS = 6
 # One tenant's compiles at once: its runaway schemas hold at most this many of the threads,
 # and the others stay free for other tenants' schemas.
 PER_TENANT = 2
-CONTROLS = "\\0-\\x1f"  # U+0000..U+001F, as an EBNF class spells it
+# U+0000..U+001F, as an EBNF class spells it: \u001f, not \x1f, which xgrammar would read on
+# into the class's next characters when they are hex digits ([^\0-\x1fa] is [^\0-\u01fa]).
+CONTROLS = "\\0-\\u001f"
+_BYTE_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|.)", re.DOTALL)  # an escape: \xHH, or \ and one
 _LOCATION = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")  # xgrammar's "[time] file.cc:line: " prefix
 
 
@@ -156,7 +159,7 @@ class GrammarCompiler:
             grammar = xgrammar.Grammar.from_json_schema(
                 schema, any_whitespace=False, strict_mode=strict
             )
-            return compiler.compile_grammar(no_raw_controls(str(grammar)))
+            return compiler.compile_grammar(no_raw_controls(reparseable(str(grammar))))
         except (RuntimeError, ValueError) as exc:  # xgrammar names the construct it refuses
             first = (str(exc).strip().splitlines() or ["unknown error"])[0]
             raise GrammarError(
@@ -168,6 +171,17 @@ class GrammarCompiler:
             if self._compiler is None:
                 self._compiler = _make_compiler(self._tokenizer, self.vocab_size)
             return self._compiler
+
+
+def reparseable(ebnf: str) -> str:
+    r"""ebnf as xgrammar prints it, with each \xHH escape spelled \u00HH.
+
+    xgrammar prints U+0080..U+00FF as \xHH but reads hex digits after \x for as long as
+    they come: a schema's "ïc", printed "\xefc", would be parsed back as U+0EFC.
+    """
+    return _BYTE_ESCAPE.sub(
+        lambda m: "\\u00" + m[1][1:] if m[1][0] == "x" and len(m[1]) == 3 else m[0], ebnf
+    )
 
 
 def no_raw_controls(ebnf: str) -> str:

@@ -12,7 +12,7 @@ import json
 import pytest
 import xgrammar
 
-from serving.engine.grammar.compiler import no_raw_controls
+from serving.engine.grammar.compiler import no_raw_controls, reparseable
 from serving.engine.grammar.matcher import RowGrammar
 from serving.model.tokenizer import load_tokenizer
 from tests.serving.engine.test_structured import CHOICE_TEXTS, CHOICES, compiled, fmt
@@ -30,17 +30,48 @@ def tokenizer(tmp_path_factory):
 @pytest.mark.parametrize(
     ("ebnf", "want"),
     [
-        (r'c ::= [^"\\\r\n]', r'c ::= [^\0-\x1f"\\\r\n]'),  # a bound string's characters
-        (r"c ::= [a-z] [^a]", r"c ::= [a-z] [^\0-\x1fa]"),  # a positive class is left alone
-        (r'c ::= "[^x]" [^x]', r'c ::= "[^x]" [^\0-\x1fx]'),  # so is a literal's text
-        (r'c ::= "\"[^" [^x]', r'c ::= "\"[^" [^\0-\x1fx]'),  # an escaped quote ends nothing
-        (r'c ::= [^\]"] "[^"', r'c ::= [^\0-\x1f\]"] "[^"'),  # nor does a quote in a class
-        (r'c ::= [^\0-\x1f"]', r'c ::= [^\0-\x1f"]'),  # already without controls
+        (r'c ::= [^"\\\r\n]', r'c ::= [^\0-\u001f"\\\r\n]'),  # a bound string's characters
+        (r"c ::= [a-z] [^a]", r"c ::= [a-z] [^\0-\u001fa]"),  # a positive class is left alone
+        (r'c ::= "[^x]" [^x]', r'c ::= "[^x]" [^\0-\u001fx]'),  # so is a literal's text
+        (r'c ::= "\"[^" [^x]', r'c ::= "\"[^" [^\0-\u001fx]'),  # an escaped quote ends nothing
+        (r'c ::= [^\]"] "[^"', r'c ::= [^\0-\u001f\]"] "[^"'),  # nor does a quote in a class
+        (r'c ::= [^\0-\u001f"]', r'c ::= [^\0-\u001f"]'),  # already without controls
     ],
 )
 def test_no_raw_controls_edits_only_negated_classes(ebnf, want):
     assert no_raw_controls(ebnf) == want
     assert no_raw_controls(want) == want
+
+
+def test_a_negated_class_opening_with_a_hex_digit_keeps_its_meaning():
+    ebnf = no_raw_controls("root ::= [^a]+")  # not [^\0-\x1fa]: read as [^\0-\u01fa]
+    accepts = xgrammar.testing._is_grammar_accept_string
+    assert accepts(ebnf, "bcd") and not accepts(ebnf, "a") and not accepts(ebnf, "b\x01")
+
+
+def test_reparseable_spells_byte_escapes_as_unicode_ones():
+    assert reparseable(r'c ::= "\xefc" [\xe0-\xffa]') == r'c ::= "\u00efc" [\u00e0-\u00ffa]'
+    assert reparseable(r'c ::= "\\xefc" "\"" "\x4"') == r'c ::= "\\xefc" "\"" "\x4"'
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        ({"const": "ïc"}, ['"ïc"'], ['"\u0efc"', '"໼"']),  # U+00EF, then a hex digit
+        ({"enum": ["Größe", "über"]}, ['"Größe"', '"über"'], ['"Grö෾"']),
+        ({"type": "string", "pattern": "^[^a]+$"}, ['"bcd"', '"zz"'], ['"bad"']),
+        ({"type": "string", "pattern": "^[^0-9]+$"}, ['"abc"'], ['"a1"']),
+        ({"type": "string", "pattern": "^[à-ÿa]+$"}, ['"àa"', '"ÿ"'], ['"b"', '"࿺"']),
+    ],
+)
+def test_latin1_literals_and_negated_classes_mean_what_the_schema_says(
+    tokenizer, schema, good, bad
+):
+    """Literals with U+0080..U+00FF before a hex digit, and negated classes that begin with
+    one, accept exactly the schema's strings through the engine's compiled grammar."""
+    grammar = compiled(tokenizer, fmt(schema))
+    for text in good + bad:
+        assert xgrammar.GrammarMatcher(grammar).accept_string(text) == (text in good), text
 
 
 def test_bound_strings_refuse_raw_control_characters(tokenizer):

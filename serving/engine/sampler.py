@@ -10,9 +10,11 @@ divided by the penalty when positive, multiplied when negative. Frequency and pr
 penalties are OpenAI's: logit -= frequency * count + presence * (count > 0), over generated
 tokens only. Top-p is the nucleus of Holtzman et al. 2019, taken after top-k has renormalized.
 
-Each random row draws with its own torch.Generator (seeded from SamplingParams.seed), on the
-CPU, so a seeded request gets the same tokens whatever else shares its batch. Greedy rows
-(temperature below 1e-5) take the argmax of the penalized logits.
+Each random row draws with its own torch.Generator on the CPU; a seeded request's is seeded
+anew for every position from (seed, position) (`keyed`), so its draw at a position is the
+same whatever else shares its batch, and whether the token comes from plain decoding or from
+speculative decoding's draft and verification (which then keep a draft only if it is that
+draw). Greedy rows (temperature below 1e-5) take the argmax of the penalized logits.
 
 A row whose own data cannot be sampled (non-finite logits, say from its adapter, or no valid
 distribution) is reported in SampleResult.errors and draws nothing; every other row's token
@@ -45,6 +47,21 @@ class SamplingState:
         """A fresh state; a CPU generator seeded from params.seed when one is given."""
         generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
         return SamplingState(params, generator, list(prompt_ids), [])
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def keyed(state: SamplingState) -> torch.Generator | None:
+    """The generator for the token after state's output: a seeded row's own, seeded from
+    (seed, position); None for an unseeded row (the sampler's default generator)."""
+    if state.generator is None:
+        return None
+    # splitmix64 of (seed, position): nearby seeds (n choices: seed + j) share no stream
+    z = (state.params.seed * 0x9E3779B97F4A7C15 + len(state.output_ids) + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state.generator.manual_seed((z ^ (z >> 31)) >> 1)
 
 
 class RowFault(ValueError):
@@ -111,8 +128,7 @@ def sample(
         for j, i in enumerate(rows):
             if errors[i] is not None:
                 continue
-            own = states[i].generator
-            gen = own if own is not None else default_generator
+            gen = keyed(states[i]) if states[i].generator is not None else default_generator
             try:
                 token_ids[i] = draw(probs[j], gen)
             except RowFault as exc:

@@ -24,7 +24,14 @@ import torch
 from adapters.slab import SlabFull
 from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
-from serving.engine.sampler import RowFault, SamplingState, apply_penalties, draw, sampling_probs
+from serving.engine.sampler import (
+    RowFault,
+    SamplingState,
+    apply_penalties,
+    draw,
+    keyed,
+    sampling_probs,
+)
 from serving.engine.sequence import Sequence
 from serving.engine.step_plan import StepSeq, build_step
 from serving.model.llama import StepInputs
@@ -114,7 +121,7 @@ class DraftModelProposer:
                 continue
             q = sampling_probs(row[None].cpu(), [s.params])[0]  # the request's CPU generator
             try:
-                token = draw(q, s.generator)
+                token = draw(q, keyed(s))  # a seeded row: the draw verification repeats
             except RowFault:
                 # The draft cannot sample this row (say, its companion overflows): propose a
                 # point mass instead. Verification is exact for whatever q a draft came from.

@@ -12,6 +12,11 @@ sampling  speculative sampling (Leviathan et al. 2023; Chen et al. 2023): keep d
           norm(max(0, p_j - q_j)) and stop; if all k are kept, draw the bonus from p_k.
           q_j is the proposer's distribution (a point mass for n-gram and greedy drafts).
           The emitted tokens are then distributed exactly as plain sampling's.
+seeded    keep d_j while d_j is the target's own draw from p_j, made with the generator
+          plain decoding would use at that position (sampler.keyed); then add that draw.
+          The tokens are plain sampling's own, so a seeded request's output does not
+          depend on whether, or how far, it was speculated. A draft model draws d_j with
+          the same generator, so it proposes the target's draw wherever q_j is close to p_j.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from serving.engine.sampler import (
     SamplingState,
     apply_penalties,
     draw,
+    keyed,
     sampling_probs,
     token_logprobs,
     without_dead_ends,
@@ -107,8 +113,14 @@ def verify(
 
 
 def _speculative_sample(penalized, states, drafts, draft_probs, default_generator):
-    gen = states[0].generator if states[0].generator is not None else default_generator
     p = sampling_probs(penalized, [s.params for s in states])  # [k + 1, V]
+    if states[0].generator is not None:  # seeded: each position's own draw (module doc)
+        for j, d in enumerate(drafts):
+            token = draw(p[j], keyed(states[j]))
+            if token != d:
+                return j, [*drafts[:j], token]
+        return len(drafts), [*drafts, draw(p[len(drafts)], keyed(states[-1]))]
+    gen = default_generator
     for j, d in enumerate(drafts):
         q_d = float(draft_probs[j, d]) if draft_probs is not None else 1.0
         p_d = float(p[j, d])

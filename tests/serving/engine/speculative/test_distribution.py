@@ -76,7 +76,10 @@ def exact_distribution(target) -> dict[tuple[int, ...], float]:
     return paths
 
 
-def sample_paths(root, method: str, count: int) -> list[tuple[int, ...]]:
+def sample_paths(root, method: str, count: int, seeded: bool = True) -> list[tuple[int, ...]]:
+    """count requests' tokens; seeded: request i with seed i (verified against each
+    position's own draw), else unseeded (speculative sampling's rejection rule)."""
+    torch.manual_seed(0)  # unseeded rows draw from torch's global generator
     spec = SpecConfig(
         method=method,
         num_speculative_tokens=3,
@@ -93,7 +96,8 @@ def sample_paths(root, method: str, count: int) -> list[tuple[int, ...]]:
     )
     got = Collector()
     for i in range(count):
-        params = SamplingParams(max_tokens=NEW, seed=i, ignore_eos=True, **PARAMS)
+        params = SamplingParams(max_tokens=NEW, seed=i if seeded else None, ignore_eos=True,
+                                **PARAMS)  # fmt: skip
         engine.submit(GenerateRequest(f"s{i}", PROMPT, params), got.sink)
     engine.run_until_idle()
     assert engine.spec.stats.total.steps > count // 2  # most requests were verified
@@ -134,12 +138,13 @@ def p_values(samples, exact) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
-def test_speculative_sampling_matches_the_target_distribution(models, method):
+def test_speculative_sampling_matches_the_target_distribution(models, method, seeded):
     root, target = models
     exact = exact_distribution(target)
     assert abs(sum(exact.values()) - 1) < 1e-5
-    ps = p_values(sample_paths(root, method, SAMPLES), exact)
+    ps = p_values(sample_paths(root, method, SAMPLES, seeded), exact)
     assert min(ps) > ALPHA / 2, ps  # Bonferroni over the two tests
 
 
@@ -148,7 +153,8 @@ def test_the_test_rejects_a_wrong_acceptance_rule(models, monkeypatch):
     """Drawing from p instead of norm(max(0, p - q)) after a rejection biases the output."""
     root, target = models
     monkeypatch.setattr(verify_mod, "residual", lambda p, q: p)
-    ps = p_values(sample_paths(root, "draft_model", SAMPLES), exact_distribution(target))
+    samples = sample_paths(root, "draft_model", SAMPLES, seeded=False)
+    ps = p_values(samples, exact_distribution(target))
     assert min(ps) < ALPHA / 2, ps
 
 

@@ -174,6 +174,8 @@ def _param(exc: RequestValidationError, message: str) -> str | None:
     """The field the first error is about, for OpenAI's `param`: its place in the body, or
     for a check of the whole body, the field its message opens with."""
     errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":  # its location is a character offset
+        return None
     fields = _fields(tuple(errors[0].get("loc", ()))) if errors else []
     if fields:
         return ".".join(fields)

@@ -32,7 +32,12 @@ class ChatMessage(BaseModel):
         """One clear refusal for content this model cannot read, instead of a union's dump."""
         if not isinstance(data, dict):
             return data
-        if data.get("role") == "developer":
+        role = data.get("role")
+        if isinstance(role, str) and role not in ("system", "developer", "user", "assistant"):
+            raise ValueError(
+                f"role must be 'system', 'developer', 'user' or 'assistant', not {quoted(role)}"
+            )
+        if role == "developer":
             data = {**data, "role": "system"}
         parts = data.get("content")
         for part in parts if isinstance(parts, list) else ():

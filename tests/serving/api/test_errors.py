@@ -70,7 +70,7 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("empty-messages-ai", "POST", AI, {"json": {"messages": []}}, 400,
      "messages must not be empty"),
     ("bad-role", "POST", CHAT, {"json": chat(messages=[{"role": "tool", "content": "x"}])}, 400,
-     "role"),
+     "role must be 'system', 'developer', 'user' or 'assistant', not 'tool'"),
     ("image-part", "POST", CHAT, {"json": chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}])}, 400, "text"),
     ("long-prompt", "POST", DONE, {"json": {"model": MODEL_ID, "prompt": [5] * 200}}, 400,
@@ -170,6 +170,8 @@ def test_bad_input_is_a_json_error(served, method, path, kwargs, status, message
     else:
         assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
         text = body["error"]["message"]
+        if message == "not valid JSON":  # no field to name (not the character offset)
+            assert body["error"]["param"] is None, r.text
     assert message in text, text
     assert "Traceback" not in r.text and len(r.content) < 2000  # no echo of a huge input
 

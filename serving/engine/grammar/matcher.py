@@ -27,6 +27,11 @@ class RowGrammar:
         """The output is complete and a stop token has been accepted: nothing more may come."""
         return self._m.is_terminated()
 
+    @property
+    def completed(self) -> bool:
+        """The output so far is a whole value of the format (a stop token may come next)."""
+        return self._m.is_completed()
+
     def allocate(self, rows: int) -> torch.Tensor:
         """A bitmask of this grammar's width with every token allowed: [rows, ceil(V / 32)]."""
         return allocate(rows, self.vocab_size)

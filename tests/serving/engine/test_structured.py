@@ -180,6 +180,20 @@ def test_a_cut_output_is_a_prefix_of_valid_json(world):
         assert matcher.accept_string(text) and not matcher.is_terminated()
 
 
+def test_max_tokens_ending_on_the_values_last_token_is_a_stop(world):
+    """A budget that ends exactly on a whole value stops; one token less is a length cut."""
+    whole = run(world.engine(), [req(world, "w", (7, 8, 9), params(0, 60), None, fmt(CHOICES))])
+    stops = set(world.tokenizer.eos_token_ids)
+    value = [t for t in whole.tokens["w"] if t not in stops]
+    assert whole.done["w"].finish_reason == "stop" and len(value) >= 2
+    for n, reason in ((len(value), "stop"), (len(value) - 1, "length")):
+        got = run(world.engine(), [req(world, "c", (7, 8, 9), params(0, n), None, fmt(CHOICES))])
+        assert got.tokens["c"] == value[:n] and got.done["c"].finish_reason == reason
+        text = got.text("c", world.tokenizer)
+        if reason == "stop":
+            jsonschema.validate(json.loads(text), CHOICES)
+
+
 def test_ignore_eos_still_stops_once_the_json_is_complete(world):
     def request(i, ignore_eos):
         sampling = params(i, 120, ignore_eos=ignore_eos)

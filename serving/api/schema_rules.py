@@ -167,6 +167,7 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
             raise _refuse(path, key, f"the grammar compiler ignores it beside {beside}; "
                                      f"bound the length in a pattern instead")  # fmt: skip
     _check_range(node, path, types)
+    _check_satisfiable(node, path)
     for key in ALONE:
         others = assertions - DEFINITIONS - {key}
         if key in node and others:
@@ -229,6 +230,25 @@ def _check_range(node: dict, path: tuple, types: tuple) -> None:
         kind = "integer" if whole else f"number of at most {DECIMALS} decimals"
         raise _refuse(path, key, f"no {kind} lies in the range: the grammar compiler writes "
                                  f"no other, and would allow no answer")  # fmt: skip
+
+
+def _check_satisfiable(node: dict, path: tuple) -> None:
+    """Refuse counts no value meets, an empty enum, and a required property whose schema is
+    false: the compiler would refuse them too, but only once the request is running."""
+    for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"),
+                      ("minProperties", "maxProperties")):  # fmt: skip
+        bounds = node.get(low), node.get(high)
+        if (
+            all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+            and bounds[0] > bounds[1]
+        ):
+            raise _refuse(path, high, f"it is below {low} ({bounds[0]}): no value would fit")
+    if node.get("enum") == []:
+        raise _refuse(path, "enum", "an empty enum allows no value")
+    properties = node.get("properties", {})
+    barred = [n for n in node.get("required", []) if properties.get(n) is False]
+    if barred:
+        raise _refuse(path, "required", f"{barred[0]!r} is required, but its schema is false")
 
 
 def _resolve(ref: str, root: dict, path: tuple) -> None:

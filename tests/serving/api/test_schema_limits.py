@@ -66,11 +66,20 @@ REFUSED = [  # (schema, the pointer named, words the 400 must hold)
      "/patternProperties/^k(?!x)", "lookahead"),
     ({"type": "integer", "multipleOf": 1025}, "/multipleOf", "above 1024"),
     ({"type": "string", "format": "date", "pattern": "^2"}, "/format", "give format or pattern"),
+    # that no answer meets: the compiler refuses them, but only once the request runs
+    ({"type": "array", "minItems": 3, "maxItems": 1}, "/maxItems", "below minItems (3)"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "/maxLength", "below minLength (5)"),
+    ({"type": "object", "minProperties": 2, "maxProperties": 1}, "/maxProperties",
+     "below minProperties (2)"),
+    ({"enum": []}, "/enum", "an empty enum"),
+    ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "/required",
+     "'a' is required, but its schema is false"),
 ]  # fmt: skip
 ACCEPTED = [  # at the edges of the rules above; each is walked below
     {"type": "string", "pattern": "^[a-z]{1,4}$"},
     {"type": "string", "pattern": "^([a-c]{1,2}-){1,3}$"},
     {"type": "string", "minLength": 2, "maxLength": 3},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2},
     {"type": "string", "format": "uuid"},
     {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.000002},
     {"type": "number", "minimum": 0.5, "maximum": 0.5},

@@ -16,6 +16,7 @@ that load, which no reader touches until the load marks it resident.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -31,6 +32,8 @@ from adapters.host_cache import HostCache, check_fits
 from adapters.slab_slots import SlotContents
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_vectors import BaseWeight
+
+log = logging.getLogger("loraserve.adapters")
 
 
 class AdapterSlab:
@@ -278,9 +281,11 @@ class AdapterSlab:
             try:
                 with self._lock:
                     self._loading.pop(version, None)
-                    self._free(slot)
                     self._counts["failed_loads"] += 1
-            finally:  # even if clearing the slot failed too
+                    self._free(slot)
+            except Exception:  # the waiters still wake, with the load's own error
+                log.exception("slot %d could not be cleared after %r failed to load", slot, version)
+            finally:
                 load.set_exception(exc)
             return
         load.set_result(slot)

@@ -73,10 +73,11 @@ def openai_batch(job: Job) -> dict:
     state, t = job.state, _seconds
     ended = job.finished if state == "done" else None
     # A Workers-AI queued job (listed here too) has no completion window: it never expires.
-    expires = job.created + COMPLETION_WINDOW_S if job.api == OPENAI else None
+    windowed = job.api == OPENAI
+    expires = job.created + COMPLETION_WINDOW_S if windowed else None
     return {
         "id": job.id, "object": "batch", "endpoint": job.endpoint, "model": job.model,
-        "errors": None, "input_file_id": job.input_file_id, "completion_window": "24h",
+        "errors": None, "input_file_id": job.input_file_id, "completion_window": "24h" if windowed else None,
         "status": OPENAI_STATUS[state], "output_file_id": output, "error_file_id": errors,
         "created_at": t(job.created), "in_progress_at": t(job.created),
         "expires_at": t(expires), "finalizing_at": t(ended),

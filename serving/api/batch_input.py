@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -83,7 +84,9 @@ def _line(raw: str) -> InputLine:
         raise ValueError(too_deep) from None
     except ValueError as exc:
         if "integer string conversion" in str(exc):  # int()'s, which names a sys knob
-            raise ValueError("a number with more than 4300 digits") from None
+            raise ValueError(
+                f"a number with more than {sys.get_int_max_str_digits()} digits"
+            ) from None
         raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")

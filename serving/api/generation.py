@@ -27,7 +27,7 @@ from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext
 from serving.api.errors import ApiError, error_body
 from serving.api.generator import QueueFull
-from serving.api.metering import RETRY_AFTER_SECONDS, Meter, admit, finish
+from serving.api.metering import RETRY_AFTER_SECONDS, Meter, PromptBill, admit, finish
 from serving.api.metrics import BASE
 from serving.engine.request import GenerateRequest, Priority, RequestOutput, TokenLogprob
 
@@ -146,14 +146,16 @@ async def start(
     t0: float,
     batch: BatchCall | None = None,
     variants: tuple[str, ...] = (),
-    bills_prompt: bool = True,
+    prompt_bill: PromptBill | None = None,
+    first_choice: bool = True,
 ) -> Generation:
     """The request admitted, queued and its first output in hand; 400, 429 or 500 if not.
 
     A batch item (batch given) runs at batch priority and is not rate limited: the feeder
     paces batches, and its items only use capacity interactive requests leave. `variants`
     are those of the request's adapter (Version.variants), counted in the metrics.
-    bills_prompt False: a further choice of a prompt, metered for its completion only.
+    prompt_bill: shared by the n choices of one prompt, which bill it once (the first choice,
+    unless it fails).
     """
     if batch is not None:
         request = dataclasses.replace(request, priority=Priority.BATCH)
@@ -161,7 +163,7 @@ async def start(
     else:
         admission = await admit(ctx, caller, request)
         meter = Meter(caller, request.adapter, "interactive", admission, variants=variants,
-                      bills_prompt=bills_prompt)  # fmt: skip
+                      prompt_bill=prompt_bill, first_choice=first_choice)  # fmt: skip
     stream = ctx.generator.generate(request, session=session)
     try:
         first = await anext(stream)

@@ -32,6 +32,25 @@ TENANCY_TIMEOUT_S = 10.0
 log = logging.getLogger("loraserve.api")
 
 
+@dataclass
+class PromptBill:
+    """Which of a prompt's n choices bills it, as OpenAI bills n choices' prompt once: the
+    first, unless it fails; then the next of the others to end."""
+
+    open: bool = False  # the first choice failed: the prompt goes to the next to end
+    taken: bool = False
+
+    def take(self, first: bool, out: RequestOutput) -> bool:
+        """Whether the choice that ended with out bills the prompt (asked once a choice)."""
+        if out.finish_reason == "error":
+            self.open = self.open or first
+            return False
+        if first or (self.open and not self.taken):
+            self.taken = True
+            return True
+        return False
+
+
 @dataclass(frozen=True)
 class Meter:
     """Whose request it is, for its usage record and its admission's release."""
@@ -43,22 +62,23 @@ class Meter:
     # A batch item's: its record is left here, metered by the feeder after the commit.
     sink: BatchCall | None = None
     variants: tuple[str, ...] = ()  # the adapter's LoRA variants (Version.variants)
-    # False for choices 1..n-1 of a prompt: as OpenAI bills n choices, the prompt once.
-    bills_prompt: bool = True
+    # One of a prompt's n choices (n > 1): the prompt is billed once among them.
+    prompt_bill: PromptBill | None = None
+    first_choice: bool = True
 
     @property
     def headers(self) -> dict[str, str]:
         """The x-ratelimit-* headers of the answer."""
         return dict(self.admission.headers) if self.admission else {}
 
-    def record(self, out: RequestOutput | None) -> UsageRecord | None:
+    def record(self, out: RequestOutput | None, prompt: int, cached: int) -> UsageRecord | None:
         """The usage record of a request that ran (out: the last output its answer got to):
         one that finished (stop or length), with the usage its answer carried; one whose
-        client left before the end (an abort), with its prompt and the tokens sent by then,
-        as OpenAI bills a cancelled stream. A failed or refused one is not metered."""
+        client left before the end (an abort), with the tokens sent by then, as OpenAI
+        bills a cancelled stream; each with the prompt and cached tokens it bills
+        (prompt_of). A failed or refused one is not metered."""
         if out is None or out.finish_reason == "error":
             return None
-        prompt, cached = self.prompt_of(out)
         return UsageRecord(
             tenant=self.caller.tenant,
             key_id=self.caller.key_id,
@@ -71,8 +91,10 @@ class Meter:
         )
 
     def prompt_of(self, out: RequestOutput) -> tuple[int, int]:
-        """(prompt tokens, cached tokens) this request is billed for."""
-        return (out.prompt_tokens, out.cached_tokens) if self.bills_prompt else (0, 0)
+        """(prompt tokens, cached tokens) this request bills; asked once, as it ends."""
+        if self.prompt_bill is None or self.prompt_bill.take(self.first_choice, out):
+            return out.prompt_tokens, out.cached_tokens
+        return 0, 0
 
 
 def fitted_to_token_limit(
@@ -165,13 +187,14 @@ async def finish(
     ctx: ApiContext, meter: Meter, out: RequestOutput | None, *, bill: bool = True
 ) -> None:
     """Record the request's usage (out: its last output; None if it never ran) and release
-    its admission, charging the tokens it used even when it is not metered (a failure, or
-    bill False: a choice of an answer that failed as a whole). A store that fails is
-    logged, never the client's error."""
-    used = meter.prompt_of(out)[0] + out.completion_tokens if out is not None else 0
+    its admission, charging the tokens it used (its prompt once among n choices) even when
+    it is not metered (a failure, or bill False: a choice of an answer that failed as a
+    whole). A store that fails is logged, never the client's error."""
+    prompt, cached = meter.prompt_of(out) if out is not None else (0, 0)
+    used = prompt + out.completion_tokens if out is not None else 0
     try:
         # Built inside the try: a record that cannot be built must not keep the admission.
-        record = meter.record(out) if bill else None
+        record = meter.record(out, prompt, cached) if bill else None
     except Exception as exc:
         log.error("usage of a %s request could not be recorded: %s", meter.caller.tenant, exc)
         record = None

@@ -27,7 +27,7 @@ from serving.api.choices import collect_all, merged, start_all
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.generation import Generation, answer, cache_salt, start, stream_error
-from serving.api.metering import check_choices_fit, fitted_to_token_limit
+from serving.api.metering import PromptBill, check_choices_fit, fitted_to_token_limit
 from serving.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.prompts import chat_ids, given_ids, sampling, text_ids
 from serving.api.resolve import (
@@ -107,12 +107,11 @@ async def start_choices(ctx, caller, request, body, rid, prompts, params, versio
             )
             requests.append(_request(rid_, ids, seeded, version, salt, body))
     check_choices_fit(ctx, caller, requests)
-    return await start_all(
-        [
-            start(ctx, r, caller=caller, bills_prompt=k % n == 0, **who)
-            for k, r in enumerate(requests)
-        ]
-    )
+    bills = [PromptBill() if n > 1 else None for _ in prompts]
+    return await start_all([
+        start(ctx, r, caller=caller, prompt_bill=bills[k // n], first_choice=k % n == 0, **who)
+        for k, r in enumerate(requests)
+    ])  # fmt: skip
 
 
 @router.get("/v1/models", summary="The base model and the adapters this key may use")

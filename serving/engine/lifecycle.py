@@ -97,7 +97,7 @@ class Lifecycle:
         text, reason = t.stop.add(token, seq.num_output_tokens)
         if reason is None and t.grammar is not None and t.grammar.terminated:
             text, reason = text + t.stop.end(), "stop"  # a stop token under ignore_eos
-        elif reason == "length" and t.grammar is not None and t.grammar.completed:
+        elif reason == "length" and t.grammar is not None and t.grammar.ended:
             reason = "stop"  # max_tokens ran out on the value's last token: the value is whole
         out = t.output((token,), text, reason, (logprob,) if logprob else ())
         if reason is not None:

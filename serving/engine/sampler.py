@@ -10,11 +10,13 @@ divided by the penalty when positive, multiplied when negative. Frequency and pr
 penalties are OpenAI's: logit -= frequency * count + presence * (count > 0), over generated
 tokens only. Top-p is the nucleus of Holtzman et al. 2019, taken after top-k has renormalized.
 
-Each random row draws with its own torch.Generator on the CPU; a seeded request's is seeded
-anew for every position from (seed, position) (`keyed`), so its draw at a position is the
-same whatever else shares its batch, and whether the token comes from plain decoding or from
-speculative decoding's draft and verification (which then keep a draft only if it is that
-draw). Greedy rows (temperature below 1e-5) take the argmax of the penalized logits.
+Random rows draw on the CPU: unseeded ones from one default generator, a seeded one from its
+own, seeded anew for every position from (seed, position) (`keyed`). A seeded draw at a
+position is then the same whatever else shares its batch, and whether the token comes from
+plain decoding or from speculative decoding's draft and verification (which keep a draft
+only if it is that draw), up to the rounding a batch's shape can change in the logits (a
+near tie), as for greedy rows. Greedy rows (temperature below 1e-5) take the argmax of the
+penalized logits.
 
 A row whose own data cannot be sampled (non-finite logits, say from its adapter, or no valid
 distribution) is reported in SampleResult.errors and draws nothing; every other row's token

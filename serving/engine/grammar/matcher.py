@@ -28,9 +28,16 @@ class RowGrammar:
         return self._m.is_terminated()
 
     @property
-    def completed(self) -> bool:
-        """The output so far is a whole value of the format (a stop token may come next)."""
-        return self._m.is_completed()
+    def ended(self) -> bool:
+        """The output so far is a whole value that nothing may extend: only a stop token may
+        come next. (Not just is_completed: a top-level 1 may still grow into 12 or 1.5.)"""
+        if not self._m.is_completed():
+            return False
+        bitmask = self.allocate(1)
+        self._m.fill_next_token_bitmask(bitmask, 0)
+        bits = (bitmask[0, :, None] >> torch.arange(32, dtype=torch.int32)) & 1  # [words, 32]
+        allowed = bits.flatten()[: self.vocab_size].nonzero().flatten().tolist()
+        return set(allowed) <= set(self._m.stop_token_ids)
 
     def allocate(self, rows: int) -> torch.Tensor:
         """A bitmask of this grammar's width with every token allowed: [rows, ceil(V / 32)]."""

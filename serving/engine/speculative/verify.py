@@ -15,7 +15,7 @@ sampling  speculative sampling (Leviathan et al. 2023; Chen et al. 2023): keep d
 seeded    keep d_j while d_j is the target's own draw from p_j, made with the generator
           plain decoding would use at that position (sampler.keyed); then add that draw.
           The tokens are plain sampling's own, so a seeded request's output does not
-          depend on whether, or how far, it was speculated. A draft model draws d_j with
+          depend on whether, or how far, it was speculated (up to rounding in the logits). A draft model draws d_j with
           the same generator, so it proposes the target's draw wherever q_j is close to p_j.
 """
 

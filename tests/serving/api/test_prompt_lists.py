@@ -191,7 +191,17 @@ def test_completion_choices_are_prompt_major_and_stream_by_index(served, client)
     assert roles == {0: 1, 1: 1, 2: 1}
 
 
-class SecondFails:
+class Stub:
+    """A generator that the app sees as always ready; subclasses answer the requests."""
+
+    async def figures(self):
+        return []
+
+    async def ready(self):
+        return True
+
+
+class SecondFails(Stub):
     """Each request answers a token; the second choice then fails, the others finish."""
 
     async def generate(self, request, *, session=None):
@@ -200,12 +210,6 @@ class SecondFails:
             await asyncio.sleep(0.05)  # the others have finished by then
             raise RuntimeError("replica lost")
         yield RequestOutput(request.request_id, (6,), "b", True, "length", 2, 2)
-
-    async def figures(self):
-        return []
-
-    async def ready(self):
-        return True
 
 
 def test_an_answer_that_fails_bills_none_of_its_choices(world, tmp_path):
@@ -220,3 +224,31 @@ def test_an_answer_that_fails_bills_none_of_its_choices(world, tmp_path):
     assert one.status_code == 200  # a whole answer is billed, as before
     usage = client.get("/v1/usage", headers=AUTH).json()["data"]
     assert sum(row["interactive"]["requests"] for row in usage) == 1
+
+
+class FirstFails(Stub):
+    """Two choices stream a token each; the first then fails while the second still runs."""
+
+    async def generate(self, request, *, session=None):
+        yield RequestOutput(request.request_id, (5,), "a", prompt_tokens=3, completion_tokens=1)
+        if request.request_id.endswith("-0"):
+            await asyncio.sleep(0.05)
+            raise RuntimeError("replica lost")
+        await asyncio.sleep(5)  # still running when the stream ends: closed as an abort
+        yield RequestOutput(request.request_id, (6,), "b", True, "length", 3, 2)
+
+
+def test_when_a_streams_first_choice_fails_another_bills_the_prompt(world, tmp_path):
+    """A stream of n=2 whose first choice fails mid-way: the second, closed with the stream,
+    is billed as an abort, and it carries the prompt, which is billed once."""
+    app = create_app(FirstFails(), stub_settings(world, tmp_path))
+    client = TestClient(app, raise_server_exceptions=False)
+    body = {"model": MODEL_ID, "prompt": "a", "max_tokens": 2, "n": 2, "stream": True}
+    r = client.post("/v1/completions", json=body, headers=AUTH)
+    events = [line.removeprefix("data: ") for line in r.text.splitlines() if line]
+    assert r.status_code == 200 and "replica serving this request failed" in events[-1]
+    usage = client.get("/v1/usage", headers=AUTH).json()["data"]
+    billed = [row["interactive"] for row in usage]
+    assert sum(b["requests"] for b in billed) == 1  # the failed choice is not metered
+    assert sum(b["prompt_tokens"] for b in billed) == 3
+    assert sum(b["completion_tokens"] for b in billed) == 1

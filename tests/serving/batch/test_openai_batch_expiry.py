@@ -62,4 +62,6 @@ def test_a_batch_past_its_window_expires_keeping_what_finished(served, local_bat
 def test_only_an_openai_batch_has_a_window_to_expire_at(api, expires):
     """A Workers-AI queued job, listed by /v1/batches too, never expires: no expires_at."""
     job = Job("batch_x", "acme", "demo", api, "/v1/chat/completions", 1, 0, 0, created=1000.0)
-    assert openai_batch(job)["expires_at"] == expires
+    batch = openai_batch(job)
+    assert batch["expires_at"] == expires
+    assert batch["completion_window"] == ("24h" if expires else None)

@@ -123,3 +123,22 @@ def test_fill_along_and_valid_prefix_leave_the_state_as_it_was(tokenizer):
     for t in [*tokens[2:], tokenizer.eos_token_ids[0]]:
         assert row.accept(t)
     assert row.terminated and not row.accept(tokens[0])
+
+
+OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "ended"),
+    [
+        ({"type": "integer"}, "1", False),  # whole, but 12 or 1.5 may still come
+        (OBJECT, '{"a": 1}', True),
+        (OBJECT, '{"a": 1', False),
+        ({"enum": ["x", "y"]}, '"x"', True),
+    ],
+)
+def test_ended_only_when_nothing_but_a_stop_may_follow(tokenizer, schema, text, ended):
+    """What decides a max_tokens cut's finish reason: 'stop' only on a value nothing extends."""
+    row = RowGrammar(compiled(tokenizer, fmt(schema)))
+    assert all(row.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    assert row.ended == ended

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 from jsonschema import Draft202012Validator
@@ -18,6 +19,7 @@ from jsonschema.validators import validator_for
 
 from serving.api.schema_patterns import pattern_problem
 from serving.api.text import nesting, unicode
+from serving.engine.grammar.formats import COUNTS
 from serving.engine.grammar.formats import PATTERNS as DATE_FORMATS
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
@@ -235,20 +237,29 @@ def _check_range(node: dict, path: tuple, types: tuple) -> None:
 def _check_satisfiable(node: dict, path: tuple) -> None:
     """Refuse counts no value meets, an empty enum, and a required property whose schema is
     false: the compiler would refuse them too, but only once the request is running."""
+    counts = {k: node[k] for k in COUNTS if _is_count(node.get(k))}
+    # The most items or properties a closed array or object can hold.
+    if node.get("items") is False:
+        counts["maxItems"] = min(counts.get("maxItems", math.inf), len(node.get("prefixItems", [])))
+    if node.get("additionalProperties") is False and not node.get("patternProperties"):
+        most = len(node.get("properties", {}))
+        counts["maxProperties"] = min(counts.get("maxProperties", math.inf), most)
     for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"),
                       ("minProperties", "maxProperties")):  # fmt: skip
-        bounds = node.get(low), node.get(high)
-        if (
-            all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
-            and bounds[0] > bounds[1]
-        ):
-            raise _refuse(path, high, f"it is below {low} ({bounds[0]}): no value would fit")
+        if low in counts and high in counts and counts[low] > counts[high]:
+            key = high if high in node and node[high] == counts[high] else low
+            raise _refuse(path, key, f"at least {counts[low]:g} and at most {counts[high]:g}: "
+                                     f"no value would fit")  # fmt: skip
     if node.get("enum") == []:
         raise _refuse(path, "enum", "an empty enum allows no value")
     properties = node.get("properties", {})
     barred = [n for n in node.get("required", []) if properties.get(n) is False]
     if barred:
         raise _refuse(path, "required", f"{barred[0]!r} is required, but its schema is false")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
 def _resolve(ref: str, root: dict, path: tuple) -> None:

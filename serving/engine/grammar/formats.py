@@ -64,7 +64,14 @@ def prepared(node: object) -> object:
         out["pattern"] = PATTERNS[fmt]
     if isinstance(out.get("pattern"), str):
         out["pattern"] = optional_groups_counted(out["pattern"])
+    for key in COUNTS:  # JSON Schema's 3.0 is the integer 3; the compiler takes ints only
+        value = out.get(key)
+        if isinstance(value, float) and value.is_integer():
+            out[key] = int(value)
     return out
+
+
+COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
 
 
 def optional_groups_counted(pattern: str) -> str:

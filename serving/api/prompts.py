@@ -71,7 +71,9 @@ def given_ids(settings: AppSettings, ids: Sequence[int]) -> list[int]:
     bad = next((i for i in ids if not 0 <= i < limit), None)
     if bad is not None:
         raise ApiError(
-            400, f"prompt: token id {quoted(bad)} is outside the vocabulary (0..{limit - 1})"
+            400,
+            f"prompt: token id {quoted(bad)} is outside the vocabulary (0..{limit - 1})",
+            param="prompt",
         )
     return ids
 
@@ -135,6 +137,6 @@ def _openai_extras(body, settings: AppSettings) -> dict:
         bad = next((i for i in ids if not 0 <= i < limit), None)
         if bad is not None:
             raise ApiError(400, f"{name}: token id {bad} is outside the vocabulary "
-                                f"(0..{limit - 1})")  # fmt: skip
+                                f"(0..{limit - 1})", param=name)  # fmt: skip
     return {"logit_bias": bias, "min_p": body.min_p or 0.0, "stop_token_ids": stops,
             "ignore_eos": body.ignore_eos}  # fmt: skip

@@ -89,8 +89,9 @@ def test_ignore_eos_runs_past_a_certain_end_of_sequence(served, client):
     ],
 )
 def test_bad_values_are_refused_naming_the_field(client, extra, words):
-    with pytest.raises(openai.BadRequestError, match=words):
+    with pytest.raises(openai.BadRequestError, match=words) as caught:
         complete(client, extra_body=extra)
+    assert caught.value.param.split(".")[0] in extra, caught.value.param  # OpenAI's param
 
 
 def test_two_spellings_of_one_token_id_add_their_biases():

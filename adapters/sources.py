@@ -50,6 +50,8 @@ def _from_dir(path: Path, max_bytes: int) -> dict[str, bytes]:
         if f.is_file():
             _check_size(name, f.stat().st_size, max_bytes)
             files[name] = f.read_bytes()
+        elif f.exists():
+            raise AdapterError(f"{f}: not a file")
     return files
 
 
@@ -71,6 +73,9 @@ def _from_archive(path: Path, max_bytes: int) -> dict[str, bytes]:
                     if name and member.isfile():
                         _check_size(name, member.size, max_bytes)
                         found[name] = t.extractfile(member).read()
+                    elif name and (member.issym() or member.islnk()):
+                        raise AdapterError(f"{path.name}: {_shown(member.name)} is a link; an "
+                                           f"archive's files are read only as plain files")  # fmt: skip
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
         raise AdapterError(f"{path.name}: not a readable archive ({exc})") from None
     return found
@@ -82,6 +87,10 @@ def _wanted(member: str) -> str | None:
     if 1 <= len(parts) <= 2 and parts[-1] in WANTED:
         return parts[-1]
     return None
+
+
+def _shown(member: str) -> str:
+    return repr(member if len(member) <= 80 else member[:77] + "...")
 
 
 def _check_size(name: str, size: int, max_bytes: int) -> None:

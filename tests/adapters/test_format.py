@@ -129,6 +129,20 @@ def test_archive_without_weights_and_garbage_archive(tmp_path, archive):
         load_adapter(tmp_path / "bad.zip")
 
 
+def test_a_link_or_a_folder_in_place_of_a_file_is_named(tmp_path):
+    path = tmp_path / "linked.tar.gz"
+    with tarfile.open(path, "w:gz") as t:
+        info = tarfile.TarInfo("x/adapter_config.json")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(info)
+    with pytest.raises(AdapterError, match=r"'x/adapter_config\.json' is a link"):
+        load_adapter(path)
+    folder = tmp_path / "folder"
+    (folder / CONFIG).mkdir(parents=True)
+    with pytest.raises(AdapterError, match=r"adapter_config\.json: not a file"):
+        load_adapter(folder)
+
+
 def test_missing_path():
     with pytest.raises(AdapterError, match="no such file or folder"):
         load_adapter("/nonexistent/adapter")

@@ -34,7 +34,7 @@ TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 WorkersTemperature = Annotated[float, Field(ge=0, le=5, allow_inf_nan=False)]
 WorkersTopP = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
 TopK = Annotated[int, Field(ge=0)]
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]  # a torch generator's seed range
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # a 64-bit integer, as vLLM takes
 RepetitionPenalty = Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]
 

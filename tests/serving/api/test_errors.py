@@ -64,7 +64,7 @@ CASES = [  # id, method, path, request kwargs, status, part of the message
     ("repetition-zero", "POST", AI, {"json": {"prompt": "x", "repetition_penalty": 0}}, 400,
      "repetition_penalty"),
     ("presence-high", "POST", CHAT, {"json": chat(presence_penalty=5)}, 400, "presence_penalty"),
-    ("seed-negative", "POST", CHAT, {"json": chat(seed=-1)}, 400, "seed"),
+    ("seed-too-low", "POST", CHAT, {"json": chat(seed=-(2**63) - 1)}, 400, "seed"),
     ("empty-messages", "POST", CHAT, {"json": chat(messages=[])}, 400,
      "messages must not be empty"),
     ("empty-messages-ai", "POST", AI, {"json": {"messages": []}}, 400,

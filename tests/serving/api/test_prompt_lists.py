@@ -161,6 +161,15 @@ def test_n_choices_of_a_chat_differ_by_seed_and_repeat(served, client):
     assert [c.message.content for c in flat.choices] == [greedy, greedy]
 
 
+def test_a_negative_seed_is_a_seed_too(client):
+    """Any 64-bit seed, as vLLM takes: -7 repeats, and choice j of n is seed -7 + j."""
+    kwargs = dict(model=MODEL_ID, prompt="x\n", max_tokens=8, temperature=1.0)
+    first, again = (client.completions.create(seed=-7, **kwargs) for _ in range(2))
+    assert first.choices[0].text == again.choices[0].text
+    pair = client.completions.create(seed=-8, n=2, **kwargs)
+    assert pair.choices[1].text == first.choices[0].text
+
+
 def test_completion_choices_are_prompt_major_and_stream_by_index(served, client):
     """Prompt p's j-th choice is index p * n + j, streamed or not; each stream index opens,
     carries its text and ends once."""

@@ -65,8 +65,7 @@ class AdapterSlab:
             raise ValueError(f"modules {unknown} are not in the base model ({list(spec.shapes)})")
         # The embedding's and LM head's stacks are vocabulary-wide: only when asked for.
         self.outer = tuple(spec.outer_shapes) if embeddings else ()
-        # Normal tensors even under a caller's inference_mode: loader threads (outside it)
-        # write them, and an inference tensor refuses every in-place write there.
+        # Not inference tensors (a caller's inference_mode): loader threads write them in place.
         with torch.inference_mode(False):
             self.contents = SlotContents(
                 spec, self.modules, self.outer, num_slots=num_slots, max_rank=max_rank,

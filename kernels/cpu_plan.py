@@ -120,6 +120,9 @@ class Bags:
 class CpuPlan:
     groups: tuple[RankGroup, ...]
     bags: Bags | None  # None when no group runs grouped
+    # [num_active] int32: the rank of each sorted token, when every group runs padded (the
+    # compiled decode kernel's input, kernels/lora_native.py); else None
+    token_ranks: torch.Tensor | None = None
 
     @property
     def has_runs(self) -> bool:
@@ -165,7 +168,12 @@ def plan_cpu(
                 parts = _parts(start, end, g_slots, g_counts)
         groups.append(RankGroup(rank, start, end, runs, padded, parts))
         lo = hi
-    return CpuPlan(groups=tuple(groups), bags=_bags(token_order, token_slots, groups))
+    token_ranks = None
+    if all(g.padded is not None for g in groups):
+        token_ranks = torch.tensor(ranks, dtype=torch.int32).repeat_interleave(
+            torch.tensor(counts, dtype=torch.int64)
+        )
+    return CpuPlan(tuple(groups), _bags(token_order, token_slots, groups), token_ranks)
 
 
 def _padded(slots: list[int], counts: list[int], rows: torch.Tensor) -> Padded | None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels import lora_native
 from kernels.lora_checks import (
     ACTIVATION_DTYPES,
     as_slices,
@@ -162,7 +163,13 @@ def lora_apply_planned(
     buffer; otherwise through a float32 [num_slices, T, max_rank] one. On CUDA the buffer
     holds the shrink's split-K parts, which the expand adds up.
     """
-    if not x.is_cuda and segments.cpu_plan is not None and segments.cpu_plan.all_padded:
+    plan = segments.cpu_plan
+    if not x.is_cuda and plan is not None and plan.all_padded:
+        if lora_native.available() and lora_native.lora_apply_rows(
+            x, lora_a, lora_b, y, segments.token_order, segments.token_slots, plan.token_ranks,
+            scales,
+        ):  # fmt: skip
+            return
         from kernels.lora_torch import lora_apply_padded_torch
 
         lora_apply_padded_torch(x, lora_a, lora_b, y, segments, scales, host_scales)

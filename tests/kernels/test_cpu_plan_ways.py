@@ -9,12 +9,13 @@ from tests.kernels.cases import TOLERANCE
 from tests.kernels.oracle import expand_oracle, shrink_oracle
 
 # (slot per token, rank per slot): decode with one token per adapter, four per adapter,
-# uneven buckets (padding rows), and two rank groups side by side
+# uneven buckets (padding rows), two rank groups side by side, and longer runs of one slot
 LAYOUTS = {
     "one each": ([3, 0, 2, 1, 5, 4], [8] * 6),
     "four each": ([0, 1, 2] * 4, [8, 8, 8]),
     "uneven": ([0, 2, 2, 0, -1, 2, 3], [4, 4, 4, 4]),
     "two ranks": ([1, 0, -1, 2, 0, 1, 3], [8, 3, 8, 3]),
+    "long runs": ([1] * 5 + [-1] + [0] * 9, [8, 6]),  # whole blocks of four and the rest
 }
 
 

@@ -69,7 +69,11 @@ def test_mixed_batch_matches_peft(setup):
             assert (got[i] - base[i]).abs().max() > 1e-2
 
 
-def test_decode_steps_keep_each_rows_adapter(setup):
+@pytest.mark.parametrize("checks", ["1", "0"])
+def test_decode_steps_keep_each_rows_adapter(setup, checks, monkeypatch):
+    """Both ways a decode step's LoRA runs: the checked public ops in every layer, and the
+    serving path (on this CPU, the compiled decode kernel where it builds)."""
+    monkeypatch.setenv("LORASERVE_CHECKS", checks)
     model, peft, slab, slots = setup
     names = ["a3", "__base__", "a1"]
     gen = torch.Generator().manual_seed(1)

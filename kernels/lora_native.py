@@ -1,0 +1,155 @@
+"""The decode step's LoRA on the CPU as one compiled call per projection (kernels/lora_cpu.c).
+
+A decode step with many adapters makes a handful of small torch calls per projection
+(a gather, two `bmm`s per slice, a concatenation, a scatter-add), and on a CPU each call's
+fixed cost is most of the LoRA's time. The C kernel does the whole projection in one call,
+reading each adapter's rows once. It is compiled with the system's C compiler on first use
+(as Triton builds its launchers), cached by the source's and the CPU's hash, and loaded
+with ctypes; where there is no compiler, or LORASERVE_CPU_NATIVE=0, `available()` is False
+and the torch path runs instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("lora_cpu.c")
+# No -ffast-math: in a shared object it may set flush-to-zero for the whole process. These
+# let the compiler vectorise the dot products' sums without changing NaN or Inf handling.
+_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-trapping-math",
+          "-fassociative-math", "-fno-signed-zeros")  # fmt: skip
+_SLICE_FIELDS = 8  # lora_cpu.c: A_PTR, A_SLOT, A_ROW, B_PTR, B_SLOT, B_ROW, OUT, COL
+_lock = threading.Lock()
+_kernel: ctypes._CFuncPtr | None = None
+_tried = False
+_described: dict[tuple[int, int], tuple] = {}  # see _stacks
+_MAX_DESCRIBED = 4096  # a model's layers times its projections, with room to spare
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run here (compiled and loaded on the first call)."""
+    global _kernel, _tried
+    if _tried:
+        return _kernel is not None
+    with _lock:
+        if not _tried:
+            _kernel = _load()
+            _tried = True
+    return _kernel is not None
+
+
+def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
+    """y[t, slice s] += scales[slot t] * (x[t] @ A_s[slot t, :r].T) @ B_s[slot t, :r], r = rank t.
+
+    x: [T, in]; lora_a[s]: [num_slots, max_rank, in]; lora_b[s]: [num_slots, max_rank, out_s];
+    y: [T, sum(out_s)]; order: [n] int64 active tokens sorted by (rank, slot); slots,
+    ranks: [n] int32 of each sorted token; scales: [num_slots] float32. Returns False, having
+    done nothing, where the operands don't fit the kernel (float32 on the CPU, rows of
+    stride 1): the caller runs the torch path. Call `available()` first.
+    """
+    stacks = _stacks(lora_a, lora_b)
+    if stacks is None or not (_fits(x) and _fits(y) and _fits(scales)):
+        return False
+    _kernel(
+        order.numel(), order.data_ptr(), slots.data_ptr(), ranks.data_ptr(), scales.data_ptr(),
+        x.data_ptr(), x.stride(0), x.shape[1], y.data_ptr(), y.stride(0), len(lora_a), stacks,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return True
+
+
+def _fits(t: torch.Tensor) -> bool:
+    return t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1
+
+
+def _stacks(lora_a, lora_b) -> ctypes.Array | None:
+    """The slices' description for the kernel (_SLICE_FIELDS each), or None where a stack
+    doesn't fit. Kept per pair of tuples: a model passes the same ones every step (the slab's
+    tensors never move), and the entry holds them, so their ids are not reused meanwhile."""
+    entry = _described.get((id(lora_a), id(lora_b)))
+    if entry is not None and entry[0] is lora_a and entry[1] is lora_b:
+        return entry[2]
+    described = None
+    if all(_fits(t) for t in (*lora_a, *lora_b)):
+        meta, col = [], 0
+        for a, b in zip(lora_a, lora_b):
+            meta += [a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0)]
+            meta += [b.stride(1), b.shape[2], col]
+            col += b.shape[2]
+        described = (ctypes.c_int64 * len(meta))(*meta)
+    if len(_described) >= _MAX_DESCRIBED:
+        _described.clear()
+    _described[id(lora_a), id(lora_b)] = (lora_a, lora_b, described)
+    return described
+
+
+def _load() -> ctypes._CFuncPtr | None:
+    if os.environ.get("LORASERVE_CPU_NATIVE", "1") == "0":
+        return None
+    try:
+        library = ctypes.CDLL(str(_built()))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as err:
+        log.warning("the compiled CPU LoRA kernel is unavailable (%s); using the torch path", err)
+        return None
+    fn = library.lora_apply_rows
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int32]
+    fn.restype = None
+    return fn
+
+
+def _built() -> Path:
+    """The shared object for this source, these flags and this CPU, compiled if not cached."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    key = hashlib.sha256()
+    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_identity().encode()):
+        key.update(part)
+    target = _cache_dir() / f"lora_cpu-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target, then renamed: replicas starting together never load half a file.
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        done = subprocess.run(
+            [compiler, *_FLAGS, str(_SOURCE), "-o", str(built)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
+        os.replace(built, target)
+    return target
+
+
+def _cache_dir() -> Path:
+    """Beside the models' cache (serving.model.checkpoint): ~/.cache/loraserve/native."""
+    return Path.home() / ".cache" / "loraserve" / "native"
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the machine and its CPU's model and feature flags."""
+    identity = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags", "Features")):
+                identity += line
+                if line.startswith(("flags", "Features")):
+                    break
+    except OSError:
+        pass
+    return identity

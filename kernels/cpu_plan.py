@@ -120,8 +120,8 @@ class Bags:
 class CpuPlan:
     groups: tuple[RankGroup, ...]
     bags: Bags | None  # None when no group runs grouped
-    # [num_active] int32: the rank of each sorted token, when every group runs padded (the
-    # compiled decode kernel's input, kernels/lora_native.py); else None
+    # [num_active] int32: the rank of each sorted token, when no group runs in place (the
+    # compiled kernel's input, kernels/lora_native.py, which then runs the step); else None
     token_ranks: torch.Tensor | None = None
 
     @property
@@ -169,7 +169,7 @@ def plan_cpu(
         groups.append(RankGroup(rank, start, end, runs, padded, parts))
         lo = hi
     token_ranks = None
-    if all(g.padded is not None for g in groups):
+    if not any(g.in_place for g in groups):
         token_ranks = torch.tensor(ranks, dtype=torch.int32).repeat_interleave(
             torch.tensor(counts, dtype=torch.int64)
         )

@@ -1,4 +1,4 @@
-/* One projection's LoRA for a decode-sized CPU batch, every token in one call.
+/* One projection's LoRA on the CPU, every token of the step in one call.
  *
  * y[t, col_s:col_s + out_s] += scale[slot t] * (x[t] @ A_s[slot t, :r].T) @ B_s[slot t, :r]
  *

@@ -1,9 +1,11 @@
-"""The decode step's LoRA on the CPU as one compiled call per projection (kernels/lora_cpu.c).
+"""A step's LoRA on the CPU as one compiled call per projection (kernels/lora_cpu.c).
 
 A decode step with many adapters makes a handful of small torch calls per projection
 (a gather, two `bmm`s per slice, a concatenation, a scatter-add), and on a CPU each call's
-fixed cost is most of the LoRA's time. The C kernel does the whole projection in one call,
-reading each adapter's rows once. It is compiled with the system's C compiler on first use
+fixed cost is most of the LoRA's time; a prefill of short prompts, several per adapter,
+pays for thin grouped matmuls. The C kernel does the whole projection in one call, reading
+each adapter's rows once. Steps whose tokens come in long runs of one adapter keep torch's
+matmuls per run, which reuse each adapter's rows across the run's tokens. It is compiled with the system's C compiler on first use
 (as Triton builds its launchers), cached by the source's and the CPU's hash, and loaded
 with ctypes; where there is no compiler, or LORASERVE_CPU_NATIVE=0, `available()` is False
 and the torch path runs instead.

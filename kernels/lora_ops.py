@@ -159,17 +159,17 @@ def lora_apply_planned(
     y[t, slice s] += scale[slot(t)] * (x[t] @ A_s[slot(t)].T) @ B_s[slot(t)].
 
     x: [T, hidden]; lora_a, lora_b: tuples of stacks, one per fused slice; y: [T, sum(out_s)].
-    On the CPU a decode step (every rank group padded) runs the two fused, with no shrink
-    buffer; otherwise through a float32 [num_slices, T, max_rank] one. On CUDA the buffer
-    holds the shrink's split-K parts, which the expand adds up.
+    On the CPU a step with no long runs of one adapter's tokens (a decode step, or prefills
+    of several short prompts per adapter) runs in the compiled kernel where it builds (in
+    float32), measured faster there than the torch ways; failing that, a step whose rank
+    groups all run padded runs the two fused, with no shrink buffer; otherwise through a
+    float32 [num_slices, T, max_rank] one. On CUDA the buffer holds the shrink's split-K
+    parts, which the expand adds up.
     """
     plan = segments.cpu_plan
+    if _native_ran(x, lora_a, lora_b, y, segments, scales):
+        return
     if not x.is_cuda and plan is not None and plan.all_padded:
-        if lora_native.available() and lora_native.lora_apply_rows(
-            x, lora_a, lora_b, y, segments.token_order, segments.token_slots, plan.token_ranks,
-            scales,
-        ):  # fmt: skip
-            return
         from kernels.lora_torch import lora_apply_padded_torch
 
         lora_apply_padded_torch(x, lora_a, lora_b, y, segments, scales, host_scales)
@@ -185,6 +185,16 @@ def lora_apply_planned(
     t = torch.empty(len(lora_a), x.shape[0], max_rank, dtype=torch.float32, device=x.device)
     lora_shrink_planned(x, lora_a, t, segments, slice_ranks, host_ranks)
     lora_expand_planned(t, lora_b, y, segments, scales, slice_ranks, host_ranks, host_scales)
+
+
+def _native_ran(x, lora_a, lora_b, y, segments: Segments, scales) -> bool:
+    """Whether the compiled CPU kernel ran the step: one with no runs in place, on the CPU,
+    in float32, where the kernel builds."""
+    plan = segments.cpu_plan
+    if x.is_cuda or plan is None or plan.token_ranks is None or not lora_native.available():
+        return False
+    order, slots = segments.token_order, segments.token_slots
+    return lora_native.lora_apply_rows(x, lora_a, lora_b, y, order, slots, plan.token_ranks, scales)
 
 
 def _check_rank_buffer(name, buf, slices, given, num_tokens, max_rank, device) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The compiled CPU decode kernel (kernels/lora_cpu.c) against the float64 oracle, and how
-it is built, cached and given up on."""
+"""The compiled CPU LoRA kernel (kernels/lora_cpu.c) against the float64 oracle, and how it
+is built, cached and given up on."""
 
 import logging
 import shutil
@@ -66,6 +66,27 @@ def test_decode_step_matches_the_oracle(layout, widths, scales_kind, monkeypatch
 
 
 @needs_compiler
+def test_a_step_of_uneven_short_runs_runs_it_too(monkeypatch):
+    """Neither padded nor in place (slot 0's tokens in short runs, slot 3's one token, too
+    uneven to pad): the grouped way's step, run by the kernel."""
+    calls = spy(monkeypatch)
+    gen = torch.Generator().manual_seed(4)
+    slots, ranks = [0, 3, 0, 0, -1, 0, 0, 1, 0, 0], [8, 4, 4, 8]
+    ids, rk = torch.tensor(slots), torch.tensor(ranks)
+    segments = build_segments(ids, rk, host=(slots, ranks))
+    groups = segments.cpu_plan.groups
+    assert all(g.padded is None and not g.in_place for g in groups if g.rank == 8)
+    a = (torch.randn(4, 16, 48, generator=gen), torch.randn(4, 16, 48, generator=gen))
+    b = (torch.randn(4, 16, 24, generator=gen), torch.randn(4, 16, 8, generator=gen))
+    x, scales = torch.randn(len(slots), 48, generator=gen), torch.rand(4, generator=gen)
+    y = torch.zeros(len(slots), 32)
+    lora_apply_planned(x, a, b, y, segments, scales, 16)
+    assert calls == [1]
+    want = expand_oracle(torch.zeros_like(y), shrink_oracle(x, a, ids, rk), b, ids, rk, scales)
+    torch.testing.assert_close(y.double(), want, atol=2e-4, rtol=2e-4)
+
+
+@needs_compiler
 def test_strided_rows_and_one_thread_or_two(monkeypatch):
     """x and y as column windows of wider tensors (row strides not their widths): only the
     window's columns change, and one thread gives what two do."""
@@ -93,7 +114,7 @@ def test_strided_rows_and_one_thread_or_two(monkeypatch):
     torch.testing.assert_close(results[0], results[1], atol=1e-6, rtol=1e-6)
 
 
-def test_other_dtypes_and_prefill_steps_take_the_torch_path(monkeypatch):
+def test_other_dtypes_and_long_runs_take_the_torch_path(monkeypatch):
     calls = spy(monkeypatch)
     x, a, b, scales, _, _, segments = make("four each", torch.bfloat16, (40,), "uniform")
     lora_apply_planned(x, a, b, torch.zeros(x.shape[0], 40, dtype=torch.bfloat16), segments,

@@ -4,6 +4,7 @@ from kernels.attention_plan import AttentionPlan, paged_attention_planned, write
 from kernels.cpu_gemm import pack_weight, packed_linear
 from kernels.device_tables import upload
 from kernels.fp8 import fp8_linear, quantize_fp8
+from kernels.lora_native import available as cpu_lora_kernel_ready
 from kernels.lora_ops import (
     lora_apply_planned,
     lora_expand,
@@ -30,6 +31,7 @@ __all__ = [
     "check_paged_attention",
     "check_write_kv",
     "checked_plan",
+    "cpu_lora_kernel_ready",
     "dora_rescale",
     "fp8_linear",
     "lora_apply_planned",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu_lora_kernel_ready
 from serving.engine.scheduler import Scheduled
 from serving.engine.step_plan import StepSeq, build_step
 from serving.model.decode_graphs import DecodeGraphs
@@ -73,6 +74,8 @@ class Forward:
             self.graphs = DecodeGraphs(model, self.kv, slab, scratch_block=num_blocks,
                                        block_size=block_size, max_context=max_context,
                                        max_batch=max_batch)  # fmt: skip
+        elif slab is not None and isinstance(embed, torch.Tensor) and embed.device.type == "cpu":
+            cpu_lora_kernel_ready()  # built now (once a machine), not inside a first request
 
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.covers(inputs):

@@ -5,10 +5,12 @@ A decode step with many adapters makes a handful of small torch calls per projec
 fixed cost is most of the LoRA's time; a prefill of short prompts, several per adapter,
 pays for thin grouped matmuls. The C kernel does the whole projection in one call, reading
 each adapter's rows once. Steps whose tokens come in long runs of one adapter keep torch's
-matmuls per run, which reuse each adapter's rows across the run's tokens. It is compiled with the system's C compiler on first use
-(as Triton builds its launchers), cached by the source's and the CPU's hash, and loaded
-with ctypes; where there is no compiler, or LORASERVE_CPU_NATIVE=0, `available()` is False
-and the torch path runs instead.
+matmuls per run, which reuse each adapter's rows across the run's tokens.
+
+The kernel is compiled with the system's C compiler on first use (as Triton builds its
+launchers), cached by the source's, the flags' and the CPU's hash, and loaded with ctypes;
+where there is no compiler, or LORASERVE_CPU_NATIVE=0, `available()` is False and the torch
+path runs instead.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     """
     stacks = _stacks(lora_a, lora_b)
     if stacks is None or not (_fits(x) and _fits(y) and _fits(scales)):
+        return False
+    indices = ((order, torch.int64), (slots, torch.int32), (ranks, torch.int32))
+    if not all(t.dtype == dtype and t.is_contiguous() for t, dtype in indices):
         return False
     _kernel(
         order.numel(), order.data_ptr(), slots.data_ptr(), ranks.data_ptr(), scales.data_ptr(),

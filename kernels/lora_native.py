@@ -64,15 +64,20 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     done nothing, where the operands don't fit the kernel (float32 on the CPU, rows of
     stride 1): the caller runs the torch path. Call `available()` first.
     """
-    stacks = _stacks(lora_a, lora_b)
-    if stacks is None or not (_fits(x) and _fits(y) and _fits(scales)):
+    described = _stacks(lora_a, lora_b)
+    if described is None or not (_fits(x) and _fits(y) and _fits(scales)):
         return False
+    stacks, in_dim, out_dim, num_slots = described
+    shapes_fit = (
+        x.dim() == y.dim() == 2 and x.shape == (y.shape[0], in_dim) and y.shape[1] == out_dim
+        and scales.numel() == num_slots and order.numel() == slots.numel() == ranks.numel()
+    )  # fmt: skip
     indices = ((order, torch.int64), (slots, torch.int32), (ranks, torch.int32))
-    if not all(t.dtype == dtype and t.is_contiguous() for t, dtype in indices):
-        return False
+    if not shapes_fit or not all(t.dtype == d and t.is_contiguous() for t, d in indices):
+        return False  # the torch path then names what does not fit
     _kernel(
         order.numel(), order.data_ptr(), slots.data_ptr(), ranks.data_ptr(), scales.data_ptr(),
-        x.data_ptr(), x.stride(0), x.shape[1], y.data_ptr(), y.stride(0), len(lora_a), stacks,
+        x.data_ptr(), x.stride(0), in_dim, y.data_ptr(), y.stride(0), len(lora_a), stacks,
         torch.get_num_threads(),
     )  # fmt: skip
     return True
@@ -82,21 +87,27 @@ def _fits(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1
 
 
-def _stacks(lora_a, lora_b) -> ctypes.Array | None:
-    """The slices' description for the kernel (_SLICE_FIELDS each), or None where a stack
-    doesn't fit. Kept per pair of tuples: a model passes the same ones every step (the slab's
+def _stacks(lora_a, lora_b) -> tuple[ctypes.Array, int, int, int] | None:
+    """(the slices' description for the kernel, _SLICE_FIELDS each; in; sum(out_s);
+    num_slots), or None where the stacks don't fit it or each other. Kept per pair of tuples: a model passes the same ones every step (the slab's
     tensors never move), and the entry holds them, so their ids are not reused meanwhile."""
     entry = _described.get((id(lora_a), id(lora_b)))
     if entry is not None and entry[0] is lora_a and entry[1] is lora_b:
         return entry[2]
     described = None
-    if all(_fits(t) for t in (*lora_a, *lora_b)):
+    a0 = lora_a[0] if lora_a else None
+    if (
+        a0 is not None and len(lora_a) == len(lora_b)
+        and all(_fits(t) and t.dim() == 3 for t in (*lora_a, *lora_b))
+        and all(t.shape[:2] == a0.shape[:2] for t in (*lora_a, *lora_b))
+        and all(a.shape[2] == a0.shape[2] for a in lora_a)
+    ):  # fmt: skip
         meta, col = [], 0
         for a, b in zip(lora_a, lora_b):
             meta += [a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0)]
             meta += [b.stride(1), b.shape[2], col]
             col += b.shape[2]
-        described = (ctypes.c_int64 * len(meta))(*meta)
+        described = ((ctypes.c_int64 * len(meta))(*meta), a0.shape[2], col, a0.shape[0])
     if len(_described) >= _MAX_DESCRIBED:
         _described.clear()
     _described[id(lora_a), id(lora_b)] = (lora_a, lora_b, described)
@@ -107,11 +118,21 @@ def _load() -> ctypes._CFuncPtr | None:
     if os.environ.get("LORASERVE_CPU_NATIVE", "1") == "0":
         return None
     try:
-        library = ctypes.CDLL(str(_built()))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as err:
+        fn = _open(_built())
+    except Exception as err:  # anything at all: the torch path serves instead
         log.warning("the compiled CPU LoRA kernel is unavailable (%s); using the torch path", err)
         return None
-    fn = library.lora_apply_rows
+    return fn
+
+
+def _open(path: Path):
+    """The kernel's entry point in the library at path; a cached file that does not load
+    (truncated by a crash, say) is built again once."""
+    try:
+        fn = ctypes.CDLL(str(path)).lora_apply_rows
+    except (OSError, AttributeError):
+        path.unlink(missing_ok=True)
+        fn = ctypes.CDLL(str(_built())).lora_apply_rows
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int32]
     fn.restype = None

@@ -193,6 +193,12 @@ def _native_ran(x, lora_a, lora_b, y, segments: Segments, scales) -> bool:
     plan = segments.cpu_plan
     if x.is_cuda or plan is None or plan.token_ranks is None or not lora_native.available():
         return False
+    # The kernel reads raw memory: slots and ranks in the stacks' bounds, one row per token.
+    stacks = lora_a[0] if lora_a else None
+    if stacks is None or stacks.dim() != 3 or x.shape[0] != segments.num_tokens:
+        return False
+    if segments.num_slots != stacks.shape[0] or segments.max_rank > stacks.shape[1]:
+        return False
     order, slots = segments.token_order, segments.token_slots
     return lora_native.lora_apply_rows(x, lora_a, lora_b, y, order, slots, plan.token_ranks, scales)
 

@@ -1,6 +1,7 @@
 """The compiled CPU LoRA kernel (kernels/lora_cpu.c) against the float64 oracle, and how it
 is built, cached and given up on."""
 
+import contextlib
 import logging
 import shutil
 
@@ -153,3 +154,26 @@ def test_a_cached_build_is_reused_without_compiling(fresh, monkeypatch):
     first = lora_native._built()
     monkeypatch.setenv("CC", "false")  # would fail if it compiled again
     assert lora_native._built() == first
+
+
+@needs_compiler
+def test_operands_that_do_not_fit_never_reach_the_kernel(monkeypatch):
+    """A y too narrow for the slices, or a slot rank past the stacks' rows: the kernel would
+    read or write out of bounds, so the torch path runs (and raises) instead."""
+    calls = spy(monkeypatch)
+    x, a, b, scales, _, _, segments = make("one each", torch.float32, (40, 8, 8), "uniform")
+    with pytest.raises(RuntimeError):
+        lora_apply_planned(x, a, b, torch.zeros(x.shape[0], 50), segments, scales, 16)
+    short = tuple(t[:, :4] for t in a), tuple(t[:, :4] for t in b)  # ranks 8 > 4 rows
+    y = torch.zeros(x.shape[0], 56)
+    with contextlib.suppress(RuntimeError, ValueError, IndexError):  # the torch path's say
+        lora_apply_planned(x, *short, y, segments, scales, 16)
+    assert calls == []
+
+
+@needs_compiler
+def test_a_cached_library_that_does_not_load_is_built_again(fresh):
+    built = lora_native._built()
+    built.write_bytes(b"")  # as a crash mid-write might leave it
+    assert lora_native.available()
+    assert built.stat().st_size > 0

@@ -179,6 +179,15 @@ class BatchSection(_Section):
     ttl_hours: float = Field(72, gt=0, description="Finished jobs' results are kept this long.")
     # Per replica: the store, not the engine's queue, holds the rest of the backlog.
     max_in_flight: int = Field(8, gt=0, description="Batch items running at once, per replica.")
+    # Kept free for what already-accepted batches still write (results, the WAL's checkpoint)
+    # and for the usage store, which shares the volume in the chart: 256 MiB is 25 of the
+    # largest payloads, yet a small share of any disk a server runs on.
+    min_free_mb: int = Field(
+        256,
+        ge=0,
+        description="New files and batches get 507 once the store's disk would have less free "
+        "than this, in MiB; 0 = no check.",
+    )
 
 
 class UsageSection(_Section):
@@ -195,9 +204,14 @@ class TenantLimitsSection(_Section):
     concurrent_requests: Limit = Field(None, description="Requests running at once.")
     max_adapters: Limit = Field(None, description="Adapters the tenant may own.")
     max_adapter_mb: Limit = Field(None, description="Total MB of all stored versions of its names.")
+    # The defaults bound what one key can make the server store (each batch item skips the
+    # rate limits) far above a single tenant's use: two of the largest (50,000-request)
+    # batches queued, and a thousand files or 1 GiB of them, a tenth of the chart's volume.
     batch_queued_requests: Limit = Field(
-        None, description="Batch requests queued or running at once, over all its batches."
+        100_000, description="Batch requests queued or running at once, over all its batches."
     )
+    batch_files: Limit = Field(1000, description="Uploaded files (POST /v1/files) it may keep.")
+    batch_file_mb: Limit = Field(1024, description="Total MiB of the uploaded files it keeps.")
 
 
 class LimitsSection(TenantLimitsSection):

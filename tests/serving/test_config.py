@@ -12,6 +12,7 @@ from serving.config import (
     load_config,
     parse_config,
 )
+from serving.usage.limits import RATE_LIMITS
 from tests.serving.config_helpers import _error, _write
 
 FULL_YAML = """\
@@ -59,10 +60,11 @@ server: {host: 127.0.0.1, port: 8000, api_keys_file: null, insecure: false, max_
          max_queue: 256, stream_interval_ms: 100}
 deploy: {num_replicas: 1, ray_address: null, resources: {num_gpus: 0, num_cpus: 1}}
 batch: {store: "sqlite:///ROOT/loraserve-batch.db", max_payload_mb: 10, ttl_hours: 72,
-       max_in_flight: 8}
+       max_in_flight: 8, min_free_mb: 256}
 usage: {store: "sqlite:///ROOT/loraserve-usage.db"}
 limits: {requests_per_minute: null, tokens_per_minute: null, concurrent_requests: null,
-         max_adapters: null, max_adapter_mb: null, batch_queued_requests: null, tenants: {}}
+         max_adapters: null, max_adapter_mb: null, batch_queued_requests: 100000,
+         batch_files: 1000, batch_file_mb: 1024, tenants: {}}
 """
 
 
@@ -194,6 +196,8 @@ def test_a_tenant_override_replaces_only_the_keys_it_gives(tmp_path):
         "max_adapters": 10,
         "max_adapter_mb": 200,
         "batch_queued_requests": 5000,
+        "batch_files": 1000,
+        "batch_file_mb": 1024,
     }
     assert _limits(limits) == defaults
     # An explicit null is "no limit" for that tenant, not "fall back to the default".
@@ -222,11 +226,11 @@ def test_limits_overrides_survive_a_dump_and_reload(tmp_path):
 @pytest.mark.parametrize(
     ("data", "everything", "rates"),
     [
-        ({}, False, False),
+        ({}, True, False),  # the batch quotas have defaults
         ({"max_adapter_mb": 5}, True, False),
         ({"tokens_per_minute": 5}, True, True),
         ({"tenants": {"a": {"concurrent_requests": 1}}}, True, True),
-        ({"tenants": {"a": {"requests_per_minute": None}}}, False, False),
+        ({"tenants": {"a": {"requests_per_minute": None}}}, True, False),
     ],
 )
 def test_any_set_looks_at_the_defaults_and_every_tenant(data, everything, rates):
@@ -237,9 +241,10 @@ def test_any_set_looks_at_the_defaults_and_every_tenant(data, everything, rates)
     )
 
 
-def test_the_demo_config_sets_no_limits():
+def test_the_demo_config_sets_no_rate_limits_and_the_default_quotas():
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "configs" / "demo.yaml", base_dir=root)
     assert cfg.usage.store == f"sqlite:///{root}/.loraserve/usage.db"
-    assert not cfg.limits.any_set()
+    assert not cfg.limits.any_set(*RATE_LIMITS, "max_adapters", "max_adapter_mb")
+    assert cfg.limits == LimitsSection() and cfg.batch.min_free_mb == 256
     assert cfg.limits.tenants == {}

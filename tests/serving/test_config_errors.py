@@ -173,6 +173,8 @@ LIMIT_KEYS = (
     "max_adapters",
     "max_adapter_mb",
     "batch_queued_requests",
+    "batch_files",
+    "batch_file_mb",
 )
 
 

@@ -1,7 +1,8 @@
 """GET /v1/stats: what the dashboard polls, per replica and summed, scoped by the key.
 
 Load figures are the whole server's; per-adapter figures cover only the adapters the key
-may see (its tenant's and the public ones; all for an admin key), and usage is its tenant's.
+may see (its tenant's and the public ones; all for an admin key), and of those only its
+tenant's requests (rates, speculation: every tenant's for an admin key); usage is its tenant's.
 `key` names the key's own tenant and scope, so the page offers only what the key may do.
 The last minute's requests and tokens are those the tenant's rate limits count (the
 limiter's sliding 60 s) where a limit keeps them; the usage store's minutes cannot show a
@@ -84,18 +85,20 @@ async def stats(
     own_hour = [row for row in hour if row["tenant"] == tenant]  # the rows carry their tenant
     recent = last_minute(minute, window, minute_of(now - MINUTE_S))
     everything = [e for events in events_of.values() for e in events]
+    counted = _counted(caller)
     return {
         "object": "stats",
         "time": now,
         "window_s": WINDOW_S,
         "tenant": tenant,
         "key": {"tenant": caller.tenant, "scope": caller.scope},
-        "summary": summary(figures, everything, WINDOW_S, visible),
+        "summary": summary(figures, everything, WINDOW_S, visible, counted),
         "replicas": [
-            replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible) for f in figures
+            replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible, counted)
+            for f in figures
         ],
         "adapters": adapter_figures(
-            figures, events_of, WINDOW_S, hour, ever, visible, counted=_counted(caller)
+            figures, events_of, WINDOW_S, hour, ever, visible, counted=counted
         ),
         "usage": await _tenant_usage(ctx, tenant, recent, own_hour),
     }
@@ -115,8 +118,8 @@ async def _visibility(ctx: ApiContext, caller: Principal):
 
 
 def _counted(caller: Principal):
-    """tenant -> whether its requests count in caller's per-adapter figures."""
-    return (lambda tenant: True) if caller.is_admin else caller.tenant.__eq__
+    """tenant -> whether its requests count in caller's per-adapter and speculation figures."""
+    return (lambda tenant: True) if caller.is_admin else (lambda tenant: tenant == caller.tenant)
 
 
 async def _usage(ctx: ApiContext, *, start: float | None, tenant: str | None) -> list[dict]:

@@ -2,7 +2,8 @@
 
 Pure functions over plain data, so the aggregation is tested without a server. Load figures
 (running, waiting, KV use, rates) are the server's whoever asks; anything named after an
-adapter is shown only for the adapter labels `visible` admits ("tenant/name", or "base").
+adapter is shown only for the adapter labels `visible` admits ("tenant/name", or "base"),
+and speculation counts only of the requests of the tenants `counted` admits.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ NEARER = {"slab": 2, "host": 1}  # a name with versions in both tiers reads as t
 
 
 def replica_figures(
-    f: EngineFigures, events: list[Event], window_s: float, visible: Callable[[str], bool]
+    f: EngineFigures,
+    events: list[Event],
+    window_s: float,
+    visible: Callable[[str], bool],
+    counted: Callable[[str | None], bool],
 ) -> dict:
     """One replica's load, rates over its recent requests and adapter-slab use."""
     return {
@@ -27,13 +32,15 @@ def replica_figures(
         "kv_cache_usage": f.kv_usage,
         "prefix_cache_hit_rate": _ratio(f.prefix_hit_tokens, f.prefix_queried_tokens),
         **rates(events, window_s),
-        "spec_acceptance_rate": _acceptance([f], visible),
+        "spec_acceptance_rate": _acceptance([f], visible, counted),
         "slab_slots": int(f.slab.get("num_slots", 0)),
         "slab_used": int(f.slab.get("resident", 0)),
     }
 
 
-def summary(figures: list[EngineFigures], events: list[Event], window_s: float, visible) -> dict:
+def summary(
+    figures: list[EngineFigures], events: list[Event], window_s: float, visible, counted
+) -> dict:
     """Every replica's figures added up (KV use: their mean; hit rates: of summed counts)."""
     n = len(figures)
     return {
@@ -45,7 +52,7 @@ def summary(figures: list[EngineFigures], events: list[Event], window_s: float, 
             sum(f.prefix_hit_tokens for f in figures), sum(f.prefix_queried_tokens for f in figures)
         ),
         **rates(events, window_s),
-        "spec_acceptance_rate": _acceptance(figures, visible),
+        "spec_acceptance_rate": _acceptance(figures, visible, counted),
     }
 
 
@@ -56,12 +63,12 @@ def adapter_figures(
     usage_hour: list[dict],
     usage_ever: list[dict],
     visible: Callable[[str], bool],
-    counted: Callable[[str], bool],
+    counted: Callable[[str | None], bool],
 ) -> list[dict]:
     """Per adapter label that `visible` admits and that has anything to show, busiest first.
 
     events_of: replica -> its recent requests, of which those of the tenants `counted`
-    admits add to the rates; usage_hour / usage_ever: the usage store's rows (already of
+    admits add to the rates (as their speculation counts do); usage_hour / usage_ever: the usage store's rows (already of
     those tenants) grouped by adapter over the last hour / all time.
     """
     rows: dict[str, dict] = {}
@@ -83,13 +90,12 @@ def adapter_figures(
                 held = row(label)["residency"]
                 if NEARER[tier] > NEARER.get(held.get(f.replica), 0):
                     held[f.replica] = tier
-        for label, counts in f.spec.items():
-            if visible(label):
-                spec = row(label)["spec"] or {"proposed": 0, "accepted": 0}
-                spec["proposed"] += counts["proposed"]
-                spec["accepted"] += counts["accepted"]
-                spec["acceptance_rate"] = _ratio(spec["accepted"], spec["proposed"])
-                row(label)["spec"] = spec
+        for label, counts in _spec(f, visible, counted):
+            spec = row(label)["spec"] or {"proposed": 0, "accepted": 0}
+            spec["proposed"] += counts["proposed"]
+            spec["accepted"] += counts["accepted"]
+            spec["acceptance_rate"] = _ratio(spec["accepted"], spec["proposed"])
+            row(label)["spec"] = spec
     for events in events_of.values():
         for e in events:
             if visible(e.adapter) and counted(e.tenant):
@@ -143,14 +149,21 @@ def events_by_replica(figures: list[EngineFigures], local: tuple, now: float, wi
     return {f.replica: within(f.recent, now, window_s) for f in figures}
 
 
-def _acceptance(figures: list[EngineFigures], visible) -> float | None:
+def _acceptance(figures: list[EngineFigures], visible, counted) -> float | None:
     proposed = accepted = 0
     for f in figures:
-        for label, counts in f.spec.items():
-            if visible(label):
-                proposed += counts["proposed"]
-                accepted += counts["accepted"]
+        for _, counts in _spec(f, visible, counted):
+            proposed += counts["proposed"]
+            accepted += counts["accepted"]
     return _ratio(accepted, proposed)
+
+
+def _spec(f: EngineFigures, visible, counted):
+    """(label, counts) of f's speculation on the labels visible admits, by the tenants
+    counted admits: a label once per such tenant."""
+    for tenant, by_label in f.spec_by_tenant.items():
+        if counted(tenant):
+            yield from ((label, c) for label, c in by_label.items() if visible(label))
 
 
 def _ratio(part: float, whole: float) -> float | None:

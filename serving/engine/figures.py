@@ -25,6 +25,9 @@ class EngineFigures:
     num_preemptions: int
     # adapter label ("base", a name, or "other") -> {proposed, accepted, emitted, steps}
     spec: dict[str, dict[str, int]] = field(default_factory=dict)
+    # the same counts by whose requests they are: tenant (None on a server of one user) ->
+    # adapter label -> counts, so that /v1/stats shows a tenant its own traffic only
+    spec_by_tenant: dict[str | None, dict[str, dict[str, int]]] = field(default_factory=dict)
     # the slab's SlabStats as a dict plus num_slots; empty when the engine serves no adapters
     slab: dict[str, float] = field(default_factory=dict)
     # adapter version -> "slab" (in a device slot) or "host" (in the CPU tier only)
@@ -42,16 +45,13 @@ class EngineFigures:
 def engine_figures(engine, replica: str) -> EngineFigures:
     """The figures of `engine` (a serving.engine.Engine) now, labelled with `replica`."""
     scheduler, cache = engine.scheduler, engine.blocks.stats
-    spec = {}
+    spec, spec_by_tenant = {}, {}
     if engine.spec is not None:
-        # list() copies the dict in one step, so a label added mid-read cannot break iteration
+        # list() copies a dict in one step, so a label added mid-read cannot break iteration
         for label, counts in list(engine.spec.stats.by_adapter.items()):
-            spec[label] = {
-                "proposed": counts.proposed,
-                "accepted": counts.accepted,
-                "emitted": counts.emitted,
-                "steps": counts.steps,
-            }
+            spec[label] = _counts(counts)
+        for (tenant, label), counts in list(engine.spec.stats.by_tenant.items()):
+            spec_by_tenant.setdefault(tenant, {})[label] = _counts(counts)
     slab, residency = {}, {}
     if engine.slab is not None:
         slab = dataclasses.asdict(engine.slab.stats())
@@ -69,6 +69,17 @@ def engine_figures(engine, replica: str) -> EngineFigures:
         prefix_hit_tokens=cache.num_hit_tokens,
         num_preemptions=scheduler.num_preemptions,
         spec=spec,
+        spec_by_tenant=spec_by_tenant,
         slab=slab,
         residency=residency,
     )
+
+
+def _counts(counts) -> dict[str, int]:
+    """A SpecCounts as plain data."""
+    return {
+        "proposed": counts.proposed,
+        "accepted": counts.accepted,
+        "emitted": counts.emitted,
+        "steps": counts.steps,
+    }

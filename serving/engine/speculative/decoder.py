@@ -129,7 +129,7 @@ class SpecDecoder:
         """Record what verification kept; the draft's KV keeps the kept drafts."""
         k = len(proposal.tokens)
         self._trackers.setdefault(seq.seq_id, AcceptanceTracker()).update(k, num_accepted)
-        self.stats.record(seq.request.adapter, k, num_accepted, emitted)
+        self.stats.record(seq.request.adapter, k, num_accepted, emitted, seq.request.tenant)
         if self.draft is not None:
             self.draft.accepted(seq, proposal.num_tokens_before, k, num_accepted)
 

@@ -45,11 +45,15 @@ class SpecCounts:
 
 @dataclass
 class SpecStats:
-    """Counts for the whole engine and per adapter name (at most max_labels names + "other")."""
+    """Counts for the whole engine, per adapter name (at most max_labels names + "other"), and
+    per (tenant, adapter name): a tenant is shown its own requests' figures only."""
 
     max_labels: int = 20
     total: SpecCounts = field(default_factory=SpecCounts)
     by_adapter: dict[str, SpecCounts] = field(default_factory=dict)
+    # (request's tenant, None on a server of one user; label) -> counts; the tenants are the
+    # configured keys' few, and the labels as bounded as by_adapter's
+    by_tenant: dict[tuple[str | None, str], SpecCounts] = field(default_factory=dict)
     draft_seconds: float = 0.0  # wall time in the proposer
     target_seconds: float = 0.0  # wall time in verifying forwards
 
@@ -58,8 +62,14 @@ class SpecStats:
         return bounded_label(adapter_version, self.by_adapter, self.max_labels)
 
     def record(
-        self, adapter_version: str | None, proposed: int, accepted: int, emitted: int
+        self,
+        adapter_version: str | None,
+        proposed: int,
+        accepted: int,
+        emitted: int,
+        tenant: str | None = None,
     ) -> None:
         self.total.add(proposed, accepted, emitted)
-        counts = self.by_adapter.setdefault(self.label(adapter_version), SpecCounts())
-        counts.add(proposed, accepted, emitted)
+        label = self.label(adapter_version)
+        self.by_adapter.setdefault(label, SpecCounts()).add(proposed, accepted, emitted)
+        self.by_tenant.setdefault((tenant, label), SpecCounts()).add(proposed, accepted, emitted)

@@ -120,10 +120,12 @@ def serve(
     tenancy=None,
     embeddings: bool = False,
     batch=None,
+    speculative=None,
     **settings_fields,
 ) -> Iterator[Served]:
     """The world's model served over HTTP; `publish` names the world's adapters published
-    for `owner` (public when owner is the reserved operator tenant)."""
+    for `owner` (public when owner is the reserved operator tenant); `speculative`, the
+    engine's SpecConfig (None: no speculation)."""
     registry = Registry(f"file://{root / 'registry'}")
     for name in publish:
         registry.publish(name, world.adapters[world.versions[name]], owner)
@@ -133,7 +135,10 @@ def serve(
     def loader(ref):
         return registry.load(ref, verify=False)  # as a replica loads: trusting publish's checks
 
-    engine = build_engine(world, loader, embeddings=embeddings, max_model_len=max_model_len)
+    engine_fields = {} if speculative is None else {"speculative": speculative}
+    engine = build_engine(
+        world, loader, embeddings=embeddings, max_model_len=max_model_len, **engine_fields
+    )
     # As settings.served_spec: uploads are checked against what the slab serves.
     spec = BaseModelSpec.from_dir(world.base_dir)
     generator = generator_class(engine, max_queue)

@@ -2,6 +2,7 @@
 and the figures a replica reports."""
 
 import asyncio
+import dataclasses
 import pickle
 import time
 
@@ -107,10 +108,15 @@ def test_figures_carry_speculation_per_adapter(world):
 
     engine = build_engine(world, world.adapters.__getitem__, speculative=SpecConfig(method="ngram"))
     prompt = (5, 6, 7, 5, 6, 7, 5, 6, 7, 5, 6)
-    engine.submit(request("s", 8, world.versions["upper"], prompt), lambda out: None)
+    salted = dataclasses.replace(
+        request("s", 8, world.versions["upper"], prompt), cache_salt="acme"
+    )
+    engine.submit(salted, lambda out: None)
     engine.run_until_idle()
     figures = engine_figures(engine, "r1")
     assert set(figures.spec) == {"upper"}
     counts = figures.spec["upper"]
     assert set(counts) == {"proposed", "accepted", "emitted", "steps"}
     assert counts["proposed"] > 0 and counts["steps"] > 0
+    # the same counts under the request's tenant, the only one that sent any
+    assert figures.spec_by_tenant == {"acme": {"upper": counts}}

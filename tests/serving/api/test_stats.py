@@ -12,7 +12,10 @@ from fastapi.testclient import TestClient
 from adapters.names import OPERATOR
 from serving.api import create_app
 from serving.api.recent import Recent, percentile, rates
+from serving.api.stats import adapter_figures, replica_figures, summary
 from serving.api.tenancy import LocalTenancy, limits_getter
+from serving.engine.figures import EngineFigures
+from serving.engine.speculative.config import SpecConfig
 from serving.usage.service import Tenancy
 from serving.usage.store import UsageStore
 from tests.serving.api.held import Held, post
@@ -193,3 +196,55 @@ def test_the_answer_names_the_keys_tenant_and_scope(served):
     assert stats(served, ACME)["key"] == {"tenant": "acme", "scope": "user"}
     admin = stats(served, ADMIN, tenant="acme")
     assert admin["key"] == {"tenant": "ops", "scope": "admin"} and admin["tenant"] == "acme"
+
+
+def test_speculation_counts_only_the_callers_own_requests(world, tmp_path):
+    # Counted where verification happens, by the request's tenant: on a public adapter a
+    # tenant sees what its own requests drafted, never another's; an admin, everyone's.
+    with serve(world, tmp_path, owner=OPERATOR, publish=("upper",),
+               speculative=SpecConfig(method="ngram")) as s:  # fmt: skip
+        body = {"model": "upper", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        for key, prompt in ((ACME, [5, 6, 7] * 4), (GLOBEX, [5, 6, 7] * 3 + [5, 6])):
+            r = httpx.post(f"{s.url}/v1/completions", json={**body, "prompt": prompt},
+                           headers=auth(key), timeout=60)  # fmt: skip
+            assert r.status_code == 200, r.text
+        admin, acme, globex = (stats(s, key) for key in (ADMIN, ACME, GLOBEX))
+
+    def spec(answer):
+        (row,) = [a for a in answer["adapters"] if a["adapter"] == "operator/upper"]
+        return row["spec"]
+
+    everyone, own = spec(admin), {"acme": spec(acme), "globex": spec(globex)}
+    for key in ("proposed", "accepted"):  # both drafted, differently
+        assert 0 < own["acme"][key] != own["globex"][key] > 0
+        assert own["acme"][key] + own["globex"][key] == everyone[key]
+    for answer, tenant in ((acme, "acme"), (globex, "globex")):
+        rate = own[tenant]["acceptance_rate"]
+        assert rate == own[tenant]["accepted"] / own[tenant]["proposed"]
+        assert answer["summary"]["spec_acceptance_rate"] == rate
+        assert answer["replicas"][0]["spec_acceptance_rate"] == rate
+
+
+def test_speculation_of_a_tenant_adds_up_over_replicas():
+    counts = {"proposed": 10, "accepted": 4, "emitted": 6, "steps": 3}
+    figures = [
+        EngineFigures(
+            f"r{i}", 0, 0, 0.0, 0.0, 0, 0, 0,
+            spec={"operator/pub": {k: 2 * v for k, v in counts.items()}},
+            spec_by_tenant={"acme": {"operator/pub": counts},
+                            "globex": {"operator/pub": {**counts, "accepted": 9}}},
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    visible = {"operator/pub", "base"}.__contains__
+
+    def pub(counted):
+        (row,) = adapter_figures(figures, {}, 30, [], [], visible, counted)
+        return row["spec"]
+
+    assert pub("acme".__eq__) == {"proposed": 20, "accepted": 8, "acceptance_rate": 0.4}
+    assert pub(lambda tenant: True) == {"proposed": 40, "accepted": 26, "acceptance_rate": 0.65}
+    assert summary(figures, [], 30, visible, "globex".__eq__)["spec_acceptance_rate"] == 0.9
+    assert replica_figures(figures[0], [], 30, visible, "nobody".__eq__)[
+        "spec_acceptance_rate"
+    ] is None  # fmt: skip

@@ -10,13 +10,17 @@ public ones; it manages (uploads over, deletes) its own tenant's only. An admin 
 lists and manages every tenant's adapters and marks adapters public. The tenant `operator`
 is reserved: it owns the operator's preloaded adapters, and no key may be given it.
 Each key has a public id (`key-` and 12 hex digits of its SHA-256) that usage is metered by.
+A key is at least MIN_KEY_LENGTH characters; a client sending many wrong ones is refused for
+a while (see key_guesses).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -29,12 +33,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from adapters.names import OPERATOR
 from serving.api.errors import ApiError
+from serving.api.key_guesses import KeyGuesses
 from serving.config import ConfigError
+
+log = logging.getLogger("loraserve.api")
 
 SCOPES = ("user", "admin")
 ENV_VAR = "LORASERVE_API_KEYS"
 TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KEY_RE = re.compile(r"^[\x21-\x7e]+\Z")  # printable ASCII without spaces: fits a header
+MIN_KEY_LENGTH = 16  # as the Helm chart's values schema asks
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
@@ -92,6 +100,9 @@ def _file_entries(path: Path) -> list[tuple[str, str, str, str]]:
         raise ConfigError(f"{path}: API keys file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the API keys file: {exc}") from None
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        _warn_shared(path, mode)
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
         content = line.split("#", 1)[0].strip()
@@ -99,6 +110,12 @@ def _file_entries(path: Path) -> list[tuple[str, str, str, str]]:
             where = f"{path}, line {number}"
             entries.append((where, *_check(where, content.split())))
     return entries
+
+
+@functools.cache  # once per file and mode: a start reads the keys more than once
+def _warn_shared(path: Path, mode: int) -> None:
+    log.warning("API keys file %s: group or others may read or write it (mode %03o): "
+                "chmod 600 %s", path, mode, path)  # fmt: skip
 
 
 def _env_entries(text: str) -> list[tuple[str, str, str, str]]:
@@ -126,6 +143,11 @@ def _check(where: str, fields: list[str]) -> tuple[str, str, str]:
         )
     if scope not in SCOPES:
         raise ConfigError(f"{where}: scope must be user or admin, got {scope!r}")
+    if len(key) < MIN_KEY_LENGTH:  # the message names the tenant: the key is a secret
+        raise ConfigError(
+            f"{where}: the key of tenant {tenant!r} is shorter than {MIN_KEY_LENGTH} "
+            "characters: give it a random key at least that long (openssl rand -hex 24)"
+        )
     return key, tenant, scope
 
 
@@ -140,6 +162,7 @@ class KeyRing:
             (_digest(k), p if p.key_id else dataclasses.replace(p, key_id=key_id(k)))
             for k, p in keys.items()
         ]
+        self.guesses = KeyGuesses()  # wrong keys per client, shared by the gate and routes
 
     @property
     def open(self) -> bool:
@@ -170,8 +193,9 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: Authorization: B
 PRINCIPAL = "loraserve.principal"  # where serving.api.gate leaves the caller in scope["state"]
 
 
-def identify(ring: KeyRing, authorization: str | None) -> Principal:
-    """The caller an Authorization header names; 401 unless it is `Bearer KEY` with a known KEY."""
+def identify(ring: KeyRing, authorization: str | None, client: str = "") -> Principal:
+    """The caller an Authorization header names; 401 unless it is `Bearer KEY` with a known KEY,
+    429 while client (see client_of) has sent too many wrong keys (see key_guesses)."""
     if ring.open:
         return OPEN
     scheme, _, key = (authorization or "").strip().partition(" ")
@@ -182,10 +206,25 @@ def identify(ring: KeyRing, authorization: str | None) -> Principal:
             code="invalid_api_key",
             headers=_CHALLENGE,
         )
+    wait = ring.guesses.retry_after(client)
+    if wait is not None:
+        raise ApiError(
+            429,
+            f"too many invalid API keys from this address: try again in {wait} s",
+            code="too_many_invalid_keys",
+            headers={"Retry-After": str(wait)},
+        )
     principal = ring.lookup(key.strip())
     if principal is None:
+        ring.guesses.wrong(client)
         raise ApiError(401, "invalid API key", code="invalid_api_key", headers=_CHALLENGE)
     return principal
+
+
+def client_of(scope: Mapping) -> str:
+    """The address an ASGI request's connection comes from, as the server saw it; "" if none."""
+    client = scope.get("client")
+    return client[0] if client else ""
 
 
 def principal_of(request: Request) -> Principal:
@@ -193,7 +232,8 @@ def principal_of(request: Request) -> Principal:
     known = request.scope.get("state", {}).get(PRINCIPAL)
     if known is not None:
         return known
-    return identify(request.app.state.keys, request.headers.get("authorization"))
+    ring, authorization = request.app.state.keys, request.headers.get("authorization")
+    return identify(ring, authorization, client_of(request.scope))
 
 
 async def authenticate(

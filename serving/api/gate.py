@@ -23,7 +23,7 @@ import re
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.errors import quoted
-from serving.api.auth import PRINCIPAL, KeyRing, identify
+from serving.api.auth import PRINCIPAL, KeyRing, client_of, identify
 from serving.api.errors import ApiError, send_error
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -69,7 +69,7 @@ class Gate:
             if self.ring.open:
                 self._check_browser(method, headers)
             elif _may_carry_body(method, headers):
-                principal = identify(self.ring, headers.get("authorization"))
+                principal = identify(self.ring, headers.get("authorization"), client_of(scope))
                 # authenticate() reads it back rather than looking the key up again
                 scope.setdefault("state", {})[PRINCIPAL] = principal
         except ApiError as exc:

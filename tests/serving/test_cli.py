@@ -76,3 +76,24 @@ def test_serve_options_become_the_config_the_app_checks(
     assert done.exit_code == 0, done.output
     (cfg,) = started
     assert (cfg.server.host, cfg.server.port, cfg.server.insecure) == (host, 8123, insecure)
+
+
+def test_serve_refuses_a_short_key_in_one_line_naming_its_tenant(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from serving import cli
+    from serving.deploy import launch
+
+    monkeypatch.delenv("LORASERVE_API_KEYS", raising=False)
+    started = []
+    monkeypatch.setattr(launch, "serve_until_stopped", lambda cfg, echo: started.append(cfg))
+    keys = tmp_path / "keys"
+    keys.write_text("sk-0123456789 acme user\n")
+    keys.chmod(0o600)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model: {{id: x}}\nserver: {{api_keys_file: {keys}}}\n")
+    done = CliRunner().invoke(cli.app, ["serve", "--config", str(config)])
+    assert done.exit_code == 1 and started == []
+    (line,) = done.output.splitlines()
+    assert line.startswith(f"error: {keys}, line 1: the key of tenant 'acme' is shorter than 16")
+    assert "sk-0123456789" not in line.replace(str(keys), "")

@@ -14,7 +14,7 @@ def test_settings_from_config(world, tmp_path, monkeypatch):
     model.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(world.base_dir / name, model / name)  # no weights: none are read
-    (tmp_path / "keys").write_text("k1 acme user\n")
+    (tmp_path / "keys").write_text("k1-0123456789abcdef acme user\n")
     cfg = parse_config(
         {
             "model": {"id": "tiny", "path": str(model), "max_model_len": 100000},
@@ -27,7 +27,7 @@ def test_settings_from_config(world, tmp_path, monkeypatch):
     assert settings.max_model_len == 512  # the model's max_position_embeddings caps it
     assert settings.max_body_bytes == 3 * 2**20 and settings.vocab_size == 512
     assert settings.insecure  # server.insecure: the gate then leaves Host unchecked
-    assert settings.keys["k1"].tenant == "acme" and settings.draft_spec is None
+    assert settings.keys["k1-0123456789abcdef"].tenant == "acme" and settings.draft_spec is None
     assert settings.base_spec.num_layers == 2 and settings.tokenizer.chat_template
     assert not settings.ready.is_set()
     assert create_app(generator=None, settings=settings).title == "loraserve"

@@ -26,6 +26,7 @@ from tests.serving.deploy.served import free_port, wait_ready
 pytestmark = pytest.mark.slow
 
 DEMO = Path(__file__).resolve().parents[3] / "models" / "demo" / "base"
+KEY = "k1-0123456789abcdef"  # an API key long enough to be accepted
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_keys_from_the_driver_reach_the_replicas(cluster, tmp_path):
     """`loraserve serve` joins the cluster with LORASERVE_API_KEYS in its own env only."""
     port = free_port()
     config = _config(tmp_path, cluster, port)
-    env = env_for(tmp_path / "home", LORASERVE_API_KEYS="k1:acme:user")
+    env = env_for(tmp_path / "home", LORASERVE_API_KEYS=f"{KEY}:acme:user")
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -69,7 +70,7 @@ def test_keys_from_the_driver_reach_the_replicas(cluster, tmp_path):
         assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
         wrong = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
-        right = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer k1"})
+        right = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
         assert right.status_code == 200, right.text
     finally:
         stop(proc, signal.SIGINT, timeout=60)  # drains and removes only its app

@@ -10,11 +10,13 @@ import pytest
 import yaml
 
 from serving.api.auth import Principal
+from serving.config import ConfigError
 from serving.deploy.app import build
 from serving.deploy.exposure import UNKNOWN_HOST, OpenServerError, check_open_server, is_loopback
 
 DEMO = Path(__file__).resolve().parents[3] / "models" / "demo" / "base"
-KEY = {"k1": Principal("acme", "user")}
+K1, K2 = "k1-0123456789abcdef", "k2-0123456789abcdef"
+KEY = {K1: Principal("acme", "user")}
 
 
 @pytest.mark.parametrize(
@@ -64,15 +66,24 @@ def test_build_refuses_a_keyless_public_host(tmp_path, monkeypatch):
 
 def test_build_passes_the_env_and_file_keys_to_the_ingress(tmp_path, monkeypatch):
     """Replicas on other nodes see neither the builder's env nor its files: the keys travel."""
-    monkeypatch.setenv("LORASERVE_API_KEYS", "k1:acme:user")
+    monkeypatch.setenv("LORASERVE_API_KEYS", f"{K1}:acme:user")
     keys_file = tmp_path / "keys.txt"
-    keys_file.write_text("k2 ops admin\n")
+    keys_file.write_text(f"{K2} ops admin\n")
     app = build({"config": _config(tmp_path, host="0.0.0.0", api_keys_file=str(keys_file))})
-    assert _ingress_keys(app) == {**KEY, "k2": Principal("ops", "admin")}
+    assert _ingress_keys(app) == {**KEY, K2: Principal("ops", "admin")}
+
+
+def test_build_refuses_a_short_key_naming_its_tenant(tmp_path, monkeypatch):
+    monkeypatch.setenv("LORASERVE_API_KEYS", f"{K1}:ops:admin,short-key-1234:acme:user")
+    with pytest.raises(ConfigError) as info:
+        build({"config": _config(tmp_path, host="0.0.0.0")})
+    message = str(info.value)
+    assert message.startswith("LORASERVE_API_KEYS, entry 2: the key of tenant 'acme' is shorter")
+    assert "short-key-1234" not in message and "\n" not in message
 
 
 def test_limits_for_a_tenant_no_key_names_are_warned_of(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("LORASERVE_API_KEYS", "k1:bob:user")
+    monkeypatch.setenv("LORASERVE_API_KEYS", f"{K1}:bob:user")
     path = Path(_config(tmp_path, host="127.0.0.1"))
     config = yaml.safe_load(path.read_text())
     config["limits"] = {"tenants": {"Bob": {"requests_per_minute": 5}, "bob": {}}}

@@ -16,7 +16,7 @@ from serving.api.auth import key_id
 from tests.serving.deploy.served import MODEL_ID, free_port, serving, write_config
 from tests.serving.engine.world import build_world
 
-KEYS = {"acme-key-0001": "acme", "globex-key-002": "globex", "ops-key-000003": "ops"}
+KEYS = {"acme-key-0123456789": "acme", "globex-key-0123456": "globex", "ops-key-0123456789": "ops"}
 ACME, GLOBEX, OPS = KEYS
 RPM = 6
 

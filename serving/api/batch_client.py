@@ -50,7 +50,9 @@ class BatchClient(Protocol):
 
     async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]: ...
 
-    async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None: ...
+    async def results_page(self, tenant: str, job_id: str, after: int) -> list[ItemRecord] | None:
+        """BatchStore.results_page: the job's next bounded page of items after index after."""
+        ...
 
     async def cancel(self, tenant: str, job_id: str) -> Job | None: ...
 
@@ -65,6 +67,10 @@ class BatchClient(Protocol):
         ...
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None: ...
+
+    async def file_chunk(self, tenant: str, file_id: str, offset: int) -> bytes | None:
+        """BatchStore.file_chunk: a bounded piece of the file's content from offset."""
+        ...
 
     async def delete_file(self, tenant: str, file_id: str) -> bool: ...
 
@@ -115,8 +121,8 @@ class LocalBatch:
     async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]:
         return await self._call(lambda: self.store.jobs(tenant, limit=limit, after=after))
 
-    async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
-        return await self._call(self.store.results, tenant, job_id)
+    async def results_page(self, tenant: str, job_id: str, after: int) -> list[ItemRecord] | None:
+        return await self._call(self.store.results_page, tenant, job_id, after)
 
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call(self.store.cancel, tenant, job_id)
@@ -132,6 +138,9 @@ class LocalBatch:
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None:
         return await self._call(self.store.file_content, tenant, file_id)
+
+    async def file_chunk(self, tenant: str, file_id: str, offset: int) -> bytes | None:
+        return await self._call(self.store.file_chunk, tenant, file_id, offset)
 
     async def delete_file(self, tenant: str, file_id: str) -> bool:
         return await self._call(self.store.delete_file, tenant, file_id)

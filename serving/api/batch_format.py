@@ -22,21 +22,27 @@ NEVER_RAN = {
 OUTPUT, ERRORS = "-output", "-errors"
 
 
-def workers_status(job: Job, records: list[ItemRecord] | None) -> dict:
-    """The `result` of a Workers-AI poll: progress, and once finished every response."""
+def workers_status(job: Job, responses: object = None) -> dict:
+    """The `result` of a Workers-AI poll: progress, and once finished `responses` as given
+    (workers_responses' list, or a stand-in for the list sent page by page) and the usage."""
     result = {
         "status": job.state, "request_id": job.id, "model": job.model,
         "total": job.total, "completed": job.completed, "failed": job.failed,
     }  # fmt: skip
-    if job.finished is None or records is None:
+    if job.finished is None or responses is None:
         return result
-    result["responses"] = [_workers_response(r) for r in records if r.result is not None]
+    result["responses"] = responses
     result["usage"] = {
         "prompt_tokens": job.prompt_tokens,
         "completion_tokens": job.completion_tokens,
         "total_tokens": job.prompt_tokens + job.completion_tokens,
     }
     return result
+
+
+def workers_responses(records: list[ItemRecord]) -> list[dict]:
+    """The poll's `responses` entries of these items: one for each that has a result."""
+    return [_workers_response(r) for r in records if r.result is not None]
 
 
 def _workers_response(record: ItemRecord) -> dict:
@@ -98,7 +104,8 @@ def openai_batch(job: Job) -> dict:
 
 
 def file_lines(job: Job, records: list[ItemRecord], errors: bool) -> bytes:
-    """The JSONL of a job's output file (its successes) or error file (its failures)."""
+    """The JSONL lines of these items in a job's output file (its successes) or error file
+    (its failures)."""
     lines = []
     for record in records:
         r = record.result

@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
-from serving.api.batch_format import file_lines, job_of_file, openai_batch, output_file_ids
+from serving.api.batch_format import job_of_file, openai_batch, output_file_ids
 from serving.api.batch_input import parse_input
+from serving.api.batch_results import JSONL, file_chunks, output_lines, streamed
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.schemas import Text
@@ -72,19 +72,27 @@ async def get_file(file_id: str, ctx: Ctx, caller: Caller):
     stored = await ctx.batch.file(caller.tenant, file_id)
     if stored is not None:
         return _file_object(stored, ctx.settings.batch_ttl_s)
-    job, content = await _output(ctx, caller, file_id)
+    job = await _output_job(ctx, caller, file_id)
+    size = 0  # counted as the content is sent, never held whole
+    async for lines in output_lines(ctx.batch, caller.tenant, job, job_of_file(file_id)[1]):
+        size += len(lines)
     purpose = "batch_output"
-    made = StoredFile(file_id, caller.tenant, purpose, f"{file_id}.jsonl", len(content),
+    made = StoredFile(file_id, caller.tenant, purpose, f"{file_id}.jsonl", size,
                       job.finished or job.created)  # fmt: skip
     return _file_object(made, ctx.settings.batch_ttl_s)
 
 
 @router.get("/v1/files/{file_id}/content", summary="A file's content")
 async def file_content(file_id: str, ctx: Ctx, caller: Caller):
-    content = await ctx.batch.file_content(caller.tenant, file_id)
-    if content is None:
-        _, content = await _output(ctx, caller, file_id)
-    return Response(content, media_type="application/jsonl")
+    # Sent as it is read, a bounded piece at a time: a batch's output can be hundreds of MB.
+    stored = await ctx.batch.file(caller.tenant, file_id)
+    if stored is not None:
+        chunks = file_chunks(ctx.batch, caller.tenant, file_id)
+        return await streamed(chunks, JSONL, {"Content-Length": str(stored.bytes)})
+    job = await _output_job(ctx, caller, file_id)
+    return await streamed(
+        output_lines(ctx.batch, caller.tenant, job, job_of_file(file_id)[1]), JSONL
+    )
 
 
 @router.delete("/v1/files/{file_id}", summary="Delete an uploaded file")
@@ -146,13 +154,6 @@ async def _job(ctx: ApiContext, caller: Principal, batch_id: str):
     if job is None:
         raise ApiError(404, f"unknown batch {quoted(batch_id)}")
     return job
-
-
-async def _output(ctx: ApiContext, caller: Principal, file_id: str):
-    """(job, content) of a batch's output or error file; 404 when it is no such file."""
-    job = await _output_job(ctx, caller, file_id)
-    records = await ctx.batch.results(caller.tenant, job.id) or []
-    return job, file_lines(job, records, errors=job_of_file(file_id)[1])
 
 
 async def _output_job(ctx: ApiContext, caller: Principal, file_id: str):

@@ -20,6 +20,7 @@ from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
 from serving.api.batch_calls import batch_call
 from serving.api.batch_format import workers_status
+from serving.api.batch_results import streamed, workers_poll
 from serving.api.choices import collect_all
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
@@ -132,9 +133,9 @@ async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
             400, f"{quoted(request_id)} is an OpenAI batch: read it with GET "
             f"/v1/batches/{request_id} and its output file",
         )  # fmt: skip
-    records = await ctx.batch.results(caller.tenant, request_id) if job.finished else None
-    result = workers_status(job, records)
-    return {"result": result, "success": True, "errors": [], "messages": []}
+    if job.finished is not None:  # every response, sent a page at a time as it is read
+        return await streamed(workers_poll(ctx.batch, caller.tenant, job), "application/json")
+    return {"result": workers_status(job), "success": True, "errors": [], "messages": []}
 
 
 async def _events(gen: Generation) -> AsyncIterator[str]:

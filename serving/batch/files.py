@@ -7,6 +7,8 @@ import time
 
 from serving.batch.records import StoredFile
 
+CHUNK_BYTES = 1 << 18  # what one read of a file's content holds (file_chunk)
+
 
 def new_id(prefix: str) -> str:
     """A fresh id: prefix and 24 random hex digits."""
@@ -59,6 +61,18 @@ class FileTable:
             "SELECT content FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)
         )
         return bytes(row[0]) if row else None
+
+    def file_chunk(self, tenant: str, file_id: str, offset: int) -> bytes | None:
+        """Up to CHUNK_BYTES of tenant's file from offset (b"" past its end), read from the
+        stored blob without loading the rest of it; None if it has no file of that id."""
+        with self._reading() as db:
+            row = db.execute("SELECT rowid FROM files WHERE id = ? AND tenant = ?",
+                             (file_id, tenant)).fetchone()  # fmt: skip
+            if row is None:
+                return None
+            with db.blobopen("files", "content", row[0], readonly=True) as blob:
+                blob.seek(min(offset, len(blob)))
+                return blob.read(CHUNK_BYTES)
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         with self._write() as db:

@@ -36,6 +36,8 @@ from serving.batch.records import (
 from serving.batch.schema import JOB_COLUMNS, create_or_upgrade
 
 BUSY_TIMEOUT_MS = 30_000
+# A page of a job's results (results_page): what one read holds, whatever the job's size
+PAGE_ITEMS, PAGE_BYTES = 512, 1 << 20
 
 
 class BatchStoreError(RuntimeError):
@@ -129,15 +131,34 @@ class BatchStore(FileTable, ItemQueue):
 
     def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
         """Every item of tenant's job in order, with its result once it has one."""
+        records = self.results_page(tenant, job_id)
+        page = records
+        while page:
+            page = self.results_page(tenant, job_id, after=page[-1].index) or []
+            records += page
+        return records
+
+    def results_page(self, tenant: str, job_id: str, after: int = -1) -> list[ItemRecord] | None:
+        """The next items of tenant's job after index `after`, in order: at most PAGE_ITEMS,
+        and none past the one that brings PAGE_BYTES of results; [] past the last item, None
+        when tenant has no such job."""
         with self._reading() as db:
             seq = _seq(db, tenant, job_id)
             if seq is None:
                 return None
-            rows = db.execute(
-                "SELECT idx, ref, state, status, result, error, prompt_tokens, "
-                "completion_tokens, cached_tokens FROM items WHERE job = ? ORDER BY idx", (seq,),
-            ).fetchall()  # fmt: skip
-        return [_record(row) for row in rows]
+            rows, size = [], 0
+            cursor = db.execute(
+                "SELECT idx, ref, state, status, result, error, prompt_tokens, completion_tokens, "
+                "cached_tokens FROM items WHERE job = ? AND idx > ? ORDER BY idx LIMIT ?",
+                (seq, after, PAGE_ITEMS),
+            )  # fmt: skip
+            for row in cursor:  # keyset on the primary key: each page one index range scan
+                rows.append(row)
+                size += len(row[4] or "") + len(row[5] or "")
+                if size >= PAGE_BYTES:
+                    break
+            cursor.close()
+        return [_record(row) for row in rows]  # parsed outside the lock
 
     def cancel(self, tenant: str, job_id: str) -> Job | None:
         """Stop taking tenant's job's items; those already running finish and are kept."""

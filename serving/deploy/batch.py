@@ -77,12 +77,13 @@ class HandleBatch:
         {
             "job",
             "jobs",
-            "results",
+            "results_page",
             "cancel",
             "add_file",
             "file",
             "files",
             "file_content",
+            "file_chunk",
             "delete_file",
             "pending",
         }
@@ -103,8 +104,8 @@ class HandleBatch:
     async def jobs(self, tenant: str, *, limit: int, after: str | None) -> list[Job]:
         return await self._call("jobs", tenant, limit=limit, after=after)
 
-    async def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
-        return await self._call("results", tenant, job_id)
+    async def results_page(self, tenant: str, job_id: str, after: int) -> list[ItemRecord] | None:
+        return await self._call("results_page", tenant, job_id, after)
 
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call("cancel", tenant, job_id)
@@ -120,6 +121,9 @@ class HandleBatch:
 
     async def file_content(self, tenant: str, file_id: str) -> bytes | None:
         return await self._call("file_content", tenant, file_id)
+
+    async def file_chunk(self, tenant: str, file_id: str, offset: int) -> bytes | None:
+        return await self._call("file_chunk", tenant, file_id, offset)
 
     async def delete_file(self, tenant: str, file_id: str) -> bool:
         return await self._call("delete_file", tenant, file_id)

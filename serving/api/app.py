@@ -66,6 +66,11 @@ def create_app(
         title="loraserve",
         summary="One base LLM and thousands of LoRA adapters, OpenAI and Workers-AI shaped.",
         version="0.1.0",
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN, on the dashboard's
+        # origin and with no CSP; no installed package holds a copy to serve instead, so
+        # they are off and /openapi.json alone describes the API.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.keys = KeyRing(settings.keys)
     metrics = Metrics(pseudonym_key=app.state.keys.secret)

@@ -1,4 +1,5 @@
-"""/healthz, /readyz (the readiness flag and the generator both count) and /openapi.json."""
+"""/healthz, /readyz (the readiness flag and the generator both count) and /openapi.json;
+no /docs or /redoc page, which would load scripts from a CDN."""
 
 import httpx
 import pytest
@@ -55,3 +56,9 @@ def test_openapi_documents_every_route(served):
         "/readyz",
     } <= set(spec["paths"])
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/docs/oauth2-redirect"])
+def test_no_docs_page_loads_scripts_from_elsewhere(served, path):
+    r = httpx.get(served.url + path)
+    assert r.status_code == 404 and "cdn" not in r.text.lower()

@@ -55,6 +55,43 @@ SCHEMA_REFUSALS = {
     ),
     "registry not s3": (_with("default", registry__s3={"uri": "gs://bucket/x"}), "uri"),
     "path escaping the volume": (_with("default", weights__modelPath="../etc"), "modelPath"),
+    "network policy switch not a boolean": (
+        _with("default", networkPolicy__enabled="no"),
+        "networkPolicy/enabled",
+    ),
+    "serve source not a list": (
+        _with("default", networkPolicy__serveFrom={"namespaceSelector": {}}),
+        "networkPolicy/serveFrom",
+    ),
+    "serve source with an unknown key": (
+        _with("default", networkPolicy__serveFrom=[{"namespace": "web"}]),
+        "namespace",
+    ),
+    "empty serve source": (_with("default", networkPolicy__serveFrom=[{}]), "serveFrom/0"),
+    "ipBlock beside a selector": (
+        _with(
+            "default",
+            networkPolicy__serveFrom=[{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}],
+        ),
+        "serveFrom/0",
+    ),
+    "ipBlock without a cidr": (
+        _with("default", networkPolicy__serveFrom=[{"ipBlock": {"except": ["10.1.0.0/16"]}}]),
+        "cidr",
+    ),
+    "ipBlock not a cidr": (
+        _with("default", networkPolicy__serveFrom=[{"ipBlock": {"cidr": "everyone"}}]),
+        "cidr",
+    ),
+    "bad selector operator": (
+        _with(
+            "default",
+            networkPolicy__serveFrom=[
+                {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Is"}]}}
+            ],
+        ),
+        "operator",
+    ),
 }
 
 # Refused by a template's `fail`: rules spanning several values.

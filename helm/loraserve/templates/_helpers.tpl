@@ -37,6 +37,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-serve" (include "loraserve.fullname" .) -}}
 {{- end -}}
 
+{{/* The label ("true") that lets a pod of the release's namespace call the Serve port. */}}
+{{- define "loraserve.clientLabel" -}}
+{{- printf "%s-client" (include "loraserve.fullname" .) -}}
+{{- end -}}
+
 {{/* Where the config lives in every Ray pod; the Serve app's args name this file. */}}
 {{- define "loraserve.configDir" -}}/etc/loraserve{{- end -}}
 

@@ -8,33 +8,24 @@ each adapter's rows once. Steps whose tokens come in long runs of one adapter ke
 matmuls per run, which reuse each adapter's rows across the run's tokens.
 
 The kernel is compiled with the system's C compiler on first use (as Triton builds its
-launchers), cached by the source's, the flags' and the CPU's hash, and loaded with ctypes;
-where there is no compiler, or LORASERVE_CPU_NATIVE=0, `available()` is False and the torch
-path runs instead.
+launchers), cached in a private directory and checked before it is loaded with ctypes
+(kernels/native_build.py); where there is no compiler, or LORASERVE_CPU_NATIVE=0,
+`available()` is False and the torch path runs instead.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 
+from kernels import native_build
+
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("lora_cpu.c")
-# No -ffast-math: in a shared object it may set flush-to-zero for the whole process. These
-# let the compiler vectorise the dot products' sums without changing NaN or Inf handling.
-_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-trapping-math",
-          "-fassociative-math", "-fno-signed-zeros")  # fmt: skip
 _SLICE_FIELDS = 8  # lora_cpu.c: A_PTR, A_SLOT, A_ROW, B_PTR, B_SLOT, B_ROW, OUT, COL
 _lock = threading.Lock()
 _kernel: ctypes._CFuncPtr | None = None
@@ -118,66 +109,12 @@ def _load() -> ctypes._CFuncPtr | None:
     if os.environ.get("LORASERVE_CPU_NATIVE", "1") == "0":
         return None
     try:
-        fn = _open(_built())
+        with native_build.library() as path:  # its bytes hashed just now: load nothing else
+            fn = ctypes.CDLL(str(path)).lora_apply_rows
     except Exception as err:  # anything at all: the torch path serves instead
         log.warning("the compiled CPU LoRA kernel is unavailable (%s); using the torch path", err)
         return None
-    return fn
-
-
-def _open(path: Path):
-    """The kernel's entry point in the library at path; a cached file that does not load
-    (truncated by a crash, say) is built again once."""
-    try:
-        fn = ctypes.CDLL(str(path)).lora_apply_rows
-    except (OSError, AttributeError):
-        path.unlink(missing_ok=True)
-        fn = ctypes.CDLL(str(_built())).lora_apply_rows
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int32]
     fn.restype = None
     return fn
-
-
-def _built() -> Path:
-    """The shared object for this source, these flags and this CPU, compiled if not cached."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_identity().encode()):
-        key.update(part)
-    target = _cache_dir() / f"lora_cpu-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside the target, then renamed: replicas starting together never load half a file.
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
-        done = subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", str(built)],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-        os.replace(built, target)
-    return target
-
-
-def _cache_dir() -> Path:
-    """Beside the models' cache (serving.model.checkpoint): ~/.cache/loraserve/native."""
-    return Path.home() / ".cache" / "loraserve" / "native"
-
-
-def _cpu_identity() -> str:
-    """What -march=native compiles for: the machine and its CPU's model and feature flags."""
-    identity = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "flags", "Features")):
-                identity += line
-                if line.startswith(("flags", "Features")):
-                    break
-    except OSError:
-        pass
-    return identity

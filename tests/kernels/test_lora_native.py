@@ -1,5 +1,5 @@
-"""The compiled CPU LoRA kernel (kernels/lora_cpu.c) against the float64 oracle, and how it
-is built, cached and given up on."""
+"""The compiled CPU LoRA kernel (kernels/lora_cpu.c) against the float64 oracle, and when it
+is given up on (how it is built and cached: test_native_build)."""
 
 import contextlib
 import logging
@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from kernels import build_segments, lora_apply_planned, lora_native
+from kernels import build_segments, lora_apply_planned, lora_native, native_build
 from tests.kernels.cases import TOLERANCE
 from tests.kernels.oracle import expand_oracle, shrink_oracle
 from tests.kernels.test_cpu_plan_ways import LAYOUTS, make
@@ -25,6 +25,7 @@ def fresh(monkeypatch, tmp_path):
     """The module as in a new process, its cache in an empty home."""
     monkeypatch.setattr(lora_native, "_kernel", None)
     monkeypatch.setattr(lora_native, "_tried", False)
+    monkeypatch.setattr(native_build, "_built", {})
     monkeypatch.setenv("HOME", str(tmp_path))
     return tmp_path
 
@@ -152,13 +153,6 @@ def test_a_failed_build_falls_back_with_a_warning(fresh, monkeypatch, caplog):
 
 
 @needs_compiler
-def test_a_cached_build_is_reused_without_compiling(fresh, monkeypatch):
-    first = lora_native._built()
-    monkeypatch.setenv("CC", "false")  # would fail if it compiled again
-    assert lora_native._built() == first
-
-
-@needs_compiler
 def test_operands_that_do_not_fit_never_reach_the_kernel(monkeypatch):
     """A y too narrow for the slices, or a slot rank past the stacks' rows: the kernel would
     read or write out of bounds, so the torch path runs (and raises) instead."""
@@ -171,11 +165,3 @@ def test_operands_that_do_not_fit_never_reach_the_kernel(monkeypatch):
     with contextlib.suppress(RuntimeError, ValueError, IndexError):  # the torch path's say
         lora_apply_planned(x, *short, y, segments, scales, 16)
     assert calls == []
-
-
-@needs_compiler
-def test_a_cached_library_that_does_not_load_is_built_again(fresh):
-    built = lora_native._built()
-    built.write_bytes(b"")  # as a crash mid-write might leave it
-    assert lora_native.available()
-    assert built.stat().st_size > 0

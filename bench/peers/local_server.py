@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     publish_preloads(cfg)  # the engine's slab loads adapters from the registry, as a replica's
     generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue)
     settings.ready.set()
-    batch = LocalBatch(BatchStore(cfg.batch.store), max_in_flight=cfg.batch.max_in_flight,
+    store = BatchStore(cfg.batch.store, min_free_bytes=cfg.batch.min_free_mb * 2**20)
+    batch = LocalBatch(store, max_in_flight=cfg.batch.max_in_flight,
                        ttl_s=cfg.batch.ttl_hours * 3600)  # fmt: skip
     tenancy = LocalTenancy(Tenancy(UsageStore(cfg.usage.store), limits_from_config(cfg.limits)))
     app = create_app(generator, settings, tenancy, batch)

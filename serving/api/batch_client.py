@@ -15,9 +15,11 @@ from typing import Protocol
 from starlette.concurrency import run_in_threadpool
 
 from serving.api.errors import ApiError
+from serving.api.quotas import files_full, queue_full
 from serving.batch.feeder import Feeder, ResultHook, Runner
-from serving.batch.records import ItemRecord, Job, NewItem, StoredFile
-from serving.batch.store import BatchQueueFull, BatchStore, BatchStoreError
+from serving.batch.files import FileQuotaFull
+from serving.batch.records import BatchHoldings, ItemRecord, Job, NewItem, StoredFile
+from serving.batch.store import BatchQueueFull, BatchStore, BatchStoreError, StoreFull
 
 log = logging.getLogger("loraserve.batch")
 UNREACHABLE = "the batch store cannot be reached now; retry shortly"
@@ -28,11 +30,13 @@ def store_unreachable() -> ApiError:
     return ApiError(503, UNREACHABLE, headers={"Retry-After": "1"})
 
 
-def queue_full(exc: BatchQueueFull) -> ApiError:
-    """The 429 of a submit past the tenant's batch_queued_requests; no Retry-After, since
-    room comes back as its queued requests end, not at a time known now."""
-    hint = "" if exc.asked > exc.limit else "; submit again once some have ended"
-    return ApiError(429, f"batch limit: {exc}{hint}", code="batch_queue_full")
+def store_full() -> ApiError:
+    """The 507 of a new file or batch while the store's disk is (nearly) full."""
+    return ApiError(
+        507, "the batch store's disk is nearly full: new files and batches are refused until "
+        "space is freed (deleting files frees it); reads, cancels and deletes still work",
+        code="insufficient_storage",
+    )  # fmt: skip
 
 
 class BatchClient(Protocol):
@@ -57,8 +61,15 @@ class BatchClient(Protocol):
     async def cancel(self, tenant: str, job_id: str) -> Job | None: ...
 
     async def add_file(
-        self, tenant: str, purpose: str, filename: str, content: bytes
-    ) -> StoredFile: ...
+        self, tenant: str, purpose: str, filename: str, content: bytes, *,
+        max_files: int | None = None, max_bytes: int | None = None,
+    ) -> StoredFile:  # fmt: skip
+        """BatchStore.add_file: 429 past the file quotas, 507 on a (nearly) full disk."""
+        ...
+
+    async def holdings(self, tenant: str) -> BatchHoldings:
+        """BatchStore.holdings: what the tenant's batch quotas count now."""
+        ...
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None: ...
 
@@ -127,8 +138,16 @@ class LocalBatch:
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call(self.store.cancel, tenant, job_id)
 
-    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes):
-        return await self._call(self.store.add_file, tenant, purpose, filename, content)
+    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes, **quota):
+        try:
+            return await self._call(
+                lambda: self.store.add_file(tenant, purpose, filename, content, **quota)
+            )
+        except FileQuotaFull as exc:
+            raise files_full(exc) from None
+
+    async def holdings(self, tenant: str) -> BatchHoldings:
+        return await self._call(self.store.holdings, tenant)
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None:
         return await self._call(self.store.file, tenant, file_id)
@@ -149,6 +168,9 @@ class LocalBatch:
         self.start()
         try:
             return await run_in_threadpool(method, *args)
+        except StoreFull as exc:
+            log.error("batch store call refused: %s", exc)
+            raise store_full() from None
         except BatchStoreError as exc:
             log.error("batch store call failed: %s", exc)
             raise store_unreachable() from None

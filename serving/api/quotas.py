@@ -1,4 +1,5 @@
-"""A tenant's adapter quotas: how many names it may own and how many MB they may hold.
+"""A tenant's quotas, and the 429 of each: adapters (how many names it may own and how many
+MB they may hold), batch files (how many it keeps and their MB) and batch requests queued.
 
 Storage counts every version the tenant's names have pointed to (each name's history):
 older versions stay stored and reachable as `name@digest` until the name is deleted and
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from adapters.errors import AdapterError
 from adapters.registry import Registry
 from serving.api.errors import ApiError
+from serving.batch.files import FileQuotaFull
+from serving.batch.records import BatchHoldings
+from serving.batch.store import BatchQueueFull
 
 MB = 2**20
 _locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -75,6 +79,50 @@ def check_quota(
             f"versions to {after / MB:.1f} MB, above its limit of {max_mb} MB; deleting a "
             "name frees its versions"
         )
+
+
+def file_limits(limits: Mapping[str, int | None]) -> dict[str, int | None]:
+    """BatchStore.add_file's max_files and max_bytes under a tenant's limits."""
+    most_mb = limits.get("batch_file_mb")
+    return {"max_files": limits.get("batch_files"),
+            "max_bytes": None if most_mb is None else most_mb * MB}  # fmt: skip
+
+
+def files_full(exc: FileQuotaFull) -> ApiError:
+    """The 429 of an upload past the tenant's batch_files or batch_file_mb."""
+    if exc.limit_name == "batch_files":
+        return _exceeded(
+            f"this tenant keeps {exc.used} batch file(s) and may keep at most {exc.limit} "
+            "(batch_files); delete one to upload another"
+        )
+    return _exceeded(
+        f"this upload ({exc.asked / MB:.1f} MB) would take this tenant's batch files to "
+        f"{(exc.used + exc.asked) / MB:.1f} MB, above its batch_file_mb limit of "
+        f"{exc.limit // MB} MB; deleting files frees their space"
+    )
+
+
+def queue_full(exc: BatchQueueFull) -> ApiError:
+    """The 429 of a submit past the tenant's batch_queued_requests; no Retry-After, since
+    room comes back as its queued requests end, not at a time known now."""
+    hint = "" if exc.asked > exc.limit else "; submit again once some have ended"
+    return ApiError(429, f"batch limit (batch_queued_requests): {exc}{hint}",
+                    code="batch_queue_full")  # fmt: skip
+
+
+def quota_figures(
+    limits: Mapping[str, int | None], held: Holdings | None, batch: BatchHoldings | None
+) -> dict[str, dict]:
+    """Each quota's {"used", "limit"} (limit None: none); used None where what it counts
+    could not be read (held: the registry's, batch: the batch store's)."""
+    used = {
+        "max_adapters": held and len(held.names),
+        "max_adapter_mb": held and round(sum(held.sizes.values()) / MB, 3),
+        "batch_files": batch and batch.files,
+        "batch_file_mb": batch and round(batch.file_bytes / MB, 3),
+        "batch_queued_requests": batch and batch.pending,
+    }
+    return {name: {"used": n, "limit": limits.get(name)} for name, n in used.items()}
 
 
 def _exceeded(message: str) -> ApiError:

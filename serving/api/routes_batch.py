@@ -17,6 +17,7 @@ from serving.api.batch_input import parse_input
 from serving.api.batch_results import JSONL, file_chunks, output_lines, streamed
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
+from serving.api.quotas import file_limits
 from serving.api.schemas import Text
 from serving.api.text import Metadata
 from serving.batch.records import OPENAI, NewItem, StoredFile
@@ -49,8 +50,9 @@ async def upload_file(
     content = await file.read()
     # Refused now, line by line, rather than at batch time; off the event loop (10 MiB).
     await run_in_threadpool(parse_input, content)
+    quota = file_limits(ctx.settings.limits_of(caller.tenant))
     stored = await ctx.batch.add_file(caller.tenant, purpose, file.filename or "batch.jsonl",
-                                      content)  # fmt: skip
+                                      content, **quota)  # fmt: skip
     return _file_object(stored, ctx.settings.batch_ttl_s)
 
 

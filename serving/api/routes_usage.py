@@ -9,7 +9,9 @@ usage up to `end=T` plus usage from `start=T` is all usage, T's minute counted o
 second), whether or not T is on a minute. The answer echoes `start` and `end` as given and
 the resolved bounds as `start_time` and `end_time` (epoch seconds, null when open). Interactive
 and batch requests are counted apart. The figures equal the sum of the `usage` fields the
-answers carried, and of what requests whose clients left had been sent by then.
+answers carried, and of what requests whose clients left had been sent by then. `quotas` holds
+the tenant's quotas, each used now beside its limit (null: no limit, or, for `used`, a store
+that cannot be read now); null when an admin key asks for every tenant.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
+from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError
 from adapters.names import validate_tenant
@@ -28,6 +31,7 @@ from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.metering import TENANCY_TIMEOUT_S
+from serving.api.quotas import holdings, quota_figures
 from serving.usage.store import minute_of
 
 log = logging.getLogger("loraserve.api")
@@ -82,7 +86,23 @@ async def usage(
         "start_time": since,
         "end_time": until,
         "data": rows,
+        "quotas": None if tenant is None else await _quotas(ctx, tenant),
     }
+
+
+async def _quotas(ctx: ApiContext, tenant: str) -> dict:
+    """tenant's quotas (quota_figures); a store that cannot answer in time leaves its figures
+    null rather than failing the usage it does not hold."""
+    try:
+        held = await run_in_threadpool(holdings, ctx.settings.registry, tenant)
+    except AdapterError as exc:
+        log.error("usage: the registry cannot be listed: %s", exc)
+        held = None
+    try:
+        batch = await asyncio.wait_for(ctx.batch.holdings(tenant), TENANCY_TIMEOUT_S)
+    except (ApiError, TimeoutError):
+        batch = None
+    return quota_figures(ctx.settings.limits_of(tenant), held, batch)
 
 
 def _time(field: str, text: str | None) -> float | None:

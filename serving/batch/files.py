@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
 
 from serving.batch.records import StoredFile
@@ -15,13 +16,34 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-class FileTable:
-    """The file calls of BatchStore, over its connection (_write, _reading, _read_one)."""
+class FileQuotaFull(ValueError):
+    """An upload that would take its tenant past its limit of files kept, or of their bytes."""
 
-    def add_file(self, tenant: str, purpose: str, filename: str, content: bytes) -> StoredFile:
-        """Store an uploaded file; committed on return."""
+    def __init__(self, limit_name: str, used: int, limit: int, asked: int) -> None:
+        # limit_name: "batch_files" (a count) or "batch_file_mb" (limit and figures in bytes)
+        self.limit_name, self.used, self.limit, self.asked = limit_name, used, limit, asked
+        super().__init__(f"{limit_name}: {used} used of {limit}, {asked} more asked")
+
+
+class FileTable:
+    """The file calls of BatchStore, over its connection (_write, _reading, _read_one, _room)."""
+
+    def add_file(
+        self, tenant: str, purpose: str, filename: str, content: bytes, *,
+        max_files: int | None = None, max_bytes: int | None = None,
+    ) -> StoredFile:  # fmt: skip
+        """Store an uploaded file; committed on return. max_files and max_bytes: the most files
+        and bytes the tenant may keep, this one's included (None: no limit); FileQuotaFull
+        past either, counted in the transaction that inserts, so racing uploads cannot pass
+        it together. StoreFull when the disk would keep less than the store's floor."""
         f = StoredFile(new_id("file-"), tenant, purpose, filename, len(content), time.time())
+        self._room(len(content))
         with self._write() as db:
+            count, size = file_totals(db, tenant)
+            if max_files is not None and count + 1 > max_files:
+                raise FileQuotaFull("batch_files", count, max_files, 1)
+            if max_bytes is not None and size + f.bytes > max_bytes:
+                raise FileQuotaFull("batch_file_mb", size, max_bytes, f.bytes)
             db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (f.id, tenant, purpose, filename, f.bytes, f.created, content))  # fmt: skip
         return f
@@ -78,3 +100,10 @@ class FileTable:
         with self._write() as db:
             gone = db.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant))
             return gone.rowcount > 0
+
+
+def file_totals(db: sqlite3.Connection, tenant: str) -> tuple[int, int]:
+    """(files, bytes) tenant keeps: what its file quotas count."""
+    row = db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE tenant = ?",
+                     (tenant,)).fetchone()  # fmt: skip
+    return row[0], row[1]

@@ -123,3 +123,12 @@ class StoredFile:
     filename: str
     bytes: int
     created: float
+
+
+@dataclass(frozen=True)
+class BatchHoldings:
+    """What a tenant's batch quotas count: files kept, their bytes, requests not yet ended."""
+
+    files: int
+    file_bytes: int
+    pending: int

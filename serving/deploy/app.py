@@ -92,6 +92,7 @@ def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
         server_name=SERVER_NAME,
         app_name=APP_NAME,
         tenancy=tenancy,
+        min_free_bytes=cfg.batch.min_free_mb * 2**20,
     )
     return server.bind(cfg, dict(keys), tenancy, batch)
 

@@ -18,7 +18,7 @@ from ray.serve.handle import DeploymentHandle
 
 from serving.api.batch_client import LocalBatch, store_unreachable
 from serving.api.errors import ApiError
-from serving.batch.records import Item, ItemRecord, ItemResult, Job, StoredFile
+from serving.batch.records import BatchHoldings, Item, ItemRecord, ItemResult, Job, StoredFile
 from serving.batch.store import BatchStore
 from serving.deploy.tenancy import HEAD_NODE
 
@@ -30,9 +30,10 @@ class BatchService:
 
     async def __init__(
         self, store_url: str, *, max_in_flight: int, ttl_s: float, server_name: str,
-        app_name: str, tenancy: DeploymentHandle | None = None,
+        app_name: str, tenancy: DeploymentHandle | None = None, min_free_bytes: int = 0,
     ) -> None:  # fmt: skip
-        self.batch = LocalBatch(BatchStore(store_url), max_in_flight=max_in_flight, ttl_s=ttl_s)
+        store = BatchStore(store_url, min_free_bytes=min_free_bytes)
+        self.batch = LocalBatch(store, max_in_flight=max_in_flight, ttl_s=ttl_s)
         self.server_name, self.app_name, self.tenancy = server_name, app_name, tenancy
         self._servers: DeploymentHandle | None = None
         self.batch.bind(self._run, self._meter)
@@ -86,6 +87,7 @@ class HandleBatch:
             "file_chunk",
             "delete_file",
             "pending",
+            "holdings",
         }
     )
 
@@ -110,8 +112,11 @@ class HandleBatch:
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call("cancel", tenant, job_id)
 
-    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes):
-        return await self._call("add_file", tenant, purpose, filename, content)
+    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes, **quota):
+        return await self._call("add_file", tenant, purpose, filename, content, **quota)
+
+    async def holdings(self, tenant: str) -> BatchHoldings:
+        return await self._call("holdings", tenant)
 
     async def file(self, tenant: str, file_id: str) -> StoredFile | None:
         return await self._call("file", tenant, file_id)

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from adapters.names import OPERATOR
 from serving.api import create_app
+from serving.api.batch_client import LocalBatch, memory_batch, store_unreachable
 from serving.api.tenancy import LocalTenancy, limits_getter
 from serving.usage.service import Tenancy
 from serving.usage.store import UsageRecord, UsageStore
@@ -229,3 +230,30 @@ def test_epoch_seconds_are_plain_ascii_decimals(dated, text):
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("start: "), r.text
     assert requests_in(dated, start="1709251200.5")[0]["start_time"] == 1709251200
     assert requests_in(dated, end="-60")[1]["requests"] == 0
+
+
+class _DownBatch(LocalBatch):
+    """A batch store that cannot be reached (a restarting Batch replica)."""
+
+    async def holdings(self, tenant):
+        raise store_unreachable()
+
+
+def test_quotas_show_one_tenants_use_and_limits_and_none_for_all_tenants(world, tmp_path):
+    limits = {"acme": {"batch_files": 7, "max_adapters": 2}}.get
+    settings = stub_settings(world, tmp_path, limits_of=lambda t: limits(t, {}))
+    batch = memory_batch()
+    batch.store.add_file("acme", "batch", "a.jsonl", b"x" * 2**20)
+    with TestClient(create_app(Held(), settings, tenancy(tmp_path / "u.db"), batch)) as client:
+        mine = client.get("/v1/usage", headers=auth(ACME)).json()["quotas"]
+        assert mine["batch_files"] == {"used": 1, "limit": 7}
+        assert mine["batch_file_mb"] == {"used": 1.0, "limit": None}
+        assert mine["max_adapters"] == {"used": 0, "limit": 2}
+        named = client.get("/v1/usage", params={"tenant": "acme"}, headers=auth(ADMIN)).json()
+        assert named["quotas"] == mine
+        assert client.get("/v1/usage", headers=auth(ADMIN)).json()["quotas"] is None
+    down = _DownBatch(batch.store, max_in_flight=1, ttl_s=60)
+    with TestClient(create_app(Held(), settings, tenancy(tmp_path / "u.db"), down)) as client:
+        r = client.get("/v1/usage", headers=auth(ACME))
+        assert r.status_code == 200  # the usage rows do not wait for the batch store
+        assert r.json()["quotas"]["batch_files"] == {"used": None, "limit": 7}

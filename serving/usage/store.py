@@ -20,7 +20,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+
+from serving.private_sqlite import connect_private
 
 KINDS = ("interactive", "batch")
 # group_by -> (the group's key in a row, its SQL); day is the UTC date of the minute.
@@ -97,11 +98,9 @@ class UsageStore:
         self.path = url.removeprefix("sqlite:///") or ":memory:"
         self._lock = threading.Lock()
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             # Autocommit mode: transactions are begun explicitly, IMMEDIATE, so a writer takes
             # the write lock up front and waits (busy_timeout) rather than failing on upgrade.
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db = connect_private(self.path)  # 0600: who used what is no one else's
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.executescript(_SCHEMA)

@@ -1,0 +1,39 @@
+"""The usage store's files (the database, its -wal and -shm) and the folders it makes are
+private to their owner whatever the umask; an older store's looser files are made private."""
+
+import pytest
+
+from serving.usage.store import UsageStore
+from tests.serving.file_modes import loose_database, modes, umask
+from tests.serving.usage.test_store import _rec
+
+FILES = ("usage.db", "usage.db-wal", "usage.db-shm")
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o000, 0o277], ids=oct)
+def test_a_new_store_and_its_folders_are_private(tmp_path, mask):
+    folder = tmp_path / "state" / "usage"
+    with umask(mask):
+        store = UsageStore(f"sqlite:///{folder / 'usage.db'}")
+        store.record([_rec()])
+    try:
+        assert modes(folder) == dict.fromkeys(FILES, 0o600)
+        assert modes(tmp_path) == {"state": 0o700} and modes(tmp_path / "state") == {"usage": 0o700}
+        assert store.totals()["interactive"]["requests"] == 1
+    finally:
+        store.close()
+
+
+def test_an_older_stores_loose_files_are_made_private(tmp_path):
+    path = tmp_path / "usage.db"
+    old = loose_database(path)
+    folder_mode = tmp_path.stat().st_mode
+    store = UsageStore(f"sqlite:///{path}")
+    try:
+        assert modes(tmp_path) == dict.fromkeys(FILES, 0o600)
+        store.record([_rec()])
+        assert store.totals()["interactive"]["requests"] == 1
+    finally:
+        store.close()
+        old.close()
+    assert tmp_path.stat().st_mode == folder_mode  # a folder it did not make keeps its mode

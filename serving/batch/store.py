@@ -20,19 +20,22 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
-from serving.batch.files import FileTable, new_id
+from serving.batch.files import FileTable, file_totals, new_id
 from serving.batch.queue import ItemQueue, close_if_ended
 from serving.batch.records import (
     CANCELLED,
     QUEUED,
     RUNNING,
+    BatchHoldings,
     ItemRecord,
     ItemResult,
     Job,
     NewItem,
 )
 from serving.batch.schema import JOB_COLUMNS, create_or_upgrade
+from serving.batch.space import disk_full, shortfall
 from serving.private_sqlite import connect_private
 
 BUSY_TIMEOUT_MS = 30_000
@@ -42,6 +45,10 @@ PAGE_ITEMS, PAGE_BYTES = 512, 1 << 20
 
 class BatchStoreError(RuntimeError):
     """A batch database that cannot be opened or used; the message names its path."""
+
+
+class StoreFull(BatchStoreError):
+    """A write refused, or failed, because the store's disk is (nearly) full."""
 
 
 class BatchQueueFull(ValueError):
@@ -60,10 +67,13 @@ class BatchQueueFull(ValueError):
 class BatchStore(FileTable, ItemQueue):
     """Jobs, items and files in one SQLite file (or in memory)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, min_free_bytes: int = 0) -> None:
+        """min_free_bytes: new files and jobs are refused (StoreFull) where they would leave
+        the disk less free than this (batch.min_free_mb); 0 = no check."""
         if not url.startswith("sqlite:///"):
             raise ValueError(f"{url!r} is not a sqlite:///<path> URL, the only batch store")
         self.path = url.removeprefix("sqlite:///") or ":memory:"
+        self.min_free_bytes = min_free_bytes
         self._lock = threading.Lock()
         with self._failing("open"):
             # Autocommit mode, transactions begun IMMEDIATE: a writer takes the lock up front.
@@ -91,6 +101,8 @@ class BatchStore(FileTable, ItemQueue):
         job = Job(new_id("batch_"), tenant, model, api, endpoint, len(items), 0, 0,
                   time.time(), input_file_id=input_file_id, metadata=dict(metadata or {}))  # fmt: skip
         row = _job_row(job)
+        bodies = [json.dumps(it.body) for it in items]
+        self._room(sum(map(len, bodies)))
         with self._write() as db:
             if max_pending is not None:
                 pending = _pending(db, tenant)
@@ -102,8 +114,8 @@ class BatchStore(FileTable, ItemQueue):
             ).lastrowid
             db.executemany(
                 "INSERT INTO items (job, idx, ref, body, state, tenant) VALUES (?, ?, ?, ?, ?, ?)",
-                ((seq, i, it.ref, json.dumps(it.body), QUEUED, tenant)
-                 for i, it in enumerate(items)),
+                ((seq, i, it.ref, body, QUEUED, tenant)
+                 for i, (it, body) in enumerate(zip(items, bodies, strict=True))),
             )  # fmt: skip
         return job
 
@@ -189,6 +201,11 @@ class BatchStore(FileTable, ItemQueue):
         with self._reading() as db:
             return _pending(db, tenant)
 
+    def holdings(self, tenant: str) -> BatchHoldings:
+        """What tenant's batch quotas count now: its files, their bytes, its pending requests."""
+        with self._reading() as db:
+            return BatchHoldings(*file_totals(db, tenant), _pending(db, tenant))
+
     def queued(self) -> int:
         """Items waiting to be taken, over every job."""
         with self._reading() as db:
@@ -224,12 +241,23 @@ class BatchStore(FileTable, ItemQueue):
         with self._reading() as db:
             return db.execute(sql, args).fetchone()
 
+    def _room(self, size: int) -> None:
+        """StoreFull unless writing about size bytes leaves the disk min_free_bytes free: new
+        work is refused while what is already accepted can still write its results."""
+        if self.path == ":memory:":
+            return
+        with self._failing("measure the disk of"):
+            short = shortfall(Path(self.path).parent, self.min_free_bytes, size)
+        if short is not None:
+            raise StoreFull(f"batch store {self.path}: {short}")
+
     @contextmanager
     def _failing(self, action: str) -> Iterator[None]:
         try:
             yield
         except (OSError, sqlite3.Error) as exc:
-            raise BatchStoreError(f"batch store {self.path}: cannot {action} it: {exc}") from exc
+            kind = StoreFull if disk_full(exc) else BatchStoreError
+            raise kind(f"batch store {self.path}: cannot {action} it: {exc}") from exc
 
 
 def _pending(db: sqlite3.Connection, tenant: str) -> int:

@@ -19,7 +19,9 @@ from jsonschema.validators import validator_for
 
 from serving.api.schema_patterns import pattern_problem
 from serving.api.text import nesting, unicode
-from serving.engine.grammar.formats import COUNTS
+from serving.engine.grammar.cost import cost_problem
+from serving.engine.grammar.cost import pointer as _where
+from serving.engine.grammar.formats import COUNTS, prepared
 from serving.engine.grammar.formats import PATTERNS as DATE_FORMATS
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
@@ -125,7 +127,7 @@ def _problem(text: str) -> str | None:
         _walk(schema, (), schema, ())
     except ValueError as exc:
         return str(exc)
-    return None
+    return cost_problem(prepared(schema))  # what the engine compiles: formats as patterns
 
 
 def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> None:
@@ -282,12 +284,6 @@ def _resolve(ref: str, root: dict, path: tuple) -> None:
 def _refuse(path: tuple, keyword: str, why: str) -> ValueError:
     return ValueError(f"the schema's {keyword} at {_where((*path, keyword))} is not supported: "
                       f"{why}")  # fmt: skip
-
-
-def _where(path) -> str:
-    """A JSON pointer to path in the schema (RFC 6901); "/" for the schema itself."""
-    parts = [str(p).replace("~", "~0").replace("/", "~1") for p in path]
-    return "/" + "/".join(parts) if parts else "/"
 
 
 def _kind(value: object) -> str:

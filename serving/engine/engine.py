@@ -101,6 +101,7 @@ class Engine:
 
     def start(self) -> None:
         """Run the step loop on a daemon thread until shutdown()."""
+        self.grammars.start()  # the compile processes start beside it, on threads of their own
         self._loop.start()
 
     def shutdown(self) -> None:

@@ -2,12 +2,13 @@
 
 A request with a response format enters the scheduler only once its grammar is compiled, so
 its wait costs no other row anything (as a request whose adapter loads waits in the slab's
-queue). A compile that fails, or runs past the time limit, fails that request alone, as the
-caller's own fault: its schema is what cannot be served. The limit bounds a request's wait
-for a compile thread too (workers.py keeps that wait short), so no request waits on other
-schemas' slow compiles past it: one still queued then fails as the engine's fault (the
-compiler is busy), not the caller's, since its schema never ran; but when the tenant's own
-slow schemas hold its share of the compile threads, the wait is its own doing (a 429).
+queue). A compile that fails, or runs past the time limit (and is stopped), fails that
+request alone, as the caller's own fault: its schema is what cannot be served. The limit
+bounds a request's wait for a compile worker too, so no request waits on other schemas'
+compiles past it: one still queued then fails as the engine's fault (the compiler is busy),
+not the caller's, since its schema never ran; but when the tenant's own schemas fill its
+share of the compiler, the wait is its own doing (a 429). A request that goes away, or gives
+up, no longer waits on its compile: one no request waits for is stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class PendingGrammars:
             self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size)
         return self._compiler
 
+    def start(self) -> None:
+        """Start the compile processes now, off the step loop, not with a first schema."""
+        self.compiler.start()
+
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
@@ -51,7 +56,9 @@ class PendingGrammars:
         future.add_done_callback(lambda _: self._wake())
 
     def drop(self, request_id: str) -> None:
-        self._waiting.pop(request_id, None)
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is not None and not waiting[1].done():
+            self.compiler.release(waiting[0].seq.request.response_format)
 
     def ready(self) -> tuple[list, list[tuple[object, str, str]]]:
         """(requests whose grammar is set and may be scheduled, [(request, why it failed,
@@ -64,11 +71,11 @@ class PendingGrammars:
             if not future.done():
                 ran = compiler.compile_seconds(t.seq.request.response_format)
                 if ran is not None and ran > limit:
-                    del self._waiting[request_id]
+                    self.drop(request_id)
                     failed.append((t, f"the response format's schema did not compile within "
                                       f"{limit:g} s; simplify it", "own"))  # fmt: skip
                 elif ran is None and time.monotonic() > deadline:
-                    del self._waiting[request_id]
+                    self.drop(request_id)
                     failed.append((t, f"the response format's schema waited {limit:g} s for "
                                       f"the schema compiler, busy with slower schemas; retry "
                                       f"later", "busy"))  # fmt: skip

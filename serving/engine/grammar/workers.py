@@ -1,201 +1,236 @@
-"""The threads grammar compiles run on, so that no compile waits long on another's.
+"""The processes grammar compiles run in: stopped when no one waits, shared fairly by tenants.
 
-xgrammar cannot stop a compile once it has begun: one past the time limit has already failed
-its requests, yet keeps its thread until xgrammar returns (a minute or more for a pathological
-schema). A fixed pool would let a few such compiles hold every worker, and every later schema
-would queue behind them. So only a compile's first `slow_s` seconds count against the
-workers (most compile in milliseconds): a queued compile starts on a thread of its own beside
-slower ones, up to a bound on threads in all. When every one of those threads is held by a
-compile past its time limit, nothing a new compile could wait for is due, so it is refused at
-once (CompilerBusy) rather than queued. And so that one tenant's slow schemas cannot take
-every thread from the others, a tenant runs at most `per_owner` compiles at once; while that
-many of its compiles are past their first `slow_s` seconds, its next is refused at once
-(OwnerBusy, its own doing) instead of waiting for them.
+Each of `workers` threads owns a compile process (process.py) and runs one compile at a time
+in it. A compile past the time limit, or one that no request waits for any more (each went
+away or gave up), is stopped by killing its process, whose CPU is then free at once; a new
+process takes its place before the thread's next compile. So no compile holds a worker past
+the time limit, and what the schema check's cost estimate (cost.py) misses costs at most that.
+
+Queued compiles wait in one queue per owner (a tenant), and the workers take from the
+owners in turn, not in arrival order: an owner who sends many schemas waits behind its own,
+and another's schema starts as soon as a worker frees. An owner runs at most `per_owner`
+compiles at once, leaving the other workers to others, and queues at most `max_queued`;
+past that its next schema is refused at once (OwnerBusy, its own doing: a 429).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+logger = logging.getLogger(__name__)
+POLL_S = 0.05  # how often a running compile looks whether it is still wanted
+MAX_QUEUED = 8  # an owner's compiles waiting for a worker, at most
+RESTART_S = 1.0  # the wait before retrying a process that failed to start
+_LOCATION = re.compile(r"^\[[\d:]+\] \S+?:\d+: ")  # xgrammar's "[time] file.cc:line: " prefix
+
+
+class GrammarError(ValueError):
+    """The response format cannot be compiled; the message names why, for its caller."""
+
 
 class CompilerBusy(RuntimeError):
-    """No thread is free for a compile: the engine's fault (a retry may succeed), not the schema's."""
+    """No worker was free for a compile: the engine's fault (a retry may succeed), not the schema's."""
 
 
 class OwnerBusy(CompilerBusy):
-    """The owner's own slow compiles hold its share of the threads: a retry once they end
-    may succeed, but the wait is the owner's doing, not the engine's."""
+    """The owner's own compiles fill its share of the workers and its queue: a retry once
+    they end may succeed, but the wait is the owner's doing, not the engine's."""
 
 
 @dataclass(eq=False)
 class Job:
-    """One compile: its future, the latest deadline of a request waiting on it, its start."""
+    """One compile: what it sends, its future, who waits for it, when it started."""
 
-    fn: Callable[[], object]
+    schema: str
+    strict: bool
     deadline: float  # the monotonic time after which no request waits for it any more
-    owner: str | None = None  # who submitted it (a tenant); None: not bounded per owner
+    owner: str | None = None  # who submitted it (a tenant); None: a server of one user
     future: Future = field(default_factory=Future)
-    started: float | None = None  # when its thread began it; None while queued
+    started: float | None = None  # when a worker began it; None while queued
+    waiters: int = 1  # requests waiting on it; 0: stopped, or dropped from the queue
+
+    def wanted(self, now: float) -> bool:
+        return self.waiters > 0 and (self.started is not None or now < self.deadline)
 
 
 class CompilePool:
-    """submit(fn, deadline) -> a Job run on a thread: at most `workers` compiles in their
-    first slow_s seconds at once, at most `max_threads` (runaway ones too) in all, and at
-    most `per_owner` of one owner's at once (None: no such bound)."""
+    """submit(schema, strict, deadline, owner) -> a Job compiled in a worker process."""
 
     def __init__(
         self,
+        start_process: Callable[[], object],
+        read: Callable[[str], object],
         workers: int,
-        max_threads: int,
         time_limit_s: float,
-        slow_s: float,
         per_owner: int | None = None,
+        max_queued: int = MAX_QUEUED,
     ):
-        self.workers, self.max_threads, self.per_owner = workers, max_threads, per_owner
-        self.time_limit_s, self.slow_s = time_limit_s, slow_s
-        self._queue: deque[Job] = deque()
-        self._running: set[Job] = set()
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None  # wakes the queue (see _dispatch)
-        self._timer_due = 0.0  # when it fires (monotonic)
+        """start_process: a new CompileProcess; read: a compiled grammar from its text."""
+        self._start_process, self._read = start_process, read
+        self.workers, self.time_limit_s = workers, time_limit_s
+        self.per_owner, self.max_queued = per_owner, max_queued
+        self._queues: OrderedDict[str | None, deque[Job]] = OrderedDict()  # in turn order
+        self._running: dict[int, Job] = {}  # worker -> its compile
+        self._pids: dict[int, int] = {}  # worker -> its process's pid
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
         self._closed = False
 
-    def submit(self, fn: Callable[[], object], deadline: float, owner: str | None = None) -> Job:
-        """Queue fn, to start as soon as a thread is free; CompilerBusy when none can be,
-        OwnerBusy when owner's share is held by its own slow compiles."""
-        with self._lock:
-            now = time.monotonic()
-            if self._stuck(now):
-                raise CompilerBusy(self._busy())
-            if self._owner_slow(owner, now):
+    def start(self) -> None:
+        """Start the workers' processes (in their threads: seconds, off the caller's)."""
+        with self._cond:
+            if self._threads or self._closed:
+                return
+            for i in range(self.workers):
+                thread = threading.Thread(target=self._work, args=(i,), daemon=True,
+                                          name=f"grammar-compile-{i}")  # fmt: skip
+                self._threads.append(thread)
+                thread.start()
+
+    def submit(self, schema: str, strict: bool, deadline: float, owner: str | None = None) -> Job:
+        """Queue a compile; CompilerBusy once shut down, OwnerBusy when owner's queue is full."""
+        self.start()
+        with self._cond:
+            if self._closed:
+                raise CompilerBusy("the engine shut down")
+            queue = self._queues.setdefault(owner, deque())
+            if len(queue) >= self.max_queued:
                 raise OwnerBusy(self._owner_busy())
-            job = Job(fn, deadline, owner)
-            self._queue.append(job)
-            dropped = self._dispatch()
-        _fail(dropped)
+            job = Job(schema, strict, deadline, owner)
+            queue.append(job)
+            self._cond.notify_all()
         return job
 
+    def release(self, job: Job) -> None:
+        """A request waiting on job went away: with none left, job stops (or never starts)."""
+        with self._cond:
+            job.waiters = max(job.waiters - 1, 0)
+
     def threads(self) -> int:
-        """Compiles running now, within their limit or past it."""
-        with self._lock:
+        """Compiles running now."""
+        with self._cond:
             return len(self._running)
 
+    def pids(self) -> list[int]:
+        """The worker processes' ids, of those started."""
+        with self._cond:
+            return sorted(self._pids.values())
+
     def shutdown(self) -> None:
-        """Fail every queued compile; running ones end when xgrammar returns (daemon threads)."""
-        with self._lock:
+        """Fail every queued compile, stop the running ones and end the processes."""
+        with self._cond:
             self._closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-            queued, self._queue = list(self._queue), deque()
+            queued = [job for queue in self._queues.values() for job in queue]
+            self._queues.clear()
+            self._cond.notify_all()
         _fail([(job, CompilerBusy("the engine shut down")) for job in queued])
-
-    def _stuck(self, now: float) -> bool:
-        """Every thread is held by a compile past its time limit."""
-        overrun = sum(now - job.started >= self.time_limit_s for job in self._running)
-        return overrun >= self.max_threads
-
-    def _busy(self) -> str:
-        return (f"the schema compiler is busy: all {self.max_threads} of its threads are "
-                f"still compiling earlier schemas that overran the {self.time_limit_s:g} s "
-                f"time limit; retry later")  # fmt: skip
-
-    def _owned(self, owner: str | None) -> list[Job]:
-        """owner's running compiles, when owners are bounded and it is one."""
-        if self.per_owner is None or owner is None:
-            return []
-        return [job for job in self._running if job.owner == owner]
-
-    def _owner_slow(self, owner: str | None, now: float) -> bool:
-        """owner's share is held by compiles of its own past their first slow_s seconds."""
-        slow = sum(now - job.started >= self.slow_s for job in self._owned(owner))
-        return self.per_owner is not None and slow >= self.per_owner
+        for thread in self._threads:
+            thread.join(timeout=10)
 
     def _owner_busy(self) -> str:
-        return (f"{self.per_owner} of this tenant's earlier schemas are still compiling, "
-                f"past {self.slow_s:g} s each; retry when they end (at most "
-                f"{self.time_limit_s:g} s after they began, or simplify them)")  # fmt: skip
+        return (f"this tenant already has {self.max_queued} schemas waiting to compile; retry "
+                f"when they end (each compile is stopped {self.time_limit_s:g} s after it "
+                f"began, at most)")  # fmt: skip
 
-    def _fresh(self, now: float) -> list[float]:
-        """When each compile still in its first slow_s seconds started."""
-        return [job.started for job in self._running if now - job.started < self.slow_s]
+    def _take(self, worker: int) -> Job | None:
+        """The next compile for worker, owners in turn; None once shut down."""
+        with self._cond:
+            while not self._closed:
+                now, dropped = time.monotonic(), []
+                for queue in self._queues.values():  # what no one waits for never runs
+                    dropped += [j for j in queue if not j.wanted(now)]
+                    kept = [j for j in queue if j.wanted(now)]
+                    queue.clear()
+                    queue.extend(kept)
+                job = self._next_job()
+                if dropped or job is not None:
+                    break
+                self._cond.wait(POLL_S * 4)
+            else:
+                return None
+            if job is not None:
+                job.started = time.monotonic()
+                self._running[worker] = job
+        _fail([(j, CompilerBusy("no request waits for this compile any more")) for j in dropped])  # fmt: skip
+        return job if job is not None else self._take(worker)
 
-    def _dispatch(self) -> list[tuple[Job, CompilerBusy]]:
-        """Start queued jobs while the bounds allow (called with the lock held); returns the
-        queued jobs dropped and why, for the caller to fail once it lets go of the lock."""
-        if self._closed:
-            return []
-        now = time.monotonic()
-        # Every request that waited on a job past its deadline has failed already: no thread
-        # is spent on it.
-        dropped = [(job, CompilerBusy("no request waits for this compile any more"))
-                   for job in self._queue if job.deadline <= now]  # fmt: skip
-        self._queue = deque(job for job in self._queue if job.deadline > now)
-        if self._stuck(now):  # nothing the queue waits for is due: refuse it now
-            dropped += [(job, CompilerBusy(self._busy())) for job in self._queue]
-            self._queue = deque()
-        # Nor is anything a job waits for due when its owner's share has turned slow.
-        slow = {owner for owner in {job.owner for job in self._queue}
-                if self._owner_slow(owner, now)}  # fmt: skip
-        dropped += [
-            (job, OwnerBusy(self._owner_busy())) for job in self._queue if job.owner in slow
-        ]
-        self._queue = deque(job for job in self._queue if job.owner not in slow)
-        waiting = deque()  # jobs whose owner runs its share now: they keep their place
-        while self._queue and len(self._running) < self.max_threads:
-            if len(self._fresh(now)) >= self.workers:
-                break
-            job = self._queue.popleft()
-            if self.per_owner is not None and len(self._owned(job.owner)) >= self.per_owner:
-                waiting.append(job)
+    def _next_job(self) -> Job | None:
+        """The first queued job of the first owner in turn order under its share (called with
+        the lock held); that owner goes to the back of the order."""
+        busy = [job.owner for job in self._running.values()]
+        for owner, queue in list(self._queues.items()):
+            if not queue:
+                del self._queues[owner]
                 continue
-            job.started = now
-            self._running.add(job)
-            threading.Thread(target=self._run, args=(job,), name="grammar-compile", daemon=True).start()  # fmt: skip
-        self._queue.extendleft(reversed(waiting))
-        if self._queue:
-            # Look again when the first running compile turns slow (a free worker) or runs
-            # past its limit (queued compiles are then refused); one that ends dispatches.
-            limit, slow = self.time_limit_s, self.slow_s
-            turns = [start + slow for start in self._fresh(now)] or [
-                j.started + limit for j in self._running if now - j.started < limit
-            ]
-            due = max(min(turns, default=now), now)
-            if self._timer is not None and due < self._timer_due:  # a sooner turn came
-                self._timer.cancel()
-                self._timer = None
-            if self._timer is None:
-                self._timer_due = due
-                self._timer = threading.Timer(due - now + 0.001, self._wake)
-                self._timer.daemon = True
-                self._timer.start()
-        return dropped
+            if self.per_owner is not None and owner is not None and busy.count(owner) >= self.per_owner:  # fmt: skip
+                continue
+            self._queues.move_to_end(owner)
+            return queue.popleft()
+        return None
 
-    def _wake(self) -> None:
-        with self._lock:
-            self._timer = None
-            dropped = self._dispatch()
-        _fail(dropped)
+    def _work(self, worker: int) -> None:
+        process = None
+        while not self._closed:
+            if process is None:
+                try:
+                    process = self._start_process()
+                except Exception:
+                    logger.exception("starting a grammar compile process failed")
+                    time.sleep(RESTART_S)
+                    continue
+                with self._cond:
+                    self._pids[worker] = process.pid
+            job = self._take(worker)
+            if job is None:
+                break
+            try:
+                outcome, stop = self._run(process, job)
+            except Exception as exc:  # its process died, or answered what cannot be read
+                logger.exception("a grammar compile process failed")
+                outcome, stop = exc, True
+            if stop:
+                process.kill()
+                process = None
+                with self._cond:
+                    self._pids.pop(worker, None)
+            with self._cond:
+                self._running.pop(worker, None)
+                self._cond.notify_all()
+            if isinstance(outcome, BaseException):
+                _fail([(job, outcome)])
+            else:
+                job.future.set_result(outcome)
+        if process is not None:
+            process.kill()
 
-    def _run(self, job: Job) -> None:
-        try:
-            result = job.fn()
-        except BaseException as exc:  # handed to whoever waits on the future
-            job.future.set_exception(exc)
-        else:
-            job.future.set_result(result)
-        finally:
-            with self._lock:
-                self._running.discard(job)
-                dropped = self._dispatch()
-            _fail(dropped)
+    def _run(self, process, job: Job) -> tuple[object, bool]:
+        """(job's grammar or why it failed, whether its process must be killed)."""
+        process.compile(job.schema, job.strict)
+        limit = job.started + self.time_limit_s
+        while True:
+            reply = process.reply(min(POLL_S, limit - time.monotonic()))
+            if reply is not None:
+                if "error" in reply:
+                    why = _LOCATION.sub("", reply["error"])
+                    return GrammarError(f"the schema cannot be compiled: {why}"), False
+                return self._read(reply["ok"]), False
+            if time.monotonic() >= limit:
+                return GrammarError(f"the response format's schema did not compile within "
+                                    f"{self.time_limit_s:g} s; simplify it"), True  # fmt: skip
+            if self._closed:
+                return CompilerBusy("the engine shut down"), True
+            if not job.waiters:
+                return CompilerBusy("no request waits for this compile any more"), True
 
 
-def _fail(dropped: list[tuple[Job, CompilerBusy]]) -> None:
-    """Fail jobs that never ran (outside the pool's lock: their callbacks may take others)."""
-    for job, exc in dropped:
+def _fail(failed: list[tuple[Job, BaseException]]) -> None:
+    """Fail jobs (outside the pool's lock: their callbacks may take others)."""
+    for job, exc in failed:
         job.future.set_exception(exc)

@@ -2,7 +2,9 @@
 
 A client that sent its own (a proxy's, say) gets it back, so one id follows the request
 through both logs; otherwise the server makes one. An id that is not a short printable
-token is replaced rather than echoed into a header.
+token (`echoable`) is replaced rather than echoed into a header. Under Ray Serve the proxy
+names answers instead, echoing a client's id as is: `SaneIncomingId` runs ahead of it there
+(serving.deploy.stream_end) and drops an id this rule would not echo.
 """
 
 from __future__ import annotations
@@ -17,6 +19,29 @@ HEADER = "x-request-id"
 SANE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 
+def echoable(sent: str) -> bool:
+    """Whether a client's x-request-id may be echoed: 1 to 128 of [A-Za-z0-9._:/+=-]."""
+    return SANE.fullmatch(sent) is not None
+
+
+class SaneIncomingId:
+    """ASGI middleware ahead of a proxy that echoes a client's x-request-id as it came (Ray
+    Serve's): the first one passes on if echoable, any other is dropped, so that the proxy
+    names the request itself rather than echo an unprintable or huge header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            sent, name = _first(scope), HEADER.encode()
+            headers = [(n, v) for n, v in scope.get("headers") or () if n.lower() != name]
+            if echoable(sent.decode("latin-1")):
+                headers.append((name, sent))
+            scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
+
+
 class RequestId:
     """ASGI middleware: scope["state"]["request_id"] and the answer's x-request-id header."""
 
@@ -27,8 +52,8 @@ class RequestId:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        sent = dict(scope.get("headers") or []).get(HEADER.encode(), b"").decode("latin-1")
-        rid = sent if SANE.fullmatch(sent) else f"req_{secrets.token_hex(16)}"
+        sent = _first(scope).decode("latin-1")
+        rid = sent if echoable(sent) else f"req_{secrets.token_hex(16)}"
         scope.setdefault("state", {})["request_id"] = rid
 
         async def named(message: Message) -> None:
@@ -37,3 +62,8 @@ class RequestId:
             await send(message)
 
         await self.app(scope, receive, named)
+
+
+def _first(scope: Scope) -> bytes:
+    # The first x-request-id sent, as Starlette's Headers.get and Ray's proxy read it.
+    return next((v for n, v in scope.get("headers") or () if n.lower() == HEADER.encode()), b"")

@@ -1,5 +1,7 @@
 """Middlewares for Ray Serve's HTTP proxy: an answer cut short by a dying replica ends cleanly,
-and /readyz says "starting" before any replica serves the app.
+/readyz says "starting" before any replica serves the app, and a client's x-request-id
+reaches the proxy's own request naming (which echoes it) only where the app's rule
+(serving.api.request_id) would echo it.
 
 The HTTP app runs on the replicas. When one dies while streaming, Ray's proxy has already
 sent the status line and part of the body; it drops the replica's exception and returns
@@ -20,6 +22,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.errors import error_body
+from serving.api.request_id import SaneIncomingId
 
 CUT_MESSAGE = "the model replica serving this request failed; retry the request"
 # The environment that has Ray Serve's proxies run EndCutStreams.
@@ -93,5 +96,6 @@ class StartingProbe:
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """The proxy's middlewares; also the callback Ray Serve imports from the environment."""
-    return [Middleware(StartingProbe), Middleware(EndCutStreams)]
+    """The proxy's middlewares, innermost first (Ray wraps its own request naming in them
+    all, so the last runs first); also the callback Ray Serve imports from the environment."""
+    return [Middleware(StartingProbe), Middleware(EndCutStreams), Middleware(SaneIncomingId)]

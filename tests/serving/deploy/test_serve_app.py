@@ -65,6 +65,17 @@ def test_readyz_and_preloads_listed(served):
     assert models[f"{MODEL_ID}:upper"].parent == MODEL_ID
 
 
+def test_the_proxy_echoes_only_a_short_printable_request_id(served):
+    # Ray's proxy names the answers (the app adds no id of its own there); a client's id it
+    # would echo as sent reaches it only where the app's own rule would echo it.
+    for sent in ("a" * 20_000, "a" * 129, "a b", "a/b?c"):
+        r = httpx.get(f"{served.url}/v1/models", headers={"x-request-id": sent}, timeout=30)
+        (answered,) = r.headers.get_list("x-request-id")
+        assert r.status_code == 200 and answered != sent and 0 < len(answered) <= 128
+    r = httpx.get(f"{served.url}/v1/models", headers={"x-request-id": "trace-9"}, timeout=30)
+    assert r.headers.get_list("x-request-id") == ["trace-9"]
+
+
 @pytest.mark.parametrize("how", ["model", "lora"])
 def test_openai_chat_and_completions_match_the_engine(served, how):
     client = served.client()

@@ -1,12 +1,13 @@
 """The proxy middleware: an answer whose app returned mid-body (its replica died) is ended,
-an event stream with an error event in its route's style; finished answers pass untouched."""
+an event stream with an error event in its route's style; finished answers pass untouched;
+a client's x-request-id is echoed by Ray's proxy only where the app would echo it."""
 
 import asyncio
 import json
 
 import pytest
 
-from serving.deploy.stream_end import CUT_MESSAGE, EndCutStreams, StartingProbe
+from serving.deploy.stream_end import CUT_MESSAGE, EndCutStreams, StartingProbe, proxy_middlewares
 
 SSE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 
@@ -90,3 +91,47 @@ def test_the_apps_own_readyz_answers_pass_untouched():
     for status, body in ((200, b'{"status":"ready"}'), (503, b'{"status":"starting"}')):
         sent = probe(answering(status, body))
         assert sent[0]["status"] == status and sent[1]["body"] == body
+
+
+def through_rays_proxy(*request_ids: bytes) -> tuple[list[bytes], list[bytes]]:
+    """The x-request-ids an app behind Ray's proxy middlewares is sent and the client gets."""
+    from ray.serve._private.http_util import _apply_middlewares  # as Ray's proxy wraps its app
+
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.extend(v for n, v in scope["headers"] if n == b"x-request-id")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"host", b"127.0.0.1"), *((b"x-request-id", rid) for rid in request_ids)]
+    scope = {"type": "http", "path": "/v1/models", "method": "GET", "headers": headers}
+    asyncio.run(_apply_middlewares(app, proxy_middlewares())(scope, receive, send))
+    answered = [v for n, v in sent[0]["headers"] if n.lower() == b"x-request-id"]
+    return seen, answered
+
+
+@pytest.mark.parametrize(
+    "request_ids",
+    [(b"a" * 20_000,), (b"a" * 129,), (b"a b",), (b"id\x7f",), (b"\xe9t\xe9",), (b"",),
+     (b"x" * 200, b"trace-1")],
+)  # fmt: skip
+def test_an_id_the_app_would_not_echo_is_replaced_by_rays_own(request_ids):
+    seen, answered = through_rays_proxy(*request_ids)
+    assert len(answered) == 1 and seen == answered  # one id, the one the replicas are told
+    assert answered[0] not in request_ids and 0 < len(answered[0]) <= 128
+    assert answered[0].decode().isprintable()
+
+
+def test_a_clients_own_id_is_echoed_once():
+    assert through_rays_proxy(b"trace-42.a") == ([b"trace-42.a"], [b"trace-42.a"])
+    seen, answered = through_rays_proxy(b"trace-1", b"trace-2")  # the first, as Ray reads it
+    assert seen == answered == [b"trace-1"]

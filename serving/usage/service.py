@@ -40,7 +40,8 @@ class Tenancy:
         tokens_used: int | None = None,
     ) -> None:
         """Free the admission (if any), charging tokens_used (default: the record's prompt and
-        completion tokens); record the record (if any), committed.
+        completion tokens); record the record (if any), committed, or spooled for replay when
+        the store fails (UsageStore.record).
 
         A request that never reached the engine has no record: its admission is charged 0. A
         request that failed has tokens it used but no record (it is not billed).

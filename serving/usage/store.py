@@ -9,12 +9,15 @@ starting at T) share no minute and miss none, whether or not T is on a minute: a
 export bills each minute once. (Rounding end up instead would count end's minute in both.)
 
 The database runs in WAL mode with a busy timeout, so several processes (replicas, a batch
-feeder) can write one file at once; record() commits before it returns. A UsageStore object is
-safe to share between threads.
+feeder) can write one file at once; record() commits before it returns. A write that fails (a
+full disk, a database locked too long) goes to a spool file beside the database instead and
+is replayed, exactly once, by the next write that succeeds or the next start (serving.usage
+.spool). A UsageStore object is safe to share between threads.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from serving.private_sqlite import connect_private
+from serving.usage.spool import Row, Spool
 
 KINDS = ("interactive", "batch")
 # group_by -> (the group's key in a row, its SQL); day is the UTC date of the minute.
@@ -33,6 +37,7 @@ GROUPS = {
 }
 COUNTS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
 BUSY_TIMEOUT_MS = 30_000  # writers wait this long for another process's transaction
+log = logging.getLogger("loraserve.usage")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -48,6 +53,8 @@ CREATE TABLE IF NOT EXISTS usage (
     PRIMARY KEY (minute, tenant, key_id, adapter, kind)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_by_tenant ON usage (tenant, minute);
+-- The spool lines (serving.usage.spool) committed and not yet cleared from the spool file.
+CREATE TABLE IF NOT EXISTS usage_spooled (id TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 _UPSERT = f"""
 INSERT INTO usage (minute, tenant, key_id, adapter, kind, {", ".join(COUNTS)})
@@ -106,9 +113,19 @@ class UsageStore:
             self._db.executescript(_SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise UsageStoreError(f"usage store {self.path}: cannot open it: {exc}") from None
+        # Beside the database (a store in memory has none): what failed writes left.
+        self._spool = Spool(f"{self.path}-spool.jsonl") if self.path != ":memory:" else None
+        try:  # what a previous run spooled, replayed now rather than at the next request
+            if self._spool is not None and not self._spool.empty():
+                with self._lock:
+                    self._write([])
+        except UsageStoreError as exc:
+            log.warning("%s; its spooled usage is replayed by a later write", exc)
 
     def record(self, records: Sequence[UsageRecord]) -> None:
-        """Add the records' counts to their minutes, in one transaction committed on return."""
+        """Add the records' counts to their minutes, in one transaction committed on return;
+        a failing write spools them (durable on return) for a later write to replay, and
+        raises UsageStoreError only when the spool cannot take them either."""
         rows: dict[tuple, list[int]] = {}
         for r in records:  # sum in memory first: a batch often repeats a row's key
             key = (minute_of(r.time), r.tenant, r.key_id, r.adapter, r.kind)
@@ -117,14 +134,53 @@ class UsageStore:
                 counts[i] += getattr(r, name)
         if not rows:
             return
-        with self._lock, self._failing("write to"):
+        summed = [(*key, *counts) for key, counts in rows.items()]
+        with self._lock:
+            try:
+                self._write(summed)
+            except UsageStoreError as exc:
+                if self._spool is None:
+                    raise
+                try:
+                    self._spool.append(summed)
+                except OSError as spool_exc:
+                    raise UsageStoreError(f"{exc}; nor can its spool take it: {spool_exc}") from exc
+                log.warning("%s; %d usage row(s) spooled to %s", exc, len(summed), self._spool.path)
+
+    def _write(self, rows: list[Row]) -> None:
+        """The spooled lines not yet counted, then rows, in one transaction; the spool emptied
+        once it has committed. Called under self._lock."""
+        with self._failing("write to"):
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(_UPSERT, [(*key, *counts) for key, counts in rows.items()])
+                with self._spooled() as spooled:
+                    for line_id, line_rows in spooled:  # in order, each line once
+                        new = self._db.execute(
+                            "INSERT OR IGNORE INTO usage_spooled VALUES (?)", (line_id,)
+                        )
+                        if new.rowcount:
+                            self._db.executemany(_UPSERT, line_rows)
+                    # ids of lines no longer in the spool: cleared by an earlier replay
+                    gone = {row[0] for row in self._db.execute("SELECT id FROM usage_spooled")}
+                    gone -= {line_id for line_id, _ in spooled}
+                    self._db.executemany("DELETE FROM usage_spooled WHERE id = ?",
+                                         [(i,) for i in gone])  # fmt: skip
+                    if rows:
+                        self._db.executemany(_UPSERT, rows)
+                    self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+
+    @contextmanager
+    def _spooled(self) -> Iterator[list]:
+        """The spool's lines, held (Spool.held); [] for a store without a spool."""
+        if self._spool is None:
+            yield []
+            return
+        with self._spool.held() as spooled:
+            yield spooled
 
     def query(
         self,
@@ -185,7 +241,7 @@ class UsageStore:
         """sqlite3's errors, raised as UsageStoreError naming the database's path."""
         try:
             yield
-        except sqlite3.Error as exc:
+        except (OSError, sqlite3.Error) as exc:
             raise UsageStoreError(f"usage store {self.path}: cannot {action} it: {exc}") from exc
 
 

@@ -61,15 +61,25 @@ def test_a_request_that_never_ran_is_charged_nothing_and_not_recorded(url):
     tenancy.close()
 
 
-def test_a_failing_store_still_frees_the_admission(url):
+def test_a_failing_store_still_frees_the_admission_and_spools_the_record(url):
     store = UsageStore(url)
     tenancy = Tenancy(store, lambda tenant: Limits(concurrent_requests=1))
     admission = tenancy.admit("acme", 0)
     store.close()
-    with pytest.raises(UsageStoreError, match=r"usage store .*usage\.db: cannot write to it"):
-        tenancy.finish(admission, _record())
+    tenancy.finish(admission, _record())  # the write fails: spooled, not the caller's error
     assert tenancy.limiter.in_flight("acme") == 0
     tenancy.admit("acme", 0)
+    again = UsageStore(url)  # the next start replays it
+    assert again.totals()["interactive"]["requests"] == 1
+    again.close()
+
+
+def test_a_store_in_memory_has_no_spool_and_its_failures_raise():
+    store = UsageStore("sqlite:///:memory:")
+    tenancy = Tenancy(store, lambda tenant: Limits())
+    store.close()
+    with pytest.raises(UsageStoreError, match=r"usage store :memory:: cannot write to it"):
+        tenancy.finish(None, _record())
 
 
 def test_a_finish_past_the_running_ttl_frees_nothing_but_is_recorded(url):

@@ -11,7 +11,6 @@ time limit, fails that request alone, and a slow compile holds up no one else.
 
 import itertools
 import json
-import threading
 import time
 
 import jsonschema
@@ -235,55 +234,59 @@ def test_a_schema_the_compiler_refuses_fails_that_request_alone(world):
     assert_unharmed(world, got, others)
 
 
-def hold_compile(monkeypatch, compiler, schema: dict) -> threading.Event:
-    """Compiles of schema wait until the returned event is set (others compile as usual)."""
-    gate, original, slow = threading.Event(), compiler._compile, fmt(schema)
+# Tens of seconds to compile (variable wide repeats nested in others, ~1 s each on the
+# world's vocabulary): past any limit set here, and far over the cost budget, which
+# hold_compile's schema skips.
+RUNAWAY = json.dumps({"type": "string", "pattern": "^" + "(.{1,100}){1,10}" * 30 + "$"})
 
-    def compile_(f):
-        if f == slow:
-            assert gate.wait(30)
-        return original(f)
 
-    monkeypatch.setattr(compiler, "_compile", compile_)
-    return gate
+def hold_compile(monkeypatch, compiler, schema: dict) -> None:
+    """Compiles of schema compile RUNAWAY instead (others compile as usual)."""
+    original, slow = compiler._schema, fmt(schema)
+    monkeypatch.setattr(compiler, "_schema", lambda f: (RUNAWAY, False) if f == slow else original(f))  # fmt: skip
 
 
 def test_a_compile_past_the_time_limit_fails_its_request_alone(world, monkeypatch):
     engine = world.engine()
     compiler = engine.grammars.compiler
     compiler.compile_now(fmt(CHOICES))  # the vocabulary's first compile is not what is timed
-    compiler.time_limit_s = 0.05
-    gate = hold_compile(monkeypatch, compiler, ORDER)
+    compiler.time_limit_s = 0.5
+    hold_compile(monkeypatch, compiler, ORDER)
     others = good_and_free(world, "limit")
     slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
-    try:
-        got = run(engine, [slow, *others])
-    finally:
-        gate.set()
+    got = run(engine, [slow, *others])
     done = got.done["slow"]
     assert done.finish_reason == "error" and done.own_fault
-    assert "did not compile within 0.05 s" in done.error
+    assert "did not compile within 0.5 s" in done.error
     assert_unharmed(world, got, others)
+    engine.shutdown()
 
 
 def test_a_grammar_still_compiling_holds_up_no_one(world, monkeypatch):
+    """Others are served while a compile runs; once its request is aborted, the compile is
+    stopped (its process killed) rather than left to run on."""
     engine = world.engine()
-    engine.grammars.compiler.time_limit_s = 600.0  # however slow this machine, no time-out
-    gate = hold_compile(monkeypatch, engine.grammars.compiler, ORDER)
+    compiler = engine.grammars.compiler
+    compiler.time_limit_s = 600.0  # however slow this machine, no time-out
+    hold_compile(monkeypatch, compiler, ORDER)
     slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
     others = good_and_free(world, "stall")
     got = Run(engine)
     for r in [slow, *others]:
         engine.submit(r, got.sink)
-    try:
-        got.advance(until=lambda: len(got.done) == 2)
-        assert set(got.done) == {r.request_id for r in others} and "slow" not in got.tokens
-    finally:
-        gate.set()
-    got.advance()
-    assert got.done["slow"].finish_reason == "stop", got.done["slow"].error
-    jsonschema.validate(json.loads(got.text("slow", world.tokenizer)), ORDER)
+    got.advance(until=lambda: len(got.done) == 2)
+    assert set(got.done) == {r.request_id for r in others} and "slow" not in got.tokens
+    assert compiler.threads() == 1
+    pids = set(compiler.pids())
+    engine.abort("slow")
+    got.advance(until=lambda: not engine.grammars)
+    deadline = time.monotonic() + 30
+    while compiler.threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert compiler.threads() == 0  # the process was killed, not left to its tens of seconds
+    assert len(pids - set(compiler.pids())) == 1
     assert_unharmed(world, got, others)
+    engine.shutdown()
 
 
 def test_a_format_compiles_once(world, monkeypatch):

@@ -12,7 +12,9 @@ own name at 127.0.0.1 so that it may read the answers too. Hence, with no keys:
   - Host must name a loopback host (a rebound name fails), unless server.insecure says the
     server is meant to be reached under other names;
   - a request that changes state (POST, PUT, PATCH, DELETE) and carries an Origin (every
-    browser sends one on such requests) must come from a loopback origin or this server's.
+    browser sends one on such requests) must come from this server's own origin, the
+    request's scheme and Host: another loopback origin is another local app's page
+    (http://localhost:3000), no more to be trusted than any site's.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from serving.api.errors import ApiError, send_error
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 # host or [IPv6], then an optional port: no user info, path or other surprises
-_AUTHORITY = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::\d{1,5})?\Z")
-_ORIGIN = re.compile(r"^https?://(?P<authority>[^/?#]+)\Z")
+_AUTHORITY = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::(?P<port>\d{1,5}))?\Z"
+)
+_ORIGIN = re.compile(r"^(?P<scheme>https?)://(?P<authority>[^/?#]+)\Z")
+DEFAULT_PORTS = {"http": 80, "https": 443}  # the port an origin or Host leaves out
 
 
 def is_loopback(host: str) -> bool:
@@ -67,7 +72,7 @@ class Gate:
         method, headers = scope["method"], _headers(scope)
         try:
             if self.ring.open:
-                self._check_browser(method, headers)
+                self._check_browser(method, headers, scope.get("scheme", "http"))
             elif _may_carry_body(method, headers):
                 principal = identify(self.ring, headers.get("authorization"), client_of(scope))
                 # authenticate() reads it back rather than looking the key up again
@@ -79,7 +84,7 @@ class Gate:
             return
         await self.app(scope, receive, send)
 
-    def _check_browser(self, method: str, headers: dict[str, str]) -> None:
+    def _check_browser(self, method: str, headers: dict[str, str], scheme: str) -> None:
         host = headers.get("host")
         if self.check_host and host is not None and not loopback_authority(host):
             raise ApiError(
@@ -90,23 +95,33 @@ class Gate:
                 code="host_not_allowed",
             )
         origin = headers.get("origin")
-        if method in STATE_CHANGING and origin is not None and not _trusted(origin, host):
+        if method in STATE_CHANGING and origin is not None and not _trusted(origin, scheme, host):
             raise ApiError(
                 403,
                 f"cross-origin request refused: origin {quoted(origin)} may not change state "
-                "on a server with no API keys (only loopback origins and its own may)",
+                "on a server with no API keys (only its own origin may)",
                 code="cross_origin",
             )
 
 
-def _trusted(origin: str, host: str | None) -> bool:
-    """Whether a browser page at origin may change state here ('null' never may)."""
+def _trusted(origin: str, scheme: str, host: str | None) -> bool:
+    """Whether a browser page at origin may change state here: only one of this server's own
+    origin, scheme://Host ('null', and any origin when there is no Host, never may)."""
     match = _ORIGIN.match(origin)
-    if match is None:
+    if match is None or host is None:
         return False
-    authority = match["authority"]
-    same = host is not None and authority.lower() == host.lower()
-    return same or loopback_authority(authority)
+    own = _site(scheme, host)
+    return own is not None and _site(match["scheme"], match["authority"]) == own
+
+
+def _site(scheme: str, authority: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an origin's parts, the default port filled in; None if the
+    authority is no plain host[:port]."""
+    match = _AUTHORITY.match(authority)
+    if match is None or scheme not in DEFAULT_PORTS:
+        return None
+    host = f"[{match['v6']}]" if match["v6"] else match["name"]
+    return scheme, host.lower(), int(match["port"] or DEFAULT_PORTS[scheme])
 
 
 def _may_carry_body(method: str, headers: dict[str, str]) -> bool:

@@ -79,10 +79,46 @@ def test_cross_origin_changes_are_refused(keyless, world, origin):
     assert httpx.get(keyless.url + "/v1/adapters", headers=headers).status_code == 200
 
 
-@pytest.mark.parametrize("origin", ["http://localhost:3000", "http://127.0.0.1:8000"])
-def test_loopback_origins_may_change_state(keyless, world, origin):
-    r = httpx.post(keyless.url + "/v1/adapters", headers={"Origin": origin}, **upload_form("local"))
+def test_another_local_apps_page_may_not_change_state(keyless):
+    # Another loopback origin is another app's page (a dev server on :3000, say): no more
+    # to be trusted than any site's. Only scheme, host and port all equal are this server.
+    port = keyless.url.rsplit(":", 1)[1]
+    for origin in (
+        "http://localhost:3000",
+        f"http://localhost:{port}",
+        "http://127.0.0.1",
+        f"https://127.0.0.1:{port}",
+        f"http://127.0.0.2:{port}",
+        f"http://[::1]:{port}",
+    ):
+        headers = {"Origin": origin}
+        r = httpx.post(keyless.url + "/v1/adapters", headers=headers, **upload_form("foreign"))
+        assert r.status_code == 403 and "cross-origin" in r.json()["error"]["message"], origin
+        assert not keyless.registry.exists("foreign")
+        r = httpx.delete(keyless.url + "/v1/adapters/rot13", headers=headers)
+        assert r.status_code == 403 and keyless.registry.exists("rot13"), origin
+
+
+@pytest.mark.parametrize(
+    ("host", "origin"),
+    [("127.0.0.1:{port}", "http://127.0.0.1:{port}"), ("LOCALHOST:{port}", "http://localhost:{port}"),
+     ("[::1]:{port}", "http://[::1]:{port}"), ("localhost", "http://localhost:80"),
+     ("localhost:80", "http://localhost")],
+)  # fmt: skip
+def test_its_own_origin_may_change_state(keyless, host, origin):
+    # the dashboard's page, served by this server: its scheme and Host, default port or not
+    port = keyless.url.rsplit(":", 1)[1]
+    headers = {"Host": host.format(port=port), "Origin": origin.format(port=port)}
+    r = httpx.delete(keyless.url + "/v1/adapters/no-such-adapter", headers=headers)
+    assert r.status_code == 404, r.text  # past the gate, to the route
+
+
+def test_its_own_page_uploads_and_deletes(keyless):
+    same = {"Origin": keyless.url}  # as the dashboard sends them: multipart, then DELETE
+    r = httpx.post(keyless.url + "/v1/adapters", headers=same, **upload_form("local"))
     assert r.status_code == 201 and keyless.registry.exists("local")
+    r = httpx.delete(keyless.url + "/v1/adapters/local", headers=same)
+    assert r.status_code == 200 and not keyless.registry.exists("local")
 
 
 def test_insecure_serves_other_names_but_still_refuses_other_origins(world, tmp_path):

@@ -2,7 +2,8 @@
 
 Like the Tenancy, it is a single replica (`num_cpus: 0`) on the head node, where batch.store
 names one SQLite file however often it restarts. Every ModelServer's app reaches the store
-through HandleBatch (serving.api's BatchClient over the handle): submits, polls, files. The
+through HandleBatch (serving.api's BatchClient over the handle): submits, polls, files;
+results and file contents a bounded page per call, so neither side holds a batch whole. The
 feeder runs each item on some ModelServer (run_batch_item), whose app serves it through its
 own route at batch priority, forwarding it to the replica where its adapter is hot; it keeps
 batch.max_in_flight items running per replica, and meters each one through the Tenancy once

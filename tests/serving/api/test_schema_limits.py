@@ -10,6 +10,7 @@ import datetime
 import json
 import random
 import re
+import time
 
 import jsonschema
 import pydantic
@@ -18,7 +19,7 @@ import torch
 
 from serving.api.schema_patterns import MAX_PATTERN_REPEAT
 from serving.api.schema_rules import check_schema
-from serving.engine.grammar.compiler import GrammarCompiler
+from serving.engine.grammar.compiler import GrammarCompiler, GrammarError
 from serving.engine.grammar.formats import PATTERNS
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.request import ResponseFormat
@@ -111,6 +112,40 @@ def test_what_xgrammar_cannot_compile_or_enforce_is_refused(schema, pointer, wor
         check_schema(schema)
     message = str(caught.value)
     assert f" at {pointer} is not supported: " in message and words in message, message
+
+
+REPRO = {"type": "object",  # 1,942 bytes: each pattern alone is allowed, not their sum
+         "properties": {f"p{i}": {"type": "string", "pattern": "^.{1,1000}$"} for i in range(40)}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("schema", "pointer"),
+    [
+        (REPRO, "/properties/p0/pattern"),
+        ({"type": "string", "pattern": "^" + "(ab|.{1,9})" * 2900 + "$"}, "/pattern"),  # 31.9 KB
+        ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1200)}},
+         "/properties"),  # optional properties: 2,000 take minutes
+        ({"type": "string", "pattern": "^(.{1,100}){1,10}$"}, "/pattern"),  # nested: 21 s
+    ],
+    ids=["many-repeats", "32k-pattern", "optional-properties", "nested"],
+)
+def test_a_schema_too_costly_to_compile_is_refused_at_once(schema, pointer, monkeypatch):
+    """The estimate, not a compile, refuses it: in milliseconds, naming the costliest part."""
+    monkeypatch.setattr(GrammarCompiler, "_schema", lambda *a: pytest.fail("compiled"))
+    began = time.process_time()
+    with pytest.raises(ValueError) as caught:
+        check_schema(schema)
+    assert time.process_time() - began < 2.0  # the compile would take minutes to hours
+    message = str(caught.value)
+    assert "more than the 2 s allowed" in message and f"at {pointer} (about" in message, message
+
+
+def test_the_engine_refuses_what_the_api_does(world):
+    compiler = GrammarCompiler(world.tokenizer, FIELDS["vocab_size"])
+    with pytest.raises(GrammarError, match="/properties/p0/pattern"):
+        compiler.compile_now(ResponseFormat("json_schema", json.dumps(REPRO), strict=True))
+    assert compiler.pids() == []  # refused before any process started
+    compiler.shutdown()
 
 
 def test_the_repeat_bound_is_inclusive():

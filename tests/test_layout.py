@@ -35,11 +35,12 @@ def test_import_direction(package):
 
 
 # serving's parts, each with the parts of ours it may import (besides itself): deploy -> api
-# -> engine -> model -> kernels, api -> batch and usage, and config imports nothing of ours.
-BELOW_MODEL = {"kernels", "adapters", "serving.config"}
+# -> engine -> model -> kernels, api -> batch and usage, and config imports nothing of ours,
+# nor does private_sqlite (the stores' owner-only SQLite files, for batch and usage alike).
+BELOW_MODEL = {"kernels", "adapters", "serving.config", "serving.private_sqlite"}
 SERVING_ALLOWED = {
     "serving.config": set(),
-    "serving.usage": {"serving.config"},
+    "serving.usage": {"serving.config", "serving.private_sqlite"},
     "serving.batch": BELOW_MODEL,
     "serving.model": BELOW_MODEL,
     "serving.engine": BELOW_MODEL | {"serving.model"},

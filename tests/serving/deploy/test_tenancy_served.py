@@ -139,3 +139,22 @@ def test_stats_add_up_every_replica(url):
         assert set(a["residency"]) <= {r["replica"] for r in replicas}
     acme = httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {ACME}"}, timeout=30)
     assert acme.json()["usage"]["limits"]["requests_per_minute"] == RPM
+
+
+def test_stats_count_speculation_of_the_keys_own_tenant(url):
+    # Each replica counts speculation per tenant, the ingress adds the replicas up: globex's
+    # drafts on the public preloaded adapter are globex's and an admin's figures, not acme's.
+    body = {"model": f"{MODEL_ID}:upper", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    for i in range(4):
+        r = httpx.post(f"{url}/v1/completions", json={**body, "prompt": [5, 6, 7] * (3 + i)},
+                       headers={"Authorization": f"Bearer {GLOBEX}"}, timeout=120)  # fmt: skip
+        assert r.status_code == 200, r.text
+
+    def upper(key):
+        s = httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        (row,) = [a for a in s.json()["adapters"] if a["name"] == "upper"]
+        return row["spec"]
+
+    everyone = upper(OPS)
+    assert everyone["proposed"] > 0
+    assert upper(GLOBEX) == everyone and upper(ACME) is None

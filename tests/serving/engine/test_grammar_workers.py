@@ -4,9 +4,12 @@ masks from a grammar compiled in a process equal those of one compiled in this o
 processes load no torch.
 """
 
+import dataclasses
 import json
 import os
 import random
+import statistics
+import threading
 import time
 
 import pytest
@@ -18,7 +21,7 @@ from serving.engine.grammar.ebnf import no_raw_controls, reparseable
 from serving.engine.grammar.formats import prepared
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.grammar.workers import CompilerBusy, GrammarError, OwnerBusy
-from tests.serving.engine.test_structured import CHOICES, ORDER, PERSON, RUNAWAY, fmt
+from tests.serving.engine.test_structured import CHOICES, ORDER, PERSON, RUNAWAY, fmt, params, req
 from tests.serving.engine.world import FIELDS, build_world
 
 DATES = {"type": "object", "properties": {"d": {"type": "string", "format": "date-time"},
@@ -165,3 +168,59 @@ def test_masks_from_a_process_equal_those_of_an_in_process_compile(world, make, 
             break
         token = rng.choice(allowed)
         assert theirs.accept(token) and ours.accept(token)
+
+
+def timed(engine, request) -> float:
+    """Seconds from submitting request to its last output (the engine's loop running)."""
+    finished = threading.Event()
+    engine.submit(request, lambda out: out.finished and finished.set())
+    began = time.perf_counter()
+    assert finished.wait(120)
+    return time.perf_counter() - began
+
+
+@pytest.mark.slow
+def test_one_tenant_resubmitting_costly_schemas_slows_no_other_tenant(world):
+    """acme keeps sending new schemas just under the cost budget; globex's plain completion
+    and initech's small structured request take (medians) at most 1.2x their time alone."""
+    engine = world.engine()
+    engine.start()
+    stop, sent = threading.Event(), []
+
+    def flood():
+        while not stop.is_set():
+            n = len(sent)
+            costly = {"type": "object", "properties": {
+                f"p{n}_{i}": {"type": "string", "pattern": "^.{1,1000}$"} for i in range(6)}}  # fmt: skip
+            sent.append(n)
+            engine.submit(tenant_req(world, f"acme{n}", costly, "acme"), lambda out: None)
+            time.sleep(0.05)
+
+    def both(tag: str) -> tuple[float, float]:
+        plain = dataclasses.replace(req(world, f"g{tag}", (5, 6, 7), params(0, 24, ignore_eos=True)), cache_salt="globex")  # fmt: skip
+        small = CHOICES | {"title": tag}  # a new schema each time: compiled, not cached
+        return timed(engine, plain), timed(engine, tenant_req(world, f"i{tag}", small, "initech"))
+
+    try:
+        for i in range(2):  # warm-up: the processes, the vocabulary, the first steps
+            both(f"warm{i}")
+        alone = [both(f"alone{i}") for i in range(5)]
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        time.sleep(1.0)
+        loaded = [both(f"loaded{i}") for i in range(5)]
+        stop.set()
+        flooder.join()
+    finally:
+        stop.set()
+        engine.shutdown()
+    assert len(sent) > 5
+    for k, what in enumerate(("plain", "structured")):
+        before = statistics.median(a[k] for a in alone)
+        after = statistics.median(b[k] for b in loaded)
+        assert after <= 1.2 * before, (what, before, after)
+
+
+def tenant_req(world, rid: str, schema: dict, tenant: str):
+    return dataclasses.replace(req(world, rid, (1, 2, 3), params(0, 60), None, fmt(schema)),
+                               cache_salt=tenant)  # fmt: skip

@@ -292,8 +292,8 @@ def test_a_grammar_still_compiling_holds_up_no_one(world, monkeypatch):
 def test_a_format_compiles_once(world, monkeypatch):
     engine = world.engine()
     compiler = engine.grammars.compiler
-    calls, original = [], compiler._compile
-    monkeypatch.setattr(compiler, "_compile", lambda f: calls.append(f) or original(f))
+    calls, original = [], compiler._schema
+    monkeypatch.setattr(compiler, "_schema", lambda f: calls.append(f) or original(f))
     same = [fmt(CHOICES), fmt(CHOICES), fmt(CHOICES)]  # equal, not the same object
     other = [fmt(PERSON), ResponseFormat("json_schema", same[0].schema, strict=False)]
     requests = [req(world, f"k{i}", (4, 5, i), params(i, 8), None, f) for i, f in enumerate(same + other)]  # fmt: skip

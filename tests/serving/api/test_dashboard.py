@@ -299,4 +299,14 @@ def test_a_keyless_server_connects_without_asking(world, tmp_path, browser):
         page.wait_for_selector('#adapters tr[data-adapter="upper"]')
         page.wait_for_selector("#chart-load svg")
         page.wait_for_selector("#usage dl, #usage p.note")
+        # the page's own uploads and deletes pass the gate: they come from its own origin
+        page.set_input_files("#upload-folder", adapter_folder(served, tmp_path / "mine", "ov"))
+        page.fill("#upload-name", "mine")
+        page.click("#upload-submit")
+        page.wait_for_selector("#upload-status.ok >> text=Uploaded mine")
+        assert served.registry.exists("mine", "default")
+        page.click('#adapters tr[data-adapter="mine"] button')
+        page.click("#confirm-yes")
+        page.wait_for_selector('#adapters tr[data-adapter="mine"]', state="detached")
+        assert not served.registry.exists("mine", "default")
         assert watch.errors == []

@@ -29,18 +29,15 @@ from serving.batch.records import (
     QUEUED,
     RUNNING,
     BatchHoldings,
-    ItemRecord,
-    ItemResult,
     Job,
     NewItem,
 )
+from serving.batch.results import ResultPages, job_seq
 from serving.batch.schema import JOB_COLUMNS, create_or_upgrade
 from serving.batch.space import disk_full, shortfall
 from serving.private_sqlite import connect_private
 
 BUSY_TIMEOUT_MS = 30_000
-# A page of a job's results (results_page): what one read holds, whatever the job's size
-PAGE_ITEMS, PAGE_BYTES = 512, 1 << 20
 
 
 class BatchStoreError(RuntimeError):
@@ -64,7 +61,7 @@ class BatchQueueFull(ValueError):
         super().__init__(reason)
 
 
-class BatchStore(FileTable, ItemQueue):
+class BatchStore(FileTable, ItemQueue, ResultPages):
     """Jobs, items and files in one SQLite file (or in memory)."""
 
     def __init__(self, url: str, *, min_free_bytes: int = 0) -> None:
@@ -139,41 +136,10 @@ class BatchStore(FileTable, ItemQueue):
             ).fetchall()  # fmt: skip
         return [_job(row) for row in rows]
 
-    def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
-        """Every item of tenant's job in order, with its result once it has one."""
-        records = self.results_page(tenant, job_id)
-        page = records
-        while page:
-            page = self.results_page(tenant, job_id, after=page[-1].index) or []
-            records += page
-        return records
-
-    def results_page(self, tenant: str, job_id: str, after: int = -1) -> list[ItemRecord] | None:
-        """The next items of tenant's job after index `after`, in order: at most PAGE_ITEMS,
-        and none past the one that brings PAGE_BYTES of results; [] past the last item, None
-        when tenant has no such job."""
-        with self._reading() as db:
-            seq = _seq(db, tenant, job_id)
-            if seq is None:
-                return None
-            rows, size = [], 0
-            cursor = db.execute(
-                "SELECT idx, ref, state, status, result, error, prompt_tokens, completion_tokens, "
-                "cached_tokens FROM items WHERE job = ? AND idx > ? ORDER BY idx LIMIT ?",
-                (seq, after, PAGE_ITEMS),
-            )  # fmt: skip
-            for row in cursor:  # keyset on the primary key: each page one index range scan
-                rows.append(row)
-                size += len(row[4] or "") + len(row[5] or "")
-                if size >= PAGE_BYTES:
-                    break
-            cursor.close()
-        return [_record(row) for row in rows]  # parsed outside the lock
-
     def cancel(self, tenant: str, job_id: str) -> Job | None:
         """Stop taking tenant's job's items; those already running finish and are kept."""
         with self._write() as db:
-            seq = _seq(db, tenant, job_id)
+            seq = job_seq(db, tenant, job_id)
             if seq is None:
                 return None
             now = time.time()
@@ -277,12 +243,6 @@ def _pending(db: sqlite3.Connection, tenant: str) -> int:
     return left + stopping
 
 
-def _seq(db: sqlite3.Connection, tenant: str, job_id: str) -> int | None:
-    row = db.execute("SELECT seq FROM jobs WHERE id = ? AND tenant = ?", (job_id, tenant))
-    found = row.fetchone()
-    return found[0] if found else None
-
-
 def _job_row(job: Job) -> tuple:
     return (job.id, job.tenant, job.model, job.api, job.endpoint, job.total, job.completed,
             job.failed, job.created, job.started, job.finished, job.cancelling,
@@ -294,11 +254,3 @@ def _job(row: tuple) -> Job:
     fields = list(row)
     fields[13] = json.loads(fields[13] or "{}")
     return Job(*fields)
-
-
-def _record(row: tuple) -> ItemRecord:
-    idx, ref, state, status, body, error, *tokens = row
-    result = None
-    if status is not None:
-        result = ItemResult(status, json.loads(body) if body else None, error, *tokens)
-    return ItemRecord(idx, ref, state, result)

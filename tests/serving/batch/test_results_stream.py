@@ -14,7 +14,8 @@ from serving.api.batch_client import LocalBatch
 from serving.api.batch_format import file_lines, workers_responses, workers_status
 from serving.batch.files import CHUNK_BYTES
 from serving.batch.records import WORKERS_AI
-from serving.batch.store import PAGE_BYTES, PAGE_ITEMS, BatchStoreError
+from serving.batch.results import PAGE_BYTES, PAGE_ITEMS
+from serving.batch.store import BatchStoreError
 from tests.serving.api.held import Held, auth
 from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, stub_settings
 from tests.serving.batch.finished_rows import finished_job

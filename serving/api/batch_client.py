@@ -138,7 +138,11 @@ class LocalBatch:
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call(self.store.cancel, tenant, job_id)
 
-    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes, **quota):
+    async def add_file(
+        self, tenant: str, purpose: str, filename: str, content: bytes, *,
+        max_files: int | None = None, max_bytes: int | None = None,
+    ) -> StoredFile:  # fmt: skip
+        quota = {"max_files": max_files, "max_bytes": max_bytes}
         try:
             return await self._call(
                 lambda: self.store.add_file(tenant, purpose, filename, content, **quota)

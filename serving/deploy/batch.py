@@ -113,8 +113,12 @@ class HandleBatch:
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call("cancel", tenant, job_id)
 
-    async def add_file(self, tenant: str, purpose: str, filename: str, content: bytes, **quota):
-        return await self._call("add_file", tenant, purpose, filename, content, **quota)
+    async def add_file(
+        self, tenant: str, purpose: str, filename: str, content: bytes, *,
+        max_files: int | None = None, max_bytes: int | None = None,
+    ) -> StoredFile:  # fmt: skip
+        return await self._call("add_file", tenant, purpose, filename, content,
+                                max_files=max_files, max_bytes=max_bytes)  # fmt: skip
 
     async def holdings(self, tenant: str) -> BatchHoldings:
         return await self._call("holdings", tenant)

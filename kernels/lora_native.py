@@ -10,7 +10,8 @@ matmuls per run, which reuse each adapter's rows across the run's tokens.
 The kernel is compiled with the system's C compiler on first use (as Triton builds its
 launchers), cached in a private directory and checked before it is loaded with ctypes
 (kernels/native_build.py); where there is no compiler, or LORASERVE_CPU_NATIVE=0,
-`available()` is False and the torch path runs instead.
+`available()` is False and the torch path runs instead. The kernel follows the indices it
+is given into raw memory, so they are checked first (`_check_indices`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _kernel: ctypes._CFuncPtr | None = None
 _tried = False
 _described: dict[tuple[int, int], tuple] = {}  # see _stacks
 _MAX_DESCRIBED = 4096  # a model's layers times its projections, with room to spare
+_checked: tuple | None = None  # (order, slots, ranks, their bounds): see _check_indices
 
 
 def available() -> bool:
@@ -53,19 +55,21 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     y: [T, sum(out_s)]; order: [n] int64 active tokens sorted by (rank, slot); slots,
     ranks: [n] int32 of each sorted token; scales: [num_slots] float32. Returns False, having
     done nothing, where the operands don't fit the kernel (float32 on the CPU, rows of
-    stride 1): the caller runs the torch path. Call `available()` first.
+    stride 1): the caller runs the torch path. ValueError where an index is out of the
+    operands' bounds (see _check_indices), before the kernel sees any. Call `available()` first.
     """
     described = _stacks(lora_a, lora_b)
     if described is None or not (_fits(x) and _fits(y) and _fits(scales)):
         return False
-    stacks, in_dim, out_dim, num_slots = described
+    stacks, in_dim, out_dim, num_slots, max_rank = described
     shapes_fit = (
         x.dim() == y.dim() == 2 and x.shape == (y.shape[0], in_dim) and y.shape[1] == out_dim
-        and scales.numel() == num_slots and order.numel() == slots.numel() == ranks.numel()
+        and scales.numel() == num_slots
     )  # fmt: skip
     indices = ((order, torch.int64), (slots, torch.int32), (ranks, torch.int32))
     if not shapes_fit or not all(t.dtype == d and t.is_contiguous() for t, d in indices):
         return False  # the torch path then names what does not fit
+    _check_indices(order, slots, ranks, x.shape[0], num_slots, max_rank)
     _kernel(
         order.numel(), order.data_ptr(), slots.data_ptr(), ranks.data_ptr(), scales.data_ptr(),
         x.data_ptr(), x.stride(0), in_dim, y.data_ptr(), y.stride(0), len(lora_a), stacks,
@@ -74,14 +78,49 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     return True
 
 
+def _check_indices(order, slots, ranks, num_tokens: int, num_slots: int, max_rank: int) -> None:
+    """ValueError unless order, slots and ranks have one entry per active token each, and
+    order is in [0, num_tokens), slots in [0, num_slots), ranks in [0, max_rank].
+
+    The kernel reads and writes where these point, so one out of bounds would corrupt
+    memory or crash the process; as a ValueError it fails the step, which the engine
+    attributes as it does any fault of a forward (serving/engine/faults.py). Base-only
+    tokens (slot -1) are never among the kernel's: they were dropped from the order. The
+    bounds are reduced once per step: every projection of a step passes the same tensors,
+    which are never written after the plan is built (a frozen CpuPlan, kernels/cpu_plan.py).
+    """
+    global _checked
+    if len({order.numel(), slots.numel(), ranks.numel()}) != 1:
+        raise ValueError(
+            f"order, slots, ranks: expected one entry per active token each, got "
+            f"{order.numel()}, {slots.numel()} and {ranks.numel()}"
+        )
+    if order.numel() == 0:
+        return  # a step of base-only tokens: the kernel follows no index
+    seen = _checked
+    if seen is not None and seen[0] is order and seen[1] is slots and seen[2] is ranks:
+        bounds = seen[3]
+    else:  # one reduction per tensor: [min, max] of each
+        bounds = [int(v) for t in (order, slots, ranks) for v in torch.aminmax(t)]
+        _checked = (order, slots, ranks, bounds)
+    limits = (("order", "row", num_tokens), ("slots", "slot", num_slots),
+              ("ranks", "rank", max_rank + 1))  # fmt: skip
+    for (name, what, end), lo, hi in zip(limits, bounds[::2], bounds[1::2]):
+        if lo < 0 or hi >= end:
+            raise ValueError(
+                f"{name}: {what} {lo if lo < 0 else hi} is out of range; expected 0..{end - 1}"
+            )
+
+
 def _fits(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1
 
 
-def _stacks(lora_a, lora_b) -> tuple[ctypes.Array, int, int, int] | None:
+def _stacks(lora_a, lora_b) -> tuple[ctypes.Array, int, int, int, int] | None:
     """(the slices' description for the kernel, _SLICE_FIELDS each; in; sum(out_s);
-    num_slots), or None where the stacks don't fit it or each other. Kept per pair of tuples: a model passes the same ones every step (the slab's
-    tensors never move), and the entry holds them, so their ids are not reused meanwhile."""
+    num_slots; max_rank), or None where the stacks don't fit it or each other. Kept per pair
+    of tuples: a model passes the same ones every step (the slab's tensors never move), and
+    the entry holds them, so their ids are not reused meanwhile."""
     entry = _described.get((id(lora_a), id(lora_b)))
     if entry is not None and entry[0] is lora_a and entry[1] is lora_b:
         return entry[2]
@@ -98,7 +137,8 @@ def _stacks(lora_a, lora_b) -> tuple[ctypes.Array, int, int, int] | None:
             meta += [a.data_ptr(), a.stride(0), a.stride(1), b.data_ptr(), b.stride(0)]
             meta += [b.stride(1), b.shape[2], col]
             col += b.shape[2]
-        described = ((ctypes.c_int64 * len(meta))(*meta), a0.shape[2], col, a0.shape[0])
+        meta = (ctypes.c_int64 * len(meta))(*meta)
+        described = (meta, a0.shape[2], col, a0.shape[0], a0.shape[1])
     if len(_described) >= _MAX_DESCRIBED:
         _described.clear()
     _described[id(lora_a), id(lora_b)] = (lora_a, lora_b, described)

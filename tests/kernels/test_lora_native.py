@@ -1,8 +1,10 @@
-"""The compiled CPU LoRA kernel (kernels/lora_cpu.c) against the float64 oracle, and when it
-is given up on (how it is built and cached: test_native_build)."""
+"""The compiled CPU LoRA kernel (kernels/lora_cpu.c) against the float64 oracle, the indices
+it is refused, and when it is given up on (how it is built and cached: test_native_build)."""
 
 import contextlib
+import dataclasses
 import logging
+import re
 import shutil
 
 import pytest
@@ -165,3 +167,53 @@ def test_operands_that_do_not_fit_never_reach_the_kernel(monkeypatch):
     with contextlib.suppress(RuntimeError, ValueError, IndexError):  # the torch path's say
         lora_apply_planned(x, *short, y, segments, scales, 16)
     assert calls == []
+
+
+@pytest.fixture
+def recorded(monkeypatch) -> list[tuple]:
+    """The loaded library's entry point replaced by one that records its calls, compiler or not."""
+    calls = []
+    monkeypatch.setattr(lora_native, "_kernel", lambda *args: calls.append(args))
+    monkeypatch.setattr(lora_native, "_tried", True)
+    return calls
+
+
+def test_every_valid_plan_of_the_grid_reaches_the_kernel(recorded):
+    for layout in sorted(LAYOUTS):
+        x, a, b, scales, _, _, segments = make(layout, torch.float32, (40, 8, 8), "per slot")
+        before = len(recorded)
+        lora_apply_planned(x, a, b, torch.zeros(x.shape[0], 56), segments, scales, 16)
+        runs_in_place = segments.cpu_plan.token_ranks is None
+        assert len(recorded) == before + (not runs_in_place), layout
+
+
+def _with(segments, **changed):
+    """segments with some of its (and its plan's) index tensors replaced."""
+    ranks = changed.pop("token_ranks", segments.cpu_plan.token_ranks)
+    plan = dataclasses.replace(segments.cpu_plan, token_ranks=ranks)
+    return dataclasses.replace(segments, cpu_plan=plan, **changed)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: {"token_slots": s.token_slots.clone().fill_(6)}, "slots: slot 6 is out of range; expected 0..5"),
+        (lambda s: {"token_slots": s.token_slots.clone().fill_(-1)}, "slots: slot -1 is out of range"),
+        (lambda s: {"token_order": s.token_order + 1}, "order: row 6 is out of range; expected 0..5"),
+        (lambda s: {"token_order": s.token_order - 1}, "order: row -1 is out of range"),
+        (lambda s: {"token_ranks": s.cpu_plan.token_ranks + 9}, "ranks: rank 17 is out of range; expected 0..16"),
+        (lambda s: {"token_ranks": s.cpu_plan.token_ranks - 9}, "ranks: rank -1 is out of range"),
+        (lambda s: {"token_ranks": s.cpu_plan.token_ranks[1:]}, "expected one entry per active token each, got 6, 6 and 5"),
+    ],
+    ids=["slot past", "base-only slot", "row past", "row below", "rank past", "rank below", "lengths"],
+)  # fmt: skip
+def test_an_index_out_of_bounds_is_a_value_error_before_the_kernel(recorded, change, message):
+    """A plan whose slot, row or rank would send the kernel outside its operands (slot 6 of
+    six, row 6 of six tokens, rank 17 of 16 rows) names the index, and the kernel never runs."""
+    x, a, b, scales, _, _, segments = make("one each", torch.float32, (40, 8, 8), "per slot")
+    bad = _with(segments, **change(segments))
+    y = torch.zeros(x.shape[0], 56)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lora_apply_planned(x, a, b, y, bad, scales, 16)
+    assert recorded == []
+    assert not y.any()

@@ -136,10 +136,12 @@ def _build(target: Path, compiler: list[str]) -> None:
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"{shlex.join(compiler)} failed: {done.stderr.strip()[-500:]}")
+        os.chmod(built, 0o700)  # as the umask left it, group-writable (002) would be refused
         digest = _digest(built)
         if digest is None:
             raise RuntimeError(f"{shlex.join(compiler)} wrote no private file at {built}")
         sidecar.write_text(digest + "\n")
+        os.chmod(sidecar, 0o600)
         os.replace(built, target)
         os.replace(sidecar, target.with_suffix(".sha256"))
     _built[target] = digest

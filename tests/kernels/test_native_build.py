@@ -179,3 +179,19 @@ def test_cc_of_several_words(cache, monkeypatch):
     monkeypatch.setenv("CC", f"env {shutil.which('cc') or shutil.which('gcc')}")
     assert lora_native.available()
     assert target(cache).exists()
+
+
+def test_a_umask_that_lets_the_group_write_still_caches(cache, monkeypatch):
+    """Under umask 002 the build's files come out group-writable; they are made private, so
+    a later process loads them instead of building again."""
+    old = os.umask(0o002)
+    try:
+        with native_build.library() as first:
+            pass
+        new_process(monkeypatch)
+        monkeypatch.setenv("CC", "false")  # would fail if it compiled again
+        with native_build.library() as again:
+            assert again == first
+    finally:
+        os.umask(old)
+    assert os.stat(cache).st_mode & 0o777 == 0o700

@@ -38,7 +38,7 @@ from serving.api.stats import (
     usage_totals,
 )
 from serving.api.tenancy import rate_limited
-from serving.usage.limits import RATE_LIMITS
+from serving.config import TenantLimitsSection
 from serving.usage.store import minute_of
 
 log = logging.getLogger("loraserve.api")
@@ -47,8 +47,8 @@ router = APIRouter(tags=["Operations"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
 HOUR_S, MINUTE_S = 3600.0, 60.0
-# every limit a tenant may have
-LIMITS = (*RATE_LIMITS, "max_adapters", "max_adapter_mb", "batch_queued_requests")
+# every limit a tenant may have: the keys of its `limits:` section, in their order
+LIMITS = tuple(TenantLimitsSection.model_fields)
 
 
 @router.get("/v1/stats", summary="Live figures per replica and summed, for the dashboard")

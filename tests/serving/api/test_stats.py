@@ -99,6 +99,7 @@ def test_figures_equal_the_requests_and_are_scoped(served):
     assert usage["limits"] == {
         "requests_per_minute": 600, "tokens_per_minute": None, "concurrent_requests": None,
         "max_adapters": 5, "max_adapter_mb": None, "batch_queued_requests": None,
+        "batch_files": None, "batch_file_mb": None,
     }  # fmt: skip
     assert usage["batch_pending"] == 0
     assert usage["adapters"] == 3  # upper, rot13, mlp published for acme

@@ -58,6 +58,10 @@ class BatchClient(Protocol):
         """BatchStore.results_page: the job's next bounded page of items after index after."""
         ...
 
+    async def keep_results_bytes(self, tenant: str, job_id: str, errors: bool, size: int) -> None:
+        """BatchStore.keep_results_bytes: an ended job's measured output (or error) file size."""
+        ...
+
     async def cancel(self, tenant: str, job_id: str) -> Job | None: ...
 
     async def add_file(
@@ -134,6 +138,9 @@ class LocalBatch:
 
     async def results_page(self, tenant: str, job_id: str, after: int) -> list[ItemRecord] | None:
         return await self._call(self.store.results_page, tenant, job_id, after)
+
+    async def keep_results_bytes(self, tenant: str, job_id: str, errors: bool, size: int) -> None:
+        await self._call(self.store.keep_results_bytes, tenant, job_id, errors, size)
 
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call(self.store.cancel, tenant, job_id)

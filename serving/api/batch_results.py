@@ -6,6 +6,7 @@ the event loop's time grows with the batch."""
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,7 @@ from serving.api.errors import ApiError
 from serving.batch.records import ItemRecord, Job
 
 JSONL = "application/jsonl"
+log = logging.getLogger("loraserve.batch")
 
 
 async def streamed(
@@ -42,6 +44,22 @@ async def output_lines(batch: BatchClient, tenant: str, job: Job, errors: bool):
         lines = await run_in_threadpool(file_lines, job, page, errors)
         if lines:
             yield lines
+
+
+async def output_size(batch: BatchClient, tenant: str, job: Job, errors: bool) -> int:
+    """The bytes of ended job's output file (errors: its error file): kept by the store once
+    counted here, as the file never changes after the job ended; counted a page at a time."""
+    kept = job.error_bytes if errors else job.output_bytes
+    if kept is not None:
+        return kept
+    size = 0
+    async for lines in output_lines(batch, tenant, job, errors):
+        size += len(lines)
+    try:
+        await batch.keep_results_bytes(tenant, job.id, errors, size)
+    except ApiError as exc:  # a full or unreachable store: counted again at the next read
+        log.warning("batch %s: its file size cannot be kept now: %s", job.id, exc.message)
+    return size
 
 
 async def file_chunks(batch: BatchClient, tenant: str, file_id: str) -> AsyncIterator[bytes]:

@@ -14,7 +14,7 @@ from adapters.errors import quoted
 from serving.api.auth import Principal, authenticate
 from serving.api.batch_format import job_of_file, openai_batch, output_file_ids
 from serving.api.batch_input import parse_input
-from serving.api.batch_results import JSONL, file_chunks, output_lines, streamed
+from serving.api.batch_results import JSONL, file_chunks, output_lines, output_size, streamed
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError
 from serving.api.quotas import file_limits
@@ -75,9 +75,7 @@ async def get_file(file_id: str, ctx: Ctx, caller: Caller):
     if stored is not None:
         return _file_object(stored, ctx.settings.batch_ttl_s)
     job = await _output_job(ctx, caller, file_id)
-    size = 0  # counted as the content is sent, never held whole
-    async for lines in output_lines(ctx.batch, caller.tenant, job, job_of_file(file_id)[1]):
-        size += len(lines)
+    size = await output_size(ctx.batch, caller.tenant, job, job_of_file(file_id)[1])
     purpose = "batch_output"
     made = StoredFile(file_id, caller.tenant, purpose, f"{file_id}.jsonl", size,
                       job.finished or job.created)  # fmt: skip
@@ -92,9 +90,10 @@ async def file_content(file_id: str, ctx: Ctx, caller: Caller):
         chunks = file_chunks(ctx.batch, caller.tenant, file_id)
         return await streamed(chunks, JSONL, {"Content-Length": str(stored.bytes)})
     job = await _output_job(ctx, caller, file_id)
-    return await streamed(
-        output_lines(ctx.batch, caller.tenant, job, job_of_file(file_id)[1]), JSONL
-    )
+    errors = job_of_file(file_id)[1]
+    size = job.error_bytes if errors else job.output_bytes  # known once a read counted it
+    length = {"Content-Length": str(size)} if size is not None else None
+    return await streamed(output_lines(ctx.batch, caller.tenant, job, errors), JSONL, length)
 
 
 @router.delete("/v1/files/{file_id}", summary="Delete an uploaded file")

@@ -94,6 +94,9 @@ class Job:
     completion_tokens: int = 0
     cached_tokens: int = 0
     expired: float | None = None  # the completion window ended with items still queued
+    # Its output and error files' sizes, kept once measured: they never change once it ended
+    output_bytes: int | None = None
+    error_bytes: int | None = None
 
     @property
     def dropped(self) -> int:

@@ -13,7 +13,7 @@ PAGE_ITEMS, PAGE_BYTES = 512, 1 << 20
 
 
 class ResultPages:
-    """The result reads of BatchStore, over its connection (_reading)."""
+    """The result reads of BatchStore, over its connection (_reading, _write)."""
 
     def results(self, tenant: str, job_id: str) -> list[ItemRecord] | None:
         """Every item of tenant's job in order, with its result once it has one."""
@@ -45,6 +45,14 @@ class ResultPages:
                     break
             cursor.close()
         return [_record(row) for row in rows]  # parsed outside the lock
+
+    def keep_results_bytes(self, tenant: str, job_id: str, errors: bool, size: int) -> None:
+        """Keep the measured size of tenant's ended job's output file (errors: its error
+        file), read back as Job.output_bytes (error_bytes); nothing for a job not ended."""
+        column = "error_bytes" if errors else "output_bytes"
+        with self._write() as db:  # an ended job's items never change: the size holds
+            db.execute(f"UPDATE jobs SET {column} = ? WHERE id = ? AND tenant = ? AND "
+                       "finished IS NOT NULL", (size, job_id, tenant))  # fmt: skip
 
 
 def job_seq(db: sqlite3.Connection, tenant: str, job_id: str) -> int | None:

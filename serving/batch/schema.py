@@ -9,8 +9,10 @@ import sqlite3
 JOB_COLUMNS = (
     "id, tenant, model, api, endpoint, total, completed, failed, created, started, finished, "
     "cancelling, input_file_id, metadata, prompt_tokens, completion_tokens, cached_tokens, "
-    "expired"
+    "expired, output_bytes, error_bytes"
 )
+# Job columns added since the first version: an older file gets them, all NULL (_with_job_columns)
+_LATER_JOB_COLUMNS = ("expired", "output_bytes", "error_bytes")
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, key_id TEXT NOT NULL,
@@ -35,6 +37,9 @@ CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
     bytes INTEGER NOT NULL, created REAL NOT NULL, content BLOB NOT NULL
 );
+-- A tenant's files without reading any other's: its quotas' count and sum from the index
+-- alone (the rows hold the content), its listing in order.
+CREATE INDEX IF NOT EXISTS files_by_tenant ON files (tenant, created, id, bytes);
 """
 
 
@@ -42,7 +47,7 @@ def create_or_upgrade(db: sqlite3.Connection) -> None:
     """The tables and indexes, made where missing; an older file's missing columns added."""
     db.executescript(_SCHEMA)
     _with_item_tenants(db)
-    _with_job_expiry(db)
+    _with_job_columns(db)
 
 
 def _with_item_tenants(db: sqlite3.Connection) -> None:
@@ -58,7 +63,10 @@ def _with_item_tenants(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS items_tenant_queue ON items (state, tenant, idx, job)")
 
 
-def _with_job_expiry(db: sqlite3.Connection) -> None:
-    """Give a file made before jobs could expire their `expired` column (all NULL)."""
-    if "expired" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
-        db.execute("ALTER TABLE jobs ADD COLUMN expired")
+def _with_job_columns(db: sqlite3.Connection) -> None:
+    """Give a file made before jobs could expire, or kept their files' sizes, those columns:
+    all NULL (never expired; sizes measured at their next read)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    for column in _LATER_JOB_COLUMNS:
+        if column not in have:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")

@@ -247,7 +247,8 @@ def _job_row(job: Job) -> tuple:
     return (job.id, job.tenant, job.model, job.api, job.endpoint, job.total, job.completed,
             job.failed, job.created, job.started, job.finished, job.cancelling,
             job.input_file_id, json.dumps(job.metadata), job.prompt_tokens,
-            job.completion_tokens, job.cached_tokens, job.expired)  # fmt: skip
+            job.completion_tokens, job.cached_tokens, job.expired, job.output_bytes,
+            job.error_bytes)  # fmt: skip
 
 
 def _job(row: tuple) -> Job:

@@ -80,6 +80,7 @@ class HandleBatch:
             "job",
             "jobs",
             "results_page",
+            "keep_results_bytes",
             "cancel",
             "add_file",
             "file",
@@ -109,6 +110,9 @@ class HandleBatch:
 
     async def results_page(self, tenant: str, job_id: str, after: int) -> list[ItemRecord] | None:
         return await self._call("results_page", tenant, job_id, after)
+
+    async def keep_results_bytes(self, tenant: str, job_id: str, errors: bool, size: int) -> None:
+        await self._call("keep_results_bytes", tenant, job_id, errors, size)
 
     async def cancel(self, tenant: str, job_id: str) -> Job | None:
         return await self._call("cancel", tenant, job_id)

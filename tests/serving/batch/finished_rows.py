@@ -7,7 +7,7 @@ import time
 from serving.batch.files import new_id
 from serving.batch.records import CANCELLED, DONE, FAILED, OPENAI, WORKERS_AI, Job
 from serving.batch.schema import JOB_COLUMNS
-from serving.batch.store import BatchStore
+from serving.batch.store import BatchStore, _job_row
 
 CHAT = "/v1/chat/completions"
 
@@ -47,9 +47,7 @@ def finished_job(
     job = Job(new_id("batch_"), tenant, "demo", api, endpoint, n, completed, failed, now - 60,
               started=now - 59, finished=now, cancelling=now if cancelled_from else None,
               prompt_tokens=5 * completed, completion_tokens=3 * completed)  # fmt: skip
-    row = (job.id, tenant, job.model, api, endpoint, n, completed, failed, job.created,
-           job.started, job.finished, job.cancelling, None, "{}", job.prompt_tokens,
-           job.completion_tokens, 0, None)  # fmt: skip
+    row = _job_row(job)
     with store._write() as db:
         seq = db.execute(
             f"INSERT INTO jobs (key_id, {JOB_COLUMNS}) VALUES (?, {', '.join('?' * len(row))})",

@@ -52,13 +52,13 @@ def finished(store, job):
     return lambda: store.job("acme", job.id).finished is not None
 
 
-def feed_to_the_end(store, job, run, **options):
-    """Run a Feeder over store until job has finished, then stop it."""
+def feed_to_the_end(store, job, run, done=None, **options):
+    """Run a Feeder over store until job has finished (or done() holds), then stop it."""
 
     async def main():
         feeder = Feeder(store, run, ttl_s=TTL_S, **options)
         feeder.start()
-        await until(finished(store, job))
+        await until(done or finished(store, job))
         await feeder.stop()
 
     asyncio.run(main())
@@ -224,7 +224,8 @@ def test_a_busy_server_puts_the_item_back_rather_than_failing_it(store, monkeypa
     async def meter(item, result):
         metered.append((item.index, result.status))
 
-    feed_to_the_end(store, job, run, max_in_flight=2, on_result=meter)
+    # until both are metered: the last is metered just after the commit that ends the job
+    feed_to_the_end(store, job, run, lambda: len(metered) == 2, max_in_flight=2, on_result=meter)
     assert [r.state for r in store.results("acme", job.id)] == [DONE, DONE]
     assert runs == {0: 1, 1: MAX_ATTEMPTS} and sorted(metered) == [(0, 200), (1, 200)]
 

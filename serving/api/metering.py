@@ -27,7 +27,8 @@ from serving.usage.store import UsageRecord
 
 RETRY_AFTER_SECONDS = 1
 # Admission and usage records wait at most this for the tenancy (a Ray deployment may be
-# restarting): past it a request is refused with 503, and a record is logged as lost.
+# restarting): past it a request is refused with 503; a record is kept to be sent again
+# (HandleTenancy's outbox, before this has passed), and logged as lost only if it cannot be.
 TENANCY_TIMEOUT_S = 10.0
 log = logging.getLogger("loraserve.api")
 
@@ -189,7 +190,8 @@ async def finish(
     """Record the request's usage (out: its last output; None if it never ran) and release
     its admission, charging the tokens it used (its prompt once among n choices) even when
     it is not metered (a failure, or bill False: a choice of an answer that failed as a
-    whole). A store that fails is logged, never the client's error."""
+    whole). A store that fails is never the client's error: the tenancy spools the record
+    (its store's spool, or a replica's outbox under Ray); one that cannot be spooled is logged."""
     prompt, cached = meter.prompt_of(out) if out is not None else (0, 0)
     used = prompt + out.completion_tokens if out is not None else 0
     try:

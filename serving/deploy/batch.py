@@ -7,7 +7,9 @@ results and file contents a bounded page per call, so neither side holds a batch
 feeder runs each item on some ModelServer (run_batch_item), whose app serves it through its
 own route at batch priority, forwarding it to the replica where its adapter is hot; it keeps
 batch.max_in_flight items running per replica, and meters each one through the Tenancy once
-its result is committed. On (re)start it requeues the items a dead replica left running.
+its result is committed (kept in the outbox beside the store while the Tenancy cannot take
+it, as a replica does: HandleTenancy). On (re)start it requeues the items a dead replica left
+running.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from serving.api.batch_client import LocalBatch, store_unreachable
 from serving.api.errors import ApiError
 from serving.batch.records import BatchHoldings, Item, ItemRecord, ItemResult, Job, StoredFile
 from serving.batch.store import BatchStore
-from serving.deploy.tenancy import HEAD_NODE
+from serving.deploy.tenancy import HEAD_NODE, HandleTenancy
+from serving.usage.outbox import outbox_for
 
 MAX_ONGOING = 1024  # every replica's batch calls meet here; each is a brief store query
 
@@ -35,7 +38,8 @@ class BatchService:
     ) -> None:  # fmt: skip
         store = BatchStore(store_url, min_free_bytes=min_free_bytes)
         self.batch = LocalBatch(store, max_in_flight=max_in_flight, ttl_s=ttl_s)
-        self.server_name, self.app_name, self.tenancy = server_name, app_name, tenancy
+        self.server_name, self.app_name = server_name, app_name
+        self.usage = HandleTenancy(tenancy, outbox_for(store_url)) if tenancy is not None else None
         self._servers: DeploymentHandle | None = None
         self.batch.bind(self._run, self._meter)
         self.batch.start()  # async __init__: on the loop the feeder keeps running on
@@ -46,8 +50,8 @@ class BatchService:
         return await self._servers.run_batch_item.remote(item)
 
     async def _meter(self, item: Item, result: ItemResult) -> None:
-        if self.tenancy is not None and result.usage is not None:
-            await self.tenancy.finish.remote(None, result.usage, 0)
+        if self.usage is not None and result.usage is not None:
+            await self.usage.finish(None, result.usage, 0)
 
     async def submit(self, job: dict) -> Job:
         return await self.batch.submit(**job)

@@ -44,6 +44,7 @@ from serving.deploy.routing import SESSION_PREFIX, HeldIds, models_per_replica, 
 from serving.deploy.tenancy import HandleTenancy
 from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, RequestOutput
+from serving.usage.outbox import outbox_for
 
 # Seconds a stopping replica waits for its streams to finish before it is killed.
 DRAIN_TIMEOUT_S = 30.0
@@ -107,7 +108,9 @@ class EngineReplica:
             serve.get_deployment_handle(context.deployment, context.app_name),
             self.cfg.deploy.num_replicas,
         )
-        tenancy = HandleTenancy(self.tenancy) if self.tenancy is not None else None
+        tenancy = None
+        if self.tenancy is not None:  # what it cannot hand over waits in this node's outbox
+            tenancy = HandleTenancy(self.tenancy, outbox_for(self.cfg.usage.store))
         batch = HandleBatch(self.batch) if self.batch is not None else None
         generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
         # Ray Serve's proxy names every answer with x-request-id (a client's own echoed):

@@ -9,7 +9,7 @@ the usage in SQLite and returns once it is committed, so callers run it in a wor
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from serving.config import LimitsSection
 from serving.usage.limits import RATE_LIMITS, RUNNING_TTL_S, Admission, Limiter, Limits
@@ -56,6 +56,12 @@ class Tenancy:
             self.limiter.finish(admission, used)
         if record is not None and self.store is not None:
             self.store.record([record])
+
+    def record(self, records: Sequence[UsageRecord]) -> None:
+        """Record records sent again (a replica's outbox), each counted once by its id;
+        committed, or spooled as finish() does."""
+        if records and self.store is not None:
+            self.store.record(records)
 
     def usage(
         self,

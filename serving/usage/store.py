@@ -12,7 +12,9 @@ The database runs in WAL mode with a busy timeout, so several processes (replica
 feeder) can write one file at once; record() commits before it returns. A write that fails (a
 full disk, a database locked too long) goes to a spool file beside the database instead and
 is replayed, exactly once, by the next write that succeeds or the next start (serving.usage
-.spool). A UsageStore object is safe to share between threads.
+.spool). A record that carries an id (one a replica may send twice: serving.usage.outbox) is
+counted the first time its id comes, within DELIVERED_KEEP_S. A UsageStore object is safe to
+share between threads.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +40,10 @@ GROUPS = {
 }
 COUNTS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
 BUSY_TIMEOUT_MS = 30_000  # writers wait this long for another process's transaction
+# How long a delivered record's id is kept to count it once: a replica sends a record again
+# within seconds or minutes (its outbox's replays); one sent again later than this, after a
+# first delivery that had committed unanswered, would be counted twice.
+DELIVERED_KEEP_S = 24 * 3600
 log = logging.getLogger("loraserve.usage")
 
 _SCHEMA = """
@@ -55,6 +62,11 @@ CREATE TABLE IF NOT EXISTS usage (
 CREATE INDEX IF NOT EXISTS usage_by_tenant ON usage (tenant, minute);
 -- The spool lines (serving.usage.spool) committed and not yet cleared from the spool file.
 CREATE TABLE IF NOT EXISTS usage_spooled (id TEXT PRIMARY KEY) WITHOUT ROWID;
+-- The ids of the records counted that came with one (UsageRecord.id), by their minute, kept
+-- DELIVERED_KEEP_S: such a record is counted once however often it is sent.
+CREATE TABLE IF NOT EXISTS usage_delivered (
+    minute INTEGER NOT NULL, id TEXT NOT NULL, PRIMARY KEY (minute, id)
+) WITHOUT ROWID;
 """
 _UPSERT = f"""
 INSERT INTO usage (minute, tenant, key_id, adapter, kind, {", ".join(COUNTS)})
@@ -81,6 +93,8 @@ class UsageRecord:
     completion_tokens: int
     time: float  # epoch seconds when the request ended
     requests: int = 1
+    # Set where it may be sent twice (a replica's outbox): the store counts it once per id.
+    id: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -128,13 +142,16 @@ class UsageStore:
         raises UsageStoreError only when the spool cannot take them either."""
         rows: dict[tuple, list[int]] = {}
         for r in records:  # sum in memory first: a batch often repeats a row's key
-            key = (minute_of(r.time), r.tenant, r.key_id, r.adapter, r.kind)
+            key = (minute_of(r.time), r.tenant, r.key_id, r.adapter, r.kind, r.id)
+            if r.id is not None and key in rows:
+                continue  # the same record twice: counted once
             counts = rows.setdefault(key, [0] * len(COUNTS))
             for i, name in enumerate(COUNTS):
                 counts[i] += getattr(r, name)
         if not rows:
             return
-        summed = [(*key, *counts) for key, counts in rows.items()]
+        # Rows (Row): a record with an id stays a row of its own, counted once by that id.
+        summed = [(*key[:5], *counts, key[5]) for key, counts in rows.items()]
         with self._lock:
             try:
                 self._write(summed)
@@ -159,19 +176,32 @@ class UsageStore:
                             "INSERT OR IGNORE INTO usage_spooled VALUES (?)", (line_id,)
                         )
                         if new.rowcount:
-                            self._db.executemany(_UPSERT, line_rows)
+                            self._count(line_rows)
                     # ids of lines no longer in the spool: cleared by an earlier replay
                     gone = {row[0] for row in self._db.execute("SELECT id FROM usage_spooled")}
                     gone -= {line_id for line_id, _ in spooled}
                     self._db.executemany("DELETE FROM usage_spooled WHERE id = ?",
                                          [(i,) for i in gone])  # fmt: skip
-                    if rows:
-                        self._db.executemany(_UPSERT, rows)
+                    self._count(rows)
+                    kept_from = minute_of(time.time() - DELIVERED_KEEP_S)
+                    self._db.execute("DELETE FROM usage_delivered WHERE minute < ?", (kept_from,))
                     self._db.execute("COMMIT")
             except BaseException:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
+
+    def _count(self, rows: list[Row]) -> None:
+        """Add rows' counts, a row with an id only if that id was not counted before (a spool
+        line written by an older version has no id: its rows are 9 long)."""
+        fresh = []
+        for row in rows:
+            first = len(row) < 10 or row[9] is None or self._db.execute(
+                "INSERT OR IGNORE INTO usage_delivered VALUES (?, ?)", (row[0], row[9])
+            ).rowcount  # fmt: skip
+            if first:
+                fresh.append(row[:9])
+        self._db.executemany(_UPSERT, fresh)
 
     @contextmanager
     def _spooled(self) -> Iterator[list]:

@@ -51,7 +51,11 @@ FORMATS = [(fmt(s), s) for s in SCHEMAS] + [(JSON_OBJECT, {"type": "object"})]
 
 def compiled(tokenizer, f: ResponseFormat):
     """f compiled by a compiler of its own (not the engine's), for the world's vocabulary."""
-    return GrammarCompiler(tokenizer, FIELDS["vocab_size"]).compile_now(f)
+    compiler = GrammarCompiler(tokenizer, FIELDS["vocab_size"], workers=1)
+    try:
+        return compiler.compile_now(f)
+    finally:
+        compiler.shutdown()  # its process ends; the grammar read back stays usable
 
 
 class Run:
@@ -113,6 +117,15 @@ def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("structured"))
 
 
+@pytest.fixture
+def engines(world):
+    """world.engine(**config), each shut down after the test (its compile processes end)."""
+    made = []
+    yield lambda **config: made.append(world.engine(**config)) or made[-1]
+    for engine in made:
+        engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 def mixed(world):
     """8 constrained rows (4 formats x greedy/sampled) and 4 free ones, staggered."""
@@ -127,9 +140,12 @@ def mixed(world):
     ]
     requests = [r for pair in itertools.zip_longest(constrained, free) for r in pair if r]
     engine = world.engine()
-    for f, _ in FORMATS:  # compiled before the first step, so free rows share steps with them
-        engine.grammars.compiler.compile_now(f)
-    return constrained, free, run(engine, requests)
+    try:
+        for f, _ in FORMATS:  # compiled before the first step, so free rows share steps with them
+            engine.grammars.compiler.compile_now(f)
+        return constrained, free, run(engine, requests)
+    finally:
+        engine.shutdown()
 
 
 def test_constrained_outputs_parse_and_validate(world, mixed):
@@ -151,9 +167,9 @@ def test_constrained_outputs_parse_and_validate(world, mixed):
     assert len(outputs) >= len(constrained) - 1
 
 
-def test_free_rows_are_untouched_by_constrained_rows(world, mixed):
+def test_free_rows_are_untouched_by_constrained_rows(world, mixed, engines):
     constrained, free, got = mixed
-    alone = run(world.engine(), free)
+    alone = run(engines(), free)
     shared = set().union(*(got.steps[r.request_id] for r in constrained))
     for r in free:
         assert got.tokens[r.request_id] == alone.tokens[r.request_id], r.request_id
@@ -162,12 +178,12 @@ def test_free_rows_are_untouched_by_constrained_rows(world, mixed):
         assert len(got.steps[r.request_id] & shared) > 12, r.request_id
 
 
-def test_a_cut_output_is_a_prefix_of_valid_json(world):
+def test_a_cut_output_is_a_prefix_of_valid_json(world, engines):
     requests = [
         req(world, f"l{n}", (7, 8, 9, n), params(n, n), name, fmt(CHOICES))
         for n, name in [(2, None), (5, "upper"), (9, "qk"), (14, None)]
     ]
-    got = run(world.engine(), requests)
+    got = run(engines(), requests)
     for r in requests:
         text = got.text(r.request_id, world.tokenizer)
         assert got.done[r.request_id].finish_reason == "length"
@@ -179,27 +195,27 @@ def test_a_cut_output_is_a_prefix_of_valid_json(world):
         assert matcher.accept_string(text) and not matcher.is_terminated()
 
 
-def test_max_tokens_ending_on_the_values_last_token_is_a_stop(world):
+def test_max_tokens_ending_on_the_values_last_token_is_a_stop(world, engines):
     """A budget that ends exactly on a whole value stops; one token less is a length cut."""
-    whole = run(world.engine(), [req(world, "w", (7, 8, 9), params(0, 60), None, fmt(CHOICES))])
+    whole = run(engines(), [req(world, "w", (7, 8, 9), params(0, 60), None, fmt(CHOICES))])
     stops = set(world.tokenizer.eos_token_ids)
     value = [t for t in whole.tokens["w"] if t not in stops]
     assert whole.done["w"].finish_reason == "stop" and len(value) >= 2
     for n, reason in ((len(value), "stop"), (len(value) - 1, "length")):
-        got = run(world.engine(), [req(world, "c", (7, 8, 9), params(0, n), None, fmt(CHOICES))])
+        got = run(engines(), [req(world, "c", (7, 8, 9), params(0, n), None, fmt(CHOICES))])
         assert got.tokens["c"] == value[:n] and got.done["c"].finish_reason == reason
         text = got.text("c", world.tokenizer)
         if reason == "stop":
             jsonschema.validate(json.loads(text), CHOICES)
 
 
-def test_ignore_eos_still_stops_once_the_json_is_complete(world):
+def test_ignore_eos_still_stops_once_the_json_is_complete(world, engines):
     def request(i, ignore_eos):
         sampling = params(i, 120, ignore_eos=ignore_eos)
         return req(world, f"e{i}-{ignore_eos}", (3, 4, 5, i), sampling, "upper", fmt(CHOICES))
 
     ignoring = [request(i, True) for i in range(3)]
-    got = run(world.engine(), ignoring + [request(i, False) for i in range(3)])
+    got = run(engines(), ignoring + [request(i, False) for i in range(3)])
     stops = set(world.tokenizer.eos_token_ids)
     for i, r in enumerate(ignoring):
         done, tokens = got.done[r.request_id], got.tokens[r.request_id]
@@ -223,11 +239,11 @@ def assert_unharmed(world, got, requests) -> None:
     assert len(got.tokens[free.request_id]) == 12
 
 
-def test_a_schema_the_compiler_refuses_fails_that_request_alone(world):
+def test_a_schema_the_compiler_refuses_fails_that_request_alone(world, engines):
     objekt = ResponseFormat("json_schema", '{"type":"objekt"}', strict=True)
     bad = req(world, "bad", (1, 2, 3), params(0), None, objekt)
     others = good_and_free(world, "refused")
-    got = run(world.engine(), [others[0], bad, others[1]])
+    got = run(engines(), [others[0], bad, others[1]])
     done = got.done["bad"]
     assert done.finish_reason == "error" and done.own_fault
     assert "objekt" in done.error and not got.tokens["bad"] and done.completion_tokens == 0
@@ -246,8 +262,8 @@ def hold_compile(monkeypatch, compiler, schema: dict) -> None:
     monkeypatch.setattr(compiler, "_schema", lambda f: (RUNAWAY, False) if f == slow else original(f))  # fmt: skip
 
 
-def test_a_compile_past_the_time_limit_fails_its_request_alone(world, monkeypatch):
-    engine = world.engine()
+def test_a_compile_past_the_time_limit_fails_its_request_alone(world, engines, monkeypatch):
+    engine = engines()
     compiler = engine.grammars.compiler
     compiler.compile_now(fmt(CHOICES))  # the vocabulary's first compile is not what is timed
     compiler.time_limit_s = 0.5
@@ -259,13 +275,12 @@ def test_a_compile_past_the_time_limit_fails_its_request_alone(world, monkeypatc
     assert done.finish_reason == "error" and done.own_fault
     assert "did not compile within 0.5 s" in done.error
     assert_unharmed(world, got, others)
-    engine.shutdown()
 
 
-def test_a_grammar_still_compiling_holds_up_no_one(world, monkeypatch):
+def test_a_grammar_still_compiling_holds_up_no_one(world, engines, monkeypatch):
     """Others are served while a compile runs; once its request is aborted, the compile is
     stopped (its process killed) rather than left to run on."""
-    engine = world.engine()
+    engine = engines()
     compiler = engine.grammars.compiler
     compiler.time_limit_s = 600.0  # however slow this machine, no time-out
     hold_compile(monkeypatch, compiler, ORDER)
@@ -286,11 +301,10 @@ def test_a_grammar_still_compiling_holds_up_no_one(world, monkeypatch):
     assert compiler.threads() == 0  # the process was killed, not left to its tens of seconds
     assert len(pids - set(compiler.pids())) == 1
     assert_unharmed(world, got, others)
-    engine.shutdown()
 
 
-def test_a_format_compiles_once(world, monkeypatch):
-    engine = world.engine()
+def test_a_format_compiles_once(world, engines, monkeypatch):
+    engine = engines()
     compiler = engine.grammars.compiler
     calls, original = [], compiler._schema
     monkeypatch.setattr(compiler, "_schema", lambda f: calls.append(f) or original(f))

@@ -17,11 +17,10 @@ from re import _parser as sre_parse  # how Python (and the metaschema's check) r
 # ", \\ (an escaped backslash), a control character or an escape for one
 UNSAFE = re.compile(r'"|\\\\|\\[nrtfv0c]|\\x[01]|\\u00[01]|[\x00-\x1f]')
 # xgrammar expands a pattern's counted repeats into its automaton, nested counts multiplied,
-# at a cost that grows faster than the count: [a-z]{1,1000} compiles in 0.05 s, .{1,1000} in
-# 0.3 s, [a-z]{1,5000} in 1.4 s, [a-z]{1,30100} in ~75 s (4096-token vocabulary). 1000 allows
-# any realistic pattern. (Nested variable counts can be slow below it, e.g. 12 s for
-# ((x{1,10}){1,10}){1,10}: the compile time limit catches those.) Length keywords and
-# maxItems are no such cost: xgrammar counts them, 1 ms at 10**6.
+# at a cost that grows faster than the count. Past this count a pattern is refused outright;
+# 1000 allows any realistic pattern. Below it, what a schema's repeats (nested ones too) cost
+# to compile is estimated, and refused past the budget, in serving/engine/grammar/cost.py.
+# Length keywords and maxItems are no such cost: xgrammar counts them, 1 ms at 10**6.
 MAX_PATTERN_REPEAT = 1000
 REPEATS = (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT)
 NOT_REGULAR = {

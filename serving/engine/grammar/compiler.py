@@ -114,18 +114,19 @@ class GrammarCompiler:
         job.future.add_done_callback(lambda f: self._forget_busy(key, job))
         return job.future
 
-    def release(self, fmt: ResponseFormat) -> None:
-        """A request waiting on fmt's compile went away: with none left, the compile stops."""
+    def release(self, key: str) -> None:
+        """A request waiting on the compile of key (a format's key()) went away: with none
+        left, the compile stops."""
         with self._lock:
-            job = self._cache.get(self.key(fmt))
+            job = self._cache.get(key)
         if job is not None and not job.future.done():
             self._pool.release(job)
 
-    def compile_seconds(self, fmt: ResponseFormat) -> float | None:
-        """How long fmt's compile has run; None while it waits for a worker (or is not
-        known), 0 once done."""
+    def compile_seconds(self, key: str) -> float | None:
+        """How long the compile of key (a format's key()) has run; None while it waits for a
+        worker (or is not known), 0 once done."""
         with self._lock:
-            job = self._cache.get(self.key(fmt))
+            job = self._cache.get(key)
         if job is None or job.started is None:
             return None
         return 0.0 if job.future.done() else time.monotonic() - job.started

@@ -30,8 +30,9 @@ class PendingGrammars:
     def __init__(self, tokenizer, vocab_size: int, wake: Callable[[], None]):
         self._tokenizer, self._vocab_size, self._wake = tokenizer, vocab_size, wake
         self._compiler: GrammarCompiler | None = None  # made with the first response format
-        # request id -> (t, future, when it gives up waiting)
-        self._waiting: dict[str, tuple[object, object, float]] = {}
+        # request id -> (t, future, when it gives up waiting, its format's key): the key is
+        # hashed once, not on every step (a schema may be 32 KiB, and many may wait)
+        self._waiting: dict[str, tuple[object, object, float, str]] = {}
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -52,13 +53,14 @@ class PendingGrammars:
         deadline = time.monotonic() + compiler.time_limit_s
         request = t.seq.request
         future = compiler.submit(request.response_format, request.tenant)
-        self._waiting[t.seq.request.request_id] = (t, future, deadline)
+        key = compiler.key(request.response_format)
+        self._waiting[t.seq.request.request_id] = (t, future, deadline, key)
         future.add_done_callback(lambda _: self._wake())
 
     def drop(self, request_id: str) -> None:
         waiting = self._waiting.pop(request_id, None)
         if waiting is not None and not waiting[1].done():
-            self.compiler.release(waiting[0].seq.request.response_format)
+            self.compiler.release(waiting[3])
 
     def ready(self) -> tuple[list, list[tuple[object, str, str]]]:
         """(requests whose grammar is set and may be scheduled, [(request, why it failed,
@@ -67,9 +69,9 @@ class PendingGrammars:
         done, failed = [], []
         compiler = self.compiler
         limit = compiler.time_limit_s
-        for request_id, (t, future, deadline) in list(self._waiting.items()):
+        for request_id, (t, future, deadline, key) in list(self._waiting.items()):
             if not future.done():
-                ran = compiler.compile_seconds(t.seq.request.response_format)
+                ran = compiler.compile_seconds(key)
                 if ran is not None and ran > limit:
                     self.drop(request_id)
                     failed.append((t, f"the response format's schema did not compile within "

@@ -21,7 +21,17 @@ from serving.engine.grammar.ebnf import no_raw_controls, reparseable
 from serving.engine.grammar.formats import prepared
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.grammar.workers import CompilerBusy, GrammarError, OwnerBusy
-from tests.serving.engine.test_structured import CHOICES, ORDER, PERSON, RUNAWAY, fmt, params, req
+from tests.serving.engine.test_structured import (
+    CHOICES,
+    ORDER,
+    PERSON,
+    RUNAWAY,
+    Run,
+    fmt,
+    hold_compile,
+    params,
+    req,
+)
 from tests.serving.engine.world import FIELDS, build_world
 
 DATES = {"type": "object", "properties": {"d": {"type": "string", "format": "date-time"},
@@ -86,10 +96,10 @@ def test_a_compile_no_request_waits_for_is_killed(make):
     [pid] = compiler.pids()
     first, second = compiler.submit(fmt(ORDER)), compiler.submit(fmt(ORDER))
     assert first is second and wait_for(lambda: compiler.threads() == 1)
-    compiler.release(fmt(ORDER))
+    compiler.release(compiler.key(fmt(ORDER)))
     time.sleep(0.3)
     assert alive(pid) and not first.done()  # one request still waits
-    compiler.release(fmt(ORDER))
+    compiler.release(compiler.key(fmt(ORDER)))
     with pytest.raises(CompilerBusy, match="no request waits"):
         first.result(timeout=10)
     assert wait_for(lambda: not alive(pid))
@@ -168,6 +178,27 @@ def test_masks_from_a_process_equal_those_of_an_in_process_compile(world, make, 
             break
         token = rng.choice(allowed)
         assert theirs.accept(token) and ours.accept(token)
+
+
+def test_a_waiting_request_hashes_its_format_once_not_every_step(world, monkeypatch):
+    """While a request waits on its compile, each step looks whether the compile ran past
+    the limit, without hashing the format again (a schema of up to 32 KiB, and one tenant
+    may have ten waiting)."""
+    engine = world.engine()
+    compiler = engine.grammars.compiler
+    compiler.time_limit_s = 600.0
+    hold_compile(monkeypatch, compiler, ORDER)
+    keys, original = [], compiler.key
+    monkeypatch.setattr(compiler, "key", lambda f: keys.append(f) or original(f))
+    got = Run(engine)
+    try:
+        engine.submit(req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER)), got.sink)
+        engine.submit(req(world, "free", (9, 8, 7), params(1, 40, ignore_eos=True)), got.sink)
+        got.advance(until=lambda: "free" in got.done)
+        assert got.step >= 40 and "slow" not in got.done  # it waited through every step
+        assert len(keys) <= 2, len(keys)  # its submission's, not one per step
+    finally:
+        engine.shutdown()
 
 
 def timed(engine, request) -> float:

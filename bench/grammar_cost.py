@@ -65,7 +65,9 @@ NESTED = (  # variable repeats inside repeats, of wide classes and narrow ones
     ("(.{1,10}){1,3}", "(.{1,100}){1,2}", "([a-z]{1,10}){1,50}"),
     ("(.{1,10}){1,2}", "(.{1,10}){1,4}", "(.{1,20}){1,3}", "(.{1,50}){1,2}", "(.{1,100}){1,2}",
      "(.{1,100}){1,3}", "([^,]{1,100},){1,5}", "([a-z]{1,10}){1,25}", "([a-z]{1,10}){1,50}",
-     "([a-z]{1,10}){1,100}", r"(\w{1,20} ?){1,50}"),
+     "([a-z]{1,10}){1,100}", r"(\w{1,20} ?){1,50}", "([a-z]{1,5}){1,25}", "([a-z]{1,40}){1,25}",
+     "([a-z]{5,10}){1,25}", "([a-z]{10}){1,50}", "([a-z]{1,10} ){1,50}", r"(\w{1,10} ?){1,25}",
+     "(.{1,10}){1,10}", "(.{1,10}){1,25}", "(.{1,50}){1,5}"),
 )  # fmt: skip
 SUMMED = ((6,), (2, 4, 6, 8))  # k patterns .{1,1000} in one object
 OPTIONAL = ((100, 1000), (100, 300, 600, 1000))  # n properties, none required
@@ -79,11 +81,43 @@ def shapes(quick: bool) -> dict[str, tuple[dict, bool]]:
     size = 0 if quick else 1
     regexes = [f"[a-z]{{1,{n}}}" for n in NARROW[size]] + [f".{{1,{n}}}" for n in WIDE[size]]
     if not quick:  # other wide classes
-        regexes += [f"{c}{{1,{n}}}" for c in ("[^x]", r"\S") for n in (500, 1000)]
+        regexes += [f"{c}{{1,{n}}}" for c in ("[^x]", r"\S", r"\w") for n in (500, 1000)]
     # a string is the same strict or not
     table = {regex: (pattern(regex), True) for regex in regexes + list(NESTED[size])}
     table |= objects(SUMMED[size], OPTIONAL[size], REQUIRED[size], strict=True)
-    return table | objects(*LOOSE[size], strict=False)
+    table |= objects(*LOOSE[size], strict=False)
+    return table | (others(quick=True) if quick else others(quick=False))
+
+
+def required(names) -> dict:
+    """An object of these string properties, all required."""
+    return {"type": "object", "properties": {n: {"type": "string"} for n in names},
+            "required": list(names)}  # fmt: skip
+
+
+def others(quick: bool) -> dict[str, tuple[dict, bool]]:
+    """name -> (schema, strict) of the shapes the model counts other than by patterns:
+    nested objects, references, branches, arrays, enums, string lengths."""
+    inner = required([f"f{j}" for j in range(30)])
+    outer = {"type": "object", "properties": {f"o{i}": inner for i in range(10)},
+             "required": [f"o{i}" for i in range(10)]}  # fmt: skip
+    refs = {"$defs": {"p": inner}, **outer,
+            "properties": {f"o{i}": {"$ref": "#/$defs/p"} for i in range(10)}}  # fmt: skip
+    table = {"10 objects x 30 properties": (outer, True),
+             "10 objects x 30 properties, not strict": (outer, False)}  # fmt: skip
+    if quick:
+        return table
+    values = [f"value_{i:04d}" for i in range(3000)]
+    return table | {
+        "$defs of 30 properties x 10 $refs": (refs, True),
+        "anyOf 10 x 30 properties": ({"anyOf": [inner] * 10}, True),
+        "array of 30 properties, minItems 20": ({"type": "array", "items": inner, "minItems": 20}, True),
+        "enum of 3000 values": ({"enum": values}, True),
+        "maxLength 3000": ({"type": "string", "maxLength": 3000}, True),
+        "minLength 1000": ({"type": "string", "minLength": 1000}, True),
+        "300 properties, additionalProperties false, not strict": (
+            {**properties(300, 300), "additionalProperties": False}, False),
+    }  # fmt: skip
 
 
 def objects(summed, optional, required, strict: bool) -> dict[str, tuple[dict, bool]]:
@@ -94,9 +128,9 @@ def objects(summed, optional, required, strict: bool) -> dict[str, tuple[dict, b
     return table | {f"{n} properties, all required{tail}": (properties(n, n), strict) for n in required}  # fmt: skip
 
 
-def estimate(schema: dict) -> float:
+def estimate(schema: dict, strict: bool) -> float:
     """cost.py's estimate of schema, as the compiler reads it."""
-    return sum(part.seconds for part in costly_parts(prepared(schema), ()))
+    return sum(part.seconds for part in costly_parts(prepared(schema), (), strict))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -143,7 +177,7 @@ def rows(compiles: Compiles, table: dict, timeout: float, repeats: int) -> list[
     out = ["| shape | estimate s | cpu s | wall s | estimate / cpu |", "|---|---:|---:|---:|---:|"]
     near, past = [], []  # ratios of shapes near the budget; shapes past the timeout
     for name, (schema, strict) in table.items():
-        guess, runs = estimate(schema), []
+        guess, runs = estimate(schema, strict), []
         while len(runs) < repeats and (measured := compiles.run(schema, strict, timeout)):
             runs.append(measured)
         if len(runs) < repeats:

@@ -72,8 +72,11 @@ def mixed_requests(world, count=12, seed=0):
 
 @pytest.fixture(scope="module")
 def plain(world):
-    requests = mixed_requests(world)
-    return requests, run_staggered(world.engine(scheduler=SCHED), requests)
+    requests, engine = mixed_requests(world), world.engine(scheduler=SCHED)
+    try:  # shut down: its compile processes end with it
+        return requests, run_staggered(engine, requests)
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.parametrize(
@@ -90,7 +93,10 @@ def plain(world):
 def test_greedy_constrained_output_unchanged_by_speculation(world, plain, method, draft, num_blocks):  # fmt: skip
     requests, want = plain
     engine = spec_engine(world, method, draft=draft or "small", num_blocks=num_blocks, scheduler=SCHED)  # fmt: skip
-    got = run_staggered(engine, requests)
+    try:
+        got = run_staggered(engine, requests)
+    finally:
+        engine.shutdown()
     stops = 0
     for r in requests:
         assert got.tokens[r.request_id] == want.tokens[r.request_id], r.request_id
@@ -125,7 +131,9 @@ def models(tmp_path_factory):
     tiny(1, 1, VOCAB).save_pretrained(root / "draft")
     save_tokenizer(root / "target", "byte_level_bpe")
     tokenizer = load_tokenizer(root / "target")
-    grammar = GrammarCompiler(tokenizer, VOCAB).compile_now(fmt(ENUM))
+    compiler = GrammarCompiler(tokenizer, VOCAB)
+    grammar = compiler.compile_now(fmt(ENUM))
+    compiler.shutdown()
     # the prompt quotes values, so n-gram proposals follow a quote with one of them
     prompt = tuple(tokenizer.encode('"ab" "ba" "cab"', add_special_tokens=False))
     stops = set(tokenizer.eos_token_ids)
@@ -175,10 +183,13 @@ def sample_paths(
     draft = runtime_model(root / "draft") if method == "draft_model" else None
     engine = Engine(runtime_model(root / "target"), tokenizer, config, draft_model=draft)
     got = Collector()
-    for i in range(count):
-        params = SamplingParams(max_tokens=16, seed=i if seeded else None, **PARAMS)
-        engine.submit(GenerateRequest(f"s{i}", prompt, params, response_format=fmt(ENUM)), got.sink)
-    engine.run_until_idle()
+    try:
+        for i in range(count):
+            params = SamplingParams(max_tokens=16, seed=i if seeded else None, **PARAMS)
+            engine.submit(GenerateRequest(f"s{i}", prompt, params, response_format=fmt(ENUM)), got.sink)  # fmt: skip
+        engine.run_until_idle()
+    finally:
+        engine.shutdown()
     assert {d.finish_reason for d in got.done.values()} == {"stop"}
     if method:
         assert engine.spec.stats.total.accepted > count // 4  # proposals really were kept

@@ -118,16 +118,21 @@ REPRO = {"type": "object",  # 1,942 bytes: each pattern alone is allowed, not th
          "properties": {f"p{i}": {"type": "string", "pattern": "^.{1,1000}$"} for i in range(40)}}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("schema", "pointer"),
-    [
+COSTLY = [
         (REPRO, "/properties/p0/pattern"),
         ({"type": "string", "pattern": "^" + "(ab|.{1,9})" * 2900 + "$"}, "/pattern"),  # 31.9 KB
         ({"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1200)}},
          "/properties"),  # optional properties: 2,000 take minutes
         ({"type": "string", "pattern": "^(.{1,100}){1,10}$"}, "/pattern"),  # nested: 21 s
-    ],
-    ids=["many-repeats", "32k-pattern", "optional-properties", "nested"],
+        ({"type": "object", "properties": {"a": {"type": "string"}, "words": {
+            "type": "string", "pattern": "^(\\w{1,20} ?){1,50}$"}}}, "/properties/words/pattern"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("schema", "pointer"),
+    COSTLY,
+    ids=["many-repeats", "32k-pattern", "optional-properties", "nested", "nested-narrow"],
 )
 def test_a_schema_too_costly_to_compile_is_refused_at_once(schema, pointer, monkeypatch):
     """The estimate, not a compile, refuses it: in milliseconds, naming the costliest part."""
@@ -138,6 +143,22 @@ def test_a_schema_too_costly_to_compile_is_refused_at_once(schema, pointer, monk
     assert time.process_time() - began < 2.0  # the compile would take minutes to hours
     message = str(caught.value)
     assert "more than the 2 s allowed" in message and f"at {pointer} (about" in message, message
+
+
+def test_realistic_schemas_are_within_the_budget():
+    """Tool calls, a 50-property object and the bench's schemas pass the estimate."""
+    from bench.structured import SCHEMAS
+
+    fifty = {"type": "object", "properties": {f"property_{i}": {"type": "string"} for i in range(50)}}  # fmt: skip
+    tool = {"type": "object", "properties": {
+        "name": {"enum": ["get_weather", "search", "send_email"]},
+        "arguments": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 100}, "unit": {"enum": ["c", "f"]},
+            "query": {"type": "string", "pattern": "^[^|]{1,200}$"},
+            "to": {"type": "string", "pattern": "^[a-z0-9.]{1,64}@[a-z0-9.]{1,64}$"}},
+            "required": ["city"]}}, "required": ["name", "arguments"]}  # fmt: skip
+    for schema in (fifty, tool, *SCHEMAS.values()):
+        check_schema(schema)
 
 
 def test_the_engine_refuses_what_the_api_does(world):
@@ -157,7 +178,9 @@ def test_the_repeat_bound_is_inclusive():
 
 @pytest.fixture(scope="module")
 def compiler(world):
-    return GrammarCompiler(world.tokenizer, FIELDS["vocab_size"], time_limit_s=60.0)
+    compiler = GrammarCompiler(world.tokenizer, FIELDS["vocab_size"], time_limit_s=60.0)
+    yield compiler
+    compiler.shutdown()  # its compile processes end with it
 
 
 def walk(compiler, grammar: RowGrammar, rng: random.Random) -> str | None:

@@ -123,6 +123,10 @@ class CpuPlan:
     # [num_active] int32: the rank of each sorted token, when no group runs in place (the
     # compiled kernel's input, kernels/lora_native.py, which then runs the step); else None
     token_ranks: torch.Tensor | None = None
+    # (token_order, token_slots, token_ranks, [min, max] of each): the kernel's indices and
+    # their bounds, reduced here from the host lists they were made from, so that the kernel
+    # checks them (kernels/lora_native.py) without reading anything back in a forward
+    kernel_indices: tuple | None = field(default=None, compare=False, repr=False)
 
     @property
     def has_runs(self) -> bool:
@@ -168,12 +172,17 @@ def plan_cpu(
                 parts = _parts(start, end, g_slots, g_counts)
         groups.append(RankGroup(rank, start, end, runs, padded, parts))
         lo = hi
-    token_ranks = None
+    token_ranks = kernel_indices = None
     if not any(g.in_place for g in groups):
         token_ranks = torch.tensor(ranks, dtype=torch.int32).repeat_interleave(
             torch.tensor(counts, dtype=torch.int64)
         )
-    return CpuPlan(tuple(groups), _bags(token_order, token_slots, groups), token_ranks)
+        # Each token's slot and rank is its segment's; an empty step has no bounds to check.
+        lists = (order, slots, ranks)
+        bounds = tuple(v for xs in lists for v in (min(xs, default=0), max(xs, default=0)))
+        kernel_indices = (token_order, token_slots, token_ranks, bounds)
+    bags = _bags(token_order, token_slots, groups)
+    return CpuPlan(tuple(groups), bags, token_ranks, kernel_indices)
 
 
 def _padded(slots: list[int], counts: list[int], rows: torch.Tensor) -> Padded | None:

@@ -33,7 +33,6 @@ _kernel: ctypes._CFuncPtr | None = None
 _tried = False
 _described: dict[tuple[int, int], tuple] = {}  # see _stacks
 _MAX_DESCRIBED = 4096  # a model's layers times its projections, with room to spare
-_checked: tuple | None = None  # (order, slots, ranks, their bounds): see _check_indices
 
 
 def available() -> bool:
@@ -48,7 +47,7 @@ def available() -> bool:
     return _kernel is not None
 
 
-def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
+def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales, checked=None) -> bool:
     """y[t, slice s] += scales[slot t] * (x[t] @ A_s[slot t, :r].T) @ B_s[slot t, :r], r = rank t.
 
     x: [T, in]; lora_a[s]: [num_slots, max_rank, in]; lora_b[s]: [num_slots, max_rank, out_s];
@@ -56,7 +55,9 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     ranks: [n] int32 of each sorted token; scales: [num_slots] float32. Returns False, having
     done nothing, where the operands don't fit the kernel (float32 on the CPU, rows of
     stride 1): the caller runs the torch path. ValueError where an index is out of the
-    operands' bounds (see _check_indices), before the kernel sees any. Call `available()` first.
+    operands' bounds (see _check_indices), before the kernel sees any. checked: the plan's
+    kernel_indices (kernels/cpu_plan.py), whose bounds stand for these tensors when they are
+    its own. Call `available()` first.
     """
     described = _stacks(lora_a, lora_b)
     if described is None or not (_fits(x) and _fits(y) and _fits(scales)):
@@ -69,7 +70,7 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     indices = ((order, torch.int64), (slots, torch.int32), (ranks, torch.int32))
     if not shapes_fit or not all(t.dtype == d and t.is_contiguous() for t, d in indices):
         return False  # the torch path then names what does not fit
-    _check_indices(order, slots, ranks, x.shape[0], num_slots, max_rank)
+    _check_indices(order, slots, ranks, x.shape[0], num_slots, max_rank, checked)
     _kernel(
         order.numel(), order.data_ptr(), slots.data_ptr(), ranks.data_ptr(), scales.data_ptr(),
         x.data_ptr(), x.stride(0), in_dim, y.data_ptr(), y.stride(0), len(lora_a), stacks,
@@ -78,7 +79,9 @@ def lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales) -> bool:
     return True
 
 
-def _check_indices(order, slots, ranks, num_tokens: int, num_slots: int, max_rank: int) -> None:
+def _check_indices(
+    order, slots, ranks, num_tokens: int, num_slots: int, max_rank: int, checked=None
+) -> None:
     """ValueError unless order, slots and ranks have one entry per active token each, and
     order is in [0, num_tokens), slots in [0, num_slots), ranks in [0, max_rank].
 
@@ -86,10 +89,10 @@ def _check_indices(order, slots, ranks, num_tokens: int, num_slots: int, max_ran
     memory or crash the process; as a ValueError it fails the step, which the engine
     attributes as it does any fault of a forward (serving/engine/faults.py). Base-only
     tokens (slot -1) are never among the kernel's: they were dropped from the order. The
-    bounds are reduced once per step: every projection of a step passes the same tensors,
-    which are never written after the plan is built (a frozen CpuPlan, kernels/cpu_plan.py).
+    bounds are the plan's, reduced where it was built from the host lists these tensors were
+    made from (so a forward reads nothing back), when these are the plan's own tensors
+    (never written after: a frozen CpuPlan); any others are reduced here.
     """
-    global _checked
     if len({order.numel(), slots.numel(), ranks.numel()}) != 1:
         raise ValueError(
             f"order, slots, ranks: expected one entry per active token each, got "
@@ -97,12 +100,10 @@ def _check_indices(order, slots, ranks, num_tokens: int, num_slots: int, max_ran
         )
     if order.numel() == 0:
         return  # a step of base-only tokens: the kernel follows no index
-    seen = _checked
-    if seen is not None and seen[0] is order and seen[1] is slots and seen[2] is ranks:
-        bounds = seen[3]
+    if checked is not None and all(a is b for a, b in zip(checked[:3], (order, slots, ranks))):
+        bounds = checked[3]
     else:  # one reduction per tensor: [min, max] of each
         bounds = [int(v) for t in (order, slots, ranks) for v in torch.aminmax(t)]
-        _checked = (order, slots, ranks, bounds)
     limits = (("order", "row", num_tokens), ("slots", "slot", num_slots),
               ("ranks", "rank", max_rank + 1))  # fmt: skip
     for (name, what, end), lo, hi in zip(limits, bounds[::2], bounds[1::2]):

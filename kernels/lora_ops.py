@@ -200,7 +200,8 @@ def _native_ran(x, lora_a, lora_b, y, segments: Segments, scales) -> bool:
     if segments.num_slots != stacks.shape[0] or segments.max_rank > stacks.shape[1]:
         return False
     order, slots = segments.token_order, segments.token_slots
-    return lora_native.lora_apply_rows(x, lora_a, lora_b, y, order, slots, plan.token_ranks, scales)
+    ranks, checked = plan.token_ranks, plan.kernel_indices
+    return lora_native.lora_apply_rows(x, lora_a, lora_b, y, order, slots, ranks, scales, checked)
 
 
 def _check_rank_buffer(name, buf, slices, given, num_tokens, max_rank, device) -> torch.Tensor:

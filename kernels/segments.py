@@ -91,6 +91,7 @@ def build_segments(
     _, perm = torch.sort(key, stable=True)
     token_order = active[perm]
     token_slots = active_slots[perm]
+    token_slots32 = token_slots.to(torch.int32)  # the plan's and the kernel's (the same tensor)
 
     seg_slots, counts = torch.unique_consecutive(token_slots, return_counts=True)
     seg_starts = torch.zeros(seg_slots.numel() + 1, dtype=torch.int64, device=device)
@@ -101,14 +102,14 @@ def build_segments(
         num_tokens=slot_ids.numel(),
         num_slots=num_slots,
         token_order=token_order,
-        token_slots=token_slots.to(torch.int32),
+        token_slots=token_slots32,
         seg_starts=seg_starts.to(torch.int32),
         seg_slots=seg_slots.to(torch.int32),
         seg_ranks=seg_ranks.to(torch.int32),
         max_segment_len=int(counts.max()) if counts.numel() else 0,
         max_rank=int(seg_ranks.max()) if seg_ranks.numel() else 0,
         cpu_plan=plan_cpu(
-            token_order, token_slots, seg_starts, seg_slots, seg_ranks, torch.get_num_threads()
+            token_order, token_slots32, seg_starts, seg_slots, seg_ranks, torch.get_num_threads()
         )
         if device.type == "cpu"
         else None,

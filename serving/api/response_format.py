@@ -19,7 +19,15 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from serving.api.schema_rules import canonical, check_schema
 from serving.api.text import Text
@@ -38,9 +46,10 @@ class JsonSchema(BaseModel):
 
     name: str = Field(..., description="1-64 characters of a-z, A-Z, 0-9, _ and -.")
     description: Text | None = Field(None, description="Accepted; the model is not shown it.")
+    # strict before the schema: its check reads strict (info.data), which changes the cost
+    strict: bool | None = Field(None, description="Refuse properties the schema does not name.")
     schema_: Any = Field(..., alias="schema", description="The JSON schema (an object).",
                          json_schema_extra={"type": "object"})  # fmt: skip
-    strict: bool | None = Field(None, description="Refuse properties the schema does not name.")
 
     @field_validator("name")
     @classmethod
@@ -51,8 +60,8 @@ class JsonSchema(BaseModel):
 
     @field_validator("schema_")
     @classmethod
-    def _enforced(cls, value: object) -> dict:
-        return check_schema(value)
+    def _enforced(cls, value: object, info: ValidationInfo) -> dict:
+        return check_schema(value, bool(info.data.get("strict")))
 
 
 class _Format(BaseModel):

@@ -86,8 +86,9 @@ MAX_MULTIPLE_OF = 1024  # xgrammar drops a larger one (and writes any integer)
 DECIMALS = 6  # the most fraction digits xgrammar writes for a bounded number
 
 
-def check_schema(schema: object) -> dict:
-    """schema if it is a JSON schema the engine enforces whole; ValueError naming why not."""
+def check_schema(schema: object, strict: bool = False) -> dict:
+    """schema if it is a JSON schema the engine enforces whole, strict or not (which changes
+    its compile cost); ValueError naming why not."""
     if not isinstance(schema, dict):
         raise ValueError(f"the schema must be a JSON object, got {_kind(schema)}")
     depth = nesting(schema, MAX_SCHEMA_DEPTH)
@@ -100,7 +101,7 @@ def check_schema(schema: object) -> dict:
     if size > MAX_SCHEMA_BYTES:
         raise ValueError(f"the schema is {size} bytes as compact JSON, more than the "
                          f"{MAX_SCHEMA_BYTES} allowed")  # fmt: skip
-    problem = _problem(text)
+    problem = _problem(text, strict)
     if problem:
         raise ValueError(problem)
     return schema
@@ -116,7 +117,7 @@ def canonical(schema: dict) -> str:
 
 
 @functools.lru_cache(maxsize=256)  # clients resend one schema with every request
-def _problem(text: str) -> str | None:
+def _problem(text: str, strict: bool) -> str | None:
     schema = json.loads(text)
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
@@ -127,7 +128,7 @@ def _problem(text: str) -> str | None:
         _walk(schema, (), schema, ())
     except ValueError as exc:
         return str(exc)
-    return cost_problem(prepared(schema))  # what the engine compiles: formats as patterns
+    return cost_problem(prepared(schema), strict)  # what the engine compiles: formats as patterns
 
 
 def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> None:

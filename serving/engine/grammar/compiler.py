@@ -160,7 +160,8 @@ class GrammarCompiler:
         if fmt.kind != "json_schema" or fmt.schema is None:
             raise GrammarError(f"unknown response format {fmt.kind!r}")
         schema = prepared(json.loads(fmt.schema))
-        problem = cost_problem(schema)  # the API refuses these first; a direct caller too
+        # The API refuses these first; a direct caller too.
+        problem = cost_problem(schema, fmt.strict)
         if problem:
             raise GrammarError(problem)
         return json.dumps(schema), fmt.strict

@@ -169,6 +169,27 @@ def test_the_engine_refuses_what_the_api_does(world):
     compiler.shutdown()
 
 
+def test_strict_reaches_the_estimate_from_the_api_and_the_engine(world):
+    """300 properties compile in about a second strict, several times that not strict (a
+    rule per prefix of the names): the same schema passes with strict, is refused without,
+    as OpenAI's wrapper sends it and as the engine takes it."""
+    from serving.api.response_format import OpenAIResponseFormat
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}}  # fmt: skip
+    body = lambda strict: {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": strict}}  # fmt: skip  # noqa: E731
+    assert OpenAIResponseFormat.model_validate(body(True)).engine_format().strict
+    with pytest.raises(pydantic.ValidationError, match="more than the 2 s allowed"):
+        OpenAIResponseFormat.model_validate(body(False))
+    compiler = GrammarCompiler(world.tokenizer, FIELDS["vocab_size"])
+    try:
+        text = json.dumps(schema)
+        assert compiler._schema(ResponseFormat("json_schema", text, strict=True))[1] is True
+        with pytest.raises(GrammarError, match="more than the 2 s allowed"):
+            compiler._schema(ResponseFormat("json_schema", text, strict=False))
+    finally:
+        compiler.shutdown()
+
+
 def test_the_repeat_bound_is_inclusive():
     check_schema({"type": "string", "pattern": f"^[a-z]{{1,{MAX_PATTERN_REPEAT}}}$"})
     check_schema({"type": "string", "pattern": "^([a-z0-9]{1,63}\\.){1,10}[a-z]{2,6}$"})

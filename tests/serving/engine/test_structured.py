@@ -5,8 +5,7 @@ control characters) and `jsonschema.validate` for complete outputs; for cut ones
 every complete output a small enum schema allows, and a fresh xgrammar matcher. A mixed batch
 (adapters, base-only, greedy and seeded rows, staggered arrivals) also shows the masks touch
 only their own rows: free rows get exactly the tokens they get in a batch with no grammar.
-Faults stay with their request: a schema the compiler refuses, or one that compiles past the
-time limit, fails that request alone, and a slow compile holds up no one else.
+How compiles fail and wait, each request alone: test_structured_compiles.py.
 """
 
 import itertools
@@ -117,15 +116,6 @@ def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("structured"))
 
 
-@pytest.fixture
-def engines(world):
-    """world.engine(**config), each shut down after the test (its compile processes end)."""
-    made = []
-    yield lambda **config: made.append(world.engine(**config)) or made[-1]
-    for engine in made:
-        engine.shutdown()
-
-
 @pytest.fixture(scope="module")
 def mixed(world):
     """8 constrained rows (4 formats x greedy/sampled) and 4 free ones, staggered."""
@@ -222,95 +212,3 @@ def test_ignore_eos_still_stops_once_the_json_is_complete(world, engines):
         assert done.finish_reason == "stop" and tokens[-1] in stops
         assert json.loads(got.text(r.request_id, world.tokenizer))["color"] in COLORS
         assert tokens == got.tokens[f"e{i}-False"]  # what honouring the stop token gives
-
-
-def good_and_free(world, tag: str) -> list[GenerateRequest]:
-    return [
-        req(world, f"{tag}-ok", (9, 8, 7), params(0), "mlp", fmt(CHOICES)),
-        req(world, f"{tag}-free", (9, 8, 7, 6), params(1, 12), "upper"),
-    ]
-
-
-def assert_unharmed(world, got, requests) -> None:
-    ok, free = requests
-    assert got.done[ok.request_id].finish_reason == "stop"
-    jsonschema.validate(json.loads(got.text(ok.request_id, world.tokenizer)), CHOICES)
-    assert got.done[free.request_id].finish_reason == "length"
-    assert len(got.tokens[free.request_id]) == 12
-
-
-def test_a_schema_the_compiler_refuses_fails_that_request_alone(world, engines):
-    objekt = ResponseFormat("json_schema", '{"type":"objekt"}', strict=True)
-    bad = req(world, "bad", (1, 2, 3), params(0), None, objekt)
-    others = good_and_free(world, "refused")
-    got = run(engines(), [others[0], bad, others[1]])
-    done = got.done["bad"]
-    assert done.finish_reason == "error" and done.own_fault
-    assert "objekt" in done.error and not got.tokens["bad"] and done.completion_tokens == 0
-    assert_unharmed(world, got, others)
-
-
-# Tens of seconds to compile (variable wide repeats nested in others, ~1 s each on the
-# world's vocabulary): past any limit set here, and far over the cost budget, which
-# hold_compile's schema skips.
-RUNAWAY = json.dumps({"type": "string", "pattern": "^" + "(.{1,100}){1,10}" * 30 + "$"})
-
-
-def hold_compile(monkeypatch, compiler, schema: dict) -> None:
-    """Compiles of schema compile RUNAWAY instead (others compile as usual)."""
-    original, slow = compiler._schema, fmt(schema)
-    monkeypatch.setattr(compiler, "_schema", lambda f: (RUNAWAY, False) if f == slow else original(f))  # fmt: skip
-
-
-def test_a_compile_past_the_time_limit_fails_its_request_alone(world, engines, monkeypatch):
-    engine = engines()
-    compiler = engine.grammars.compiler
-    compiler.compile_now(fmt(CHOICES))  # the vocabulary's first compile is not what is timed
-    compiler.time_limit_s = 0.5
-    hold_compile(monkeypatch, compiler, ORDER)
-    others = good_and_free(world, "limit")
-    slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
-    got = run(engine, [slow, *others])
-    done = got.done["slow"]
-    assert done.finish_reason == "error" and done.own_fault
-    assert "did not compile within 0.5 s" in done.error
-    assert_unharmed(world, got, others)
-
-
-def test_a_grammar_still_compiling_holds_up_no_one(world, engines, monkeypatch):
-    """Others are served while a compile runs; once its request is aborted, the compile is
-    stopped (its process killed) rather than left to run on."""
-    engine = engines()
-    compiler = engine.grammars.compiler
-    compiler.time_limit_s = 600.0  # however slow this machine, no time-out
-    hold_compile(monkeypatch, compiler, ORDER)
-    slow = req(world, "slow", (1, 2, 3), params(0), None, fmt(ORDER))
-    others = good_and_free(world, "stall")
-    got = Run(engine)
-    for r in [slow, *others]:
-        engine.submit(r, got.sink)
-    got.advance(until=lambda: len(got.done) == 2)
-    assert set(got.done) == {r.request_id for r in others} and "slow" not in got.tokens
-    assert compiler.threads() == 1
-    pids = set(compiler.pids())
-    engine.abort("slow")
-    got.advance(until=lambda: not engine.grammars)
-    deadline = time.monotonic() + 30
-    while compiler.threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert compiler.threads() == 0  # the process was killed, not left to its tens of seconds
-    assert len(pids - set(compiler.pids())) == 1
-    assert_unharmed(world, got, others)
-
-
-def test_a_format_compiles_once(world, engines, monkeypatch):
-    engine = engines()
-    compiler = engine.grammars.compiler
-    calls, original = [], compiler._schema
-    monkeypatch.setattr(compiler, "_schema", lambda f: calls.append(f) or original(f))
-    same = [fmt(CHOICES), fmt(CHOICES), fmt(CHOICES)]  # equal, not the same object
-    other = [fmt(PERSON), ResponseFormat("json_schema", same[0].schema, strict=False)]
-    requests = [req(world, f"k{i}", (4, 5, i), params(i, 8), None, f) for i, f in enumerate(same + other)]  # fmt: skip
-    got = run(engine, requests)
-    assert compiler.misses == len(calls) == 3 and compiler.hits == 2
-    assert all(got.done[r.request_id].finish_reason in ("stop", "length") for r in requests)

@@ -23,3 +23,12 @@ def served(world, tmp_path_factory, request):
 @pytest.fixture(scope="module")
 def client(served):
     return openai.OpenAI(base_url=f"{served.url}/v1", api_key=ACME, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless chromium (tests/serving/api/browser.py) for a module's dashboard tests."""
+    from tests.serving.api.browser import chromium
+
+    with chromium() as b:
+        yield b

@@ -2,7 +2,6 @@
 reads output files, uploaded files and Workers-AI polls one bounded page (or chunk) per call,
 and sends the same bytes as the whole answers."""
 
-import os
 import shutil
 import tempfile
 
@@ -52,29 +51,24 @@ def over_ray(tmp_path_factory):
     store = BatchStore(url)  # rows written here; the replica opens the same file
     jobs = {api: finished_job(store, N, api=api, failed_every=5) for api in (OPENAI, WORKERS_AI)}
     ray_dir = tempfile.mkdtemp(prefix="lsbp-")  # short: Ray's socket paths must fit 107 bytes
-    env = {"HOME": str(root), "RAY_AUTH_MODE": "disabled"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_dir)
-    try:
-        serve.start(proxy_location="Disabled")
-        app = BatchServer.bind(url, max_in_flight=1, ttl_s=3600, server_name="ModelServer",
-                               app_name="none")  # fmt: skip
-        handle = serve.run(app, name="batch-pages", route_prefix=None)
-        batch = Counted(handle)
-        api = create_app(Held(), stub_settings(chat_world(root / "world"), root), batch=batch)
-        with TestClient(api, raise_server_exceptions=False) as client:
-            yield client, batch, store, jobs
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        store.close()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    with pytest.MonkeyPatch.context() as env:  # Ray's processes inherit these
+        env.setenv("HOME", str(root))
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(num_cpus=1, include_dashboard=False, _temp_dir=ray_dir)
+        try:
+            serve.start(proxy_location="Disabled")
+            app = BatchServer.bind(url, max_in_flight=1, ttl_s=3600, server_name="ModelServer",
+                                   app_name="none")  # fmt: skip
+            handle = serve.run(app, name="batch-pages", route_prefix=None)
+            batch = Counted(handle)
+            api = create_app(Held(), stub_settings(chat_world(root / "world"), root), batch=batch)
+            with TestClient(api, raise_server_exceptions=False) as client:
+                yield client, batch, store, jobs
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+            store.close()
+            shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def test_an_output_file_crosses_the_handle_a_page_per_call(over_ray):

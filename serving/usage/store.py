@@ -192,11 +192,10 @@ class UsageStore:
                 raise
 
     def _count(self, rows: list[Row]) -> None:
-        """Add rows' counts, a row with an id only if that id was not counted before (a spool
-        line written by an older version has no id: its rows are 9 long)."""
+        """Add rows' counts, a row with an id only if that id was not counted before."""
         fresh = []
         for row in rows:
-            first = len(row) < 10 or row[9] is None or self._db.execute(
+            first = row[9] is None or self._db.execute(
                 "INSERT OR IGNORE INTO usage_delivered VALUES (?, ?)", (row[0], row[9])
             ).rowcount  # fmt: skip
             if first:

@@ -21,17 +21,8 @@ from serving.engine.grammar.ebnf import no_raw_controls, reparseable
 from serving.engine.grammar.formats import prepared
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.grammar.workers import CompilerBusy, GrammarError, OwnerBusy
-from tests.serving.engine.test_structured import (
-    CHOICES,
-    ORDER,
-    PERSON,
-    RUNAWAY,
-    Run,
-    fmt,
-    hold_compile,
-    params,
-    req,
-)
+from tests.serving.engine.test_structured import CHOICES, ORDER, PERSON, Run, fmt, params, req
+from tests.serving.engine.test_structured_compiles import RUNAWAY, hold_compile
 from tests.serving.engine.world import FIELDS, build_world
 
 DATES = {"type": "object", "properties": {"d": {"type": "string", "format": "date-time"},

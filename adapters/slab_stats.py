@@ -22,6 +22,17 @@ class SlabStats:
     host_evictions: int  # adapters dropped from the host tier
     load_seconds: float  # total wall time of the successful loads
     resident: int
+    # Memory, in bytes. The device slab is pages of `page_rank` rows; a rank-r adapter holds
+    # ceil(r / page_rank) of them. "used" counts pages held by resident or loading adapters.
+    page_rank: int = 0
+    pages: int = 0
+    pages_used: int = 0
+    slab_bytes: int = 0
+    slab_used_bytes: int = 0
+    # The host tier: its byte budget (0: none but the entry count), bytes and entries held.
+    host_bytes: int = 0
+    host_used_bytes: int = 0
+    host_entries: int = 0
 
 
 COUNTED = ("loads", "failed_loads", "evictions", "slot_hits", "host_hits", "registry_hits")

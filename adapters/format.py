@@ -69,6 +69,15 @@ class Adapter:
         own = len(self.config_bytes) + len(self.weights_bytes)
         return own + (self.draft.num_bytes if self.draft else 0)
 
+    @property
+    def tensor_bytes(self) -> int:
+        """The bytes of every tensor it holds: A, B, bias, magnitude, trainable tokens, its draft's."""
+        parts = [t for m in self.modules.values() for t in (m.a, m.b, m.bias, m.magnitude)]
+        if self.tokens is not None:
+            parts += [self.tokens.ids, self.tokens.rows]
+        own = sum(t.nbytes for t in parts if t is not None)
+        return own + (self.draft.tensor_bytes if self.draft else 0)
+
 
 def load_adapter(
     source: str | Path | Mapping[str, bytes],

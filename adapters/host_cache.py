@@ -1,9 +1,12 @@
 """The slab's host tier: an LRU of loaded adapters in CPU memory, keyed by version.
 
-A version evicted from the device slots is refilled from here without asking the
-registry again. Only adapters that fit the slab are admitted (`check_fits`), so a bad
-upload fails on its first load and is never cached. On CUDA the tensors are pinned
-(page-locked) so the host-to-device copies that refill a slot run at full bus speed.
+A version evicted from the device pages is refilled from here without asking the
+registry again. The tier is bounded in bytes (an adapter counts every tensor it holds,
+`Adapter.tensor_bytes`) and optionally in entries; the least recently used go until both
+bounds hold. An adapter larger than the whole byte budget is served but never cached.
+Only adapters that fit the slab are admitted (`check_fits`), so a bad upload fails on its
+first load and is never cached. On CUDA the tensors are pinned (page-locked) so the
+host-to-device copies that refill the slab run at full bus speed.
 """
 
 from __future__ import annotations
@@ -20,27 +23,36 @@ from adapters.errors import AdapterError
 from adapters.format import Adapter
 from adapters.names import DIGEST_RE, version_digest
 from adapters.tensor_names import OUTER_LAYER
+from adapters.trainable_tokens import TrainableTokens
 
 
 class HostCache:
-    """Up to `capacity` adapters (0: none), LRU out; misses go through `loader` (the registry)."""
+    """Adapters within `capacity` entries and `max_bytes` of tensors (None: no such bound;
+    0: nothing cached), LRU out; misses go through `loader` (the registry)."""
 
     def __init__(
         self,
-        capacity: int,
+        capacity: int | None,
         loader: Callable[[str], Adapter],
         check: Callable[[str, Adapter], None],
         *,
         lock: threading.Lock,
         pin: bool = False,
+        max_bytes: int | None = None,
     ) -> None:
-        if capacity < 0:
+        if capacity is not None and capacity < 0:
             raise ValueError(f"max_cpu_loras must be >= 0, got {capacity}")
-        self.capacity, self.pin = capacity, pin
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"the host tier's byte budget must be >= 0, got {max_bytes}")
+        self.capacity, self.max_bytes, self.pin = capacity, max_bytes, pin
         self.evictions = 0
+        self.used_bytes = 0  # the tensor bytes of the cached adapters
         self._loader, self._check = loader, check
         self._lock = lock  # the slab's: it guards _entries and the counters
-        self._entries: OrderedDict[str, Adapter] = OrderedDict()  # oldest first
+        self._entries: OrderedDict[str, tuple[Adapter, int]] = OrderedDict()  # oldest first
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def fetch(self, version: str) -> tuple[Adapter, str]:
         """(adapter, "host") on a hit, else (adapter, "registry") after loading and caching it.
@@ -48,34 +60,48 @@ class HostCache:
         Call it without holding the lock: the loader may be slow and pinning copies.
         """
         with self._lock:
-            adapter = self._entries.get(version)
-            if adapter is not None:
+            entry = self._entries.get(version)
+            if entry is not None:
                 self._entries.move_to_end(version)
-                return adapter, "host"
+                return entry[0], "host"
         adapter = self._loader(version)
         self._check(version, adapter)
+        size = adapter.tensor_bytes
+        if not self._admits(size):
+            return adapter, "registry"  # served from the loader's copy, never cached
         adapter = self._pinned(adapter)
         with self._lock:
-            self._put(version, adapter)
+            self._put(version, adapter, size)
         return adapter, "registry"
 
     def versions(self) -> list[str]:
         """The cached versions, least recently used first; call it holding the lock."""
         return list(self._entries)
 
-    def _put(self, version: str, adapter: Adapter) -> None:
-        """Cache `adapter` as the most recent and drop the LRU ones beyond capacity."""
-        if self.capacity == 0:
-            return
-        self._entries[version] = adapter
-        self._entries.move_to_end(version)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+    def _admits(self, size: int) -> bool:
+        """Whether an adapter of `size` bytes can be cached at all, alone in the tier."""
+        return self.capacity != 0 and (self.max_bytes is None or size <= self.max_bytes)
+
+    def _put(self, version: str, adapter: Adapter, size: int) -> None:
+        """Cache `adapter` as the most recent and drop the LRU ones until both bounds hold."""
+        old = self._entries.pop(version, None)  # two threads may have loaded the same version
+        if old is not None:
+            self.used_bytes -= old[1]
+        self._entries[version] = (adapter, size)
+        self.used_bytes += size
+        # The newest entry fits both bounds alone (_admits), so it is never the one dropped.
+        while self._over():
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self.used_bytes -= dropped
             self.evictions += 1
 
+    def _over(self) -> bool:
+        over_count = self.capacity is not None and len(self._entries) > self.capacity
+        return over_count or (self.max_bytes is not None and self.used_bytes > self.max_bytes)
+
     def _pinned(self, adapter: Adapter) -> Adapter:
-        """The adapter with its tensors in pinned memory when `pin` is set (and it is cached)."""
-        if not self.pin or self.capacity == 0:
+        """The adapter with its tensors in pinned memory when `pin` is set."""
+        if not self.pin:
             return adapter
         modules = {
             key: dataclasses.replace(
@@ -87,7 +113,12 @@ class HostCache:
             )
             for key, m in adapter.modules.items()
         }
-        return dataclasses.replace(adapter, modules=modules)
+        tokens = adapter.tokens
+        if tokens is not None:
+            tokens = TrainableTokens(tokens.ids.pin_memory(), tokens.rows.pin_memory())
+        # The tensors were views over the file's bytes: with pinned copies of them, keeping
+        # the file too would hold the adapter twice (tensor_bytes counts the copies).
+        return dataclasses.replace(adapter, modules=modules, tokens=tokens, weights_bytes=b"")
 
 
 def check_fits(

@@ -25,6 +25,7 @@ from adapters.peft_config import VARIANTS
 from serving.api.metrics_engine import EngineCollector
 from serving.api.metrics_views import Relabelled, Summed
 from serving.api.recent import Recent
+from serving.api.slab_rates import SlabRates
 from serving.engine.figures import EngineFigures
 
 MAX_ADAPTER_LABELS = 20
@@ -129,6 +130,7 @@ class Metrics:
                      self.requests, self.tenant_requests, self.tenant_tokens,
                      self.variant_requests)  # fmt: skip
         self.recent = Recent()  # the same requests by their full adapter label, for /v1/stats
+        self.slab_rates = SlabRates()  # the slab counters /v1/stats saw, for its rates
         self._engines = EngineCollector()
         reg.register(self._engines)
 

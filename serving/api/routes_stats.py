@@ -71,6 +71,8 @@ async def stats(
             raise ApiError(400, f"tenant: {exc}") from None
     now = time.time()
     figures = await ctx.generator.figures()
+    # at once, so that the rates' clock reads when the figures came
+    slab_rates = ctx.metrics.slab_rates.update(figures)
     visible = await _visibility(ctx, caller)
     events_of = events_by_replica(figures, ctx.metrics.recent.events(), now, WINDOW_S)
     # An admin's per-adapter traffic and usage are every tenant's; a user key's, its own.
@@ -92,9 +94,9 @@ async def stats(
         "window_s": WINDOW_S,
         "tenant": tenant,
         "key": {"tenant": caller.tenant, "scope": caller.scope},
-        "summary": summary(figures, everything, WINDOW_S, visible, counted),
+        "summary": summary(figures, everything, WINDOW_S, visible, counted, slab_rates),
         "replicas": [
-            replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible, counted)
+            replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible, counted, slab_rates)
             for f in figures
         ],
         "adapters": adapter_figures(

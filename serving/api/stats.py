@@ -1,9 +1,10 @@
 """The figures of GET /v1/stats, from the replicas' EngineFigures and the usage store's rows.
 
 Pure functions over plain data, so the aggregation is tested without a server. Load figures
-(running, waiting, KV use, rates) are the server's whoever asks; anything named after an
-adapter is shown only for the adapter labels `visible` admits ("tenant/name", or "base"),
-and speculation counts only of the requests of the tenants `counted` admits.
+(running, waiting, KV use, rates, adapter memory) are the server's whoever asks; anything
+named after an adapter is shown only for the adapter labels `visible` admits
+("tenant/name", or "base"), and speculation counts only of the requests of the tenants
+`counted` admits.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ def replica_figures(
     window_s: float,
     visible: Callable[[str], bool],
     counted: Callable[[str | None], bool],
+    slab_rates: dict[str, dict] | None = None,
 ) -> dict:
-    """One replica's load, rates over its recent requests and adapter-slab use."""
+    """One replica's load, rates over its recent requests and adapter memory.
+
+    slab_slots is the slab's kernel slots, which are its pages (slab.pages); slab_used its
+    adapters resident. slab_rates: replica -> its SlabRates.update() figures.
+    """
     return {
         "replica": f.replica,
         "running": f.num_running,
@@ -35,14 +41,24 @@ def replica_figures(
         "spec_acceptance_rate": _acceptance([f], visible, counted),
         "slab_slots": int(f.slab.get("num_slots", 0)),
         "slab_used": int(f.slab.get("resident", 0)),
+        **adapter_memory(f.slab, (slab_rates or {}).get(f.replica)),
     }
 
 
 def summary(
-    figures: list[EngineFigures], events: list[Event], window_s: float, visible, counted
+    figures: list[EngineFigures],
+    events: list[Event],
+    window_s: float,
+    visible,
+    counted,
+    slab_rates: dict[str, dict] | None = None,
 ) -> dict:
-    """Every replica's figures added up (KV use: their mean; hit rates: of summed counts)."""
+    """Every replica's figures added up (KV use: their mean; hit rates: of summed counts).
+
+    slab_rates: replica -> its SlabRates.update() figures.
+    """
     n = len(figures)
+    memory = [adapter_memory(f.slab, (slab_rates or {}).get(f.replica)) for f in figures]
     return {
         "replicas": n,
         "running": sum(f.num_running for f in figures),
@@ -53,7 +69,65 @@ def summary(
         ),
         **rates(events, window_s),
         "spec_acceptance_rate": _acceptance(figures, visible, counted),
+        "slab": _summed([m["slab"] for m in memory if m["slab"]]),
+        "host_tier": _summed([m["host_tier"] for m in memory if m["host_tier"]]),
     }
+
+
+def adapter_memory(slab: dict, rates: dict | None) -> dict:
+    """{"slab", "host_tier"}: the device slab's and the host tier's bytes, pages and
+    counters from a replica's EngineFigures.slab, with the counters' rates per second
+    (SlabRates.update(), None without); both None where the replica serves no adapters."""
+    if not slab:
+        return {"slab": None, "host_tier": None}
+    rates = rates or {}
+    size, used = int(slab.get("slab_bytes", 0)), int(slab.get("slab_used_bytes", 0))
+    budget, held = int(slab.get("host_bytes", 0)) or None, int(slab.get("host_used_bytes", 0))
+    return {
+        "slab": {
+            "page_rank": int(slab.get("page_rank", 0)),
+            "pages": int(slab.get("pages", 0)),
+            "pages_used": int(slab.get("pages_used", 0)),
+            "bytes": size,
+            "used_bytes": used,
+            "free_bytes": size - used,
+            "resident": int(slab.get("resident", 0)),
+            "loads": int(slab.get("loads", 0)),
+            "registry_loads": int(slab.get("registry_hits", 0)),
+            "evictions": int(slab.get("evictions", 0)),
+            "loads_per_s": rates.get("loads_per_s"),
+            "registry_loads_per_s": rates.get("registry_loads_per_s"),
+            "evictions_per_s": rates.get("evictions_per_s"),
+            "rates_over_s": rates.get("rates_over_s"),
+        },
+        "host_tier": {
+            "budget_bytes": budget,  # None: no byte budget, only a count of entries
+            "used_bytes": held,
+            "free_bytes": None if budget is None else budget - held,
+            "entries": int(slab.get("host_entries", 0)),
+            "evictions": int(slab.get("host_evictions", 0)),
+            "evictions_per_s": rates.get("host_evictions_per_s"),
+        },
+    }
+
+
+def _summed(parts: list[dict]) -> dict | None:
+    """adapter_memory's slab or host-tier figures added up over replicas: a rate over those
+    that have one (None if none has), any other figure None if one replica's is (a tier
+    with no byte budget); the page rank and the rates' span are per replica, left out."""
+    if not parts:
+        return None
+    total = {}
+    for key in parts[0]:
+        if key in ("page_rank", "rates_over_s"):
+            continue
+        values = [p[key] for p in parts]
+        known = [v for v in values if v is not None]
+        if key.endswith("_per_s"):
+            total[key] = sum(known) if known else None
+        else:
+            total[key] = sum(values) if len(known) == len(values) else None
+    return total
 
 
 def adapter_figures(

@@ -28,7 +28,8 @@ class EngineFigures:
     # the same counts by whose requests they are: tenant (None on a server of one user) ->
     # adapter label -> counts, so that /v1/stats shows a tenant its own traffic only
     spec_by_tenant: dict[str | None, dict[str, dict[str, int]]] = field(default_factory=dict)
-    # the slab's SlabStats as a dict plus num_slots; empty when the engine serves no adapters
+    # the slab's SlabStats as a dict (its bytes, pages and counters) plus num_slots, its
+    # kernel slots, which are its pages; empty when the engine serves no adapters
     slab: dict[str, float] = field(default_factory=dict)
     # adapter version -> "slab" (in a device slot) or "host" (in the CPU tier only)
     residency: dict[str, str] = field(default_factory=dict)

@@ -8,6 +8,27 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from serving.engine.figures import EngineFigures
 
+# (family, help, SlabStats field), per replica whose engine serves adapters. Loads count
+# adapters written into the slab, from the host tier or the registry; registry loads count
+# those fetched through the registry.
+SLAB_COUNTERS = (
+    ("loraserve_adapter_loads", "Adapters loaded into the slab.", "loads"),
+    ("loraserve_adapter_registry_loads", "Adapters fetched from the registry.", "registry_hits"),
+    ("loraserve_adapter_evictions", "Adapters evicted from the slab.", "evictions"),
+    ("loraserve_adapter_host_evictions", "Adapters dropped from the host tier.", "host_evictions"),
+)
+SLAB_GAUGES = (
+    ("loraserve_adapter_slab_bytes", "Bytes of the adapter slab on the device.", "slab_bytes"),
+    ("loraserve_adapter_slab_used_bytes", "Slab bytes held by resident or loading adapters.",
+     "slab_used_bytes"),
+    ("loraserve_adapter_slab_pages", "Pages of the adapter slab.", "pages"),
+    ("loraserve_adapter_slab_used_pages", "Slab pages held by resident or loading adapters.",
+     "pages_used"),
+    ("loraserve_adapter_host_used_bytes", "Bytes of adapters held in the host tier.",
+     "host_used_bytes"),
+    ("loraserve_adapter_host_entries", "Adapters held in the host tier.", "host_entries"),
+)  # fmt: skip
+
 
 class EngineCollector:
     """Gauges and counters of every replica, from the figures of the current scrape."""
@@ -19,9 +40,9 @@ class EngineCollector:
         return []  # the families vary with the replicas; nothing to check at registration
 
     def collect(self) -> Iterable[Metric]:
-        def gauge(name, doc, value_of):
+        def gauge(name, doc, value_of, only=lambda f: True):
             family = GaugeMetricFamily(name, doc, labels=["replica"])
-            for f in self.figures:
+            for f in filter(only, self.figures):
                 family.add_metric([f.replica], value_of(f))
             return family
 
@@ -52,26 +73,22 @@ class EngineCollector:
         yield counter(
             "loraserve_num_preemptions", "Sequences preempted.", lambda f: f.num_preemptions
         )
-        yield counter(
-            "loraserve_adapter_loads",
-            "Adapters loaded into a slot.",
-            lambda f: f.slab["loads"],
-            _has_slab,
+        for name, doc, key in SLAB_COUNTERS:
+            yield counter(name, doc, lambda f, key=key: f.slab.get(key, 0), _has_slab)
+        for name, doc, key in SLAB_GAUGES:
+            yield gauge(name, doc, lambda f, key=key: f.slab.get(key, 0), _has_slab)
+        yield gauge(
+            "loraserve_adapter_host_budget_bytes",
+            "Bytes the host tier may hold (replicas whose host tier has a byte budget).",
+            lambda f: f.slab["host_bytes"],
+            lambda f: _has_slab(f) and f.slab.get("host_bytes", 0) > 0,
         )
-        yield counter(
-            "loraserve_adapter_evictions",
-            "Adapters evicted from a slot.",
-            lambda f: f.slab["evictions"],
-            _has_slab,
-        )
-        family = GaugeMetricFamily(
+        yield gauge(
             "loraserve_adapter_slab_occupancy_ratio",
-            "Slots holding an adapter.",
-            labels=["replica"],
+            "Slab pages held by resident or loading adapters.",
+            lambda f: _occupancy(f.slab),
+            _has_slab,
         )
-        for f in filter(_has_slab, self.figures):
-            family.add_metric([f.replica], f.slab["resident"] / max(f.slab["num_slots"], 1))
-        yield family
         family = CounterMetricFamily(
             "loraserve_adapter_arrivals",
             "Requests reaching a replica's engine, by whether their adapter was in a slot.",
@@ -113,3 +130,10 @@ class EngineCollector:
 
 def _has_slab(figures: EngineFigures) -> bool:
     return bool(figures.slab)
+
+
+def _occupancy(slab: dict) -> float:
+    """Pages used over pages; a slab that reports no pages holds one adapter a slot."""
+    if slab.get("pages"):
+        return slab["pages_used"] / slab["pages"]
+    return slab.get("resident", 0) / max(slab.get("num_slots", 0), 1)

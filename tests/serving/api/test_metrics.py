@@ -18,6 +18,7 @@ from serving.engine.figures import EngineFigures
 from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.api.held import Held
 from tests.serving.api.served import ACME, ADMIN, KEYS, MODEL_ID, serve, stub_settings
+from tests.serving.api.slab_figures import slab_figures
 from tests.serving.engine.world import base_model
 
 AUTH = {"Authorization": f"Bearer {ACME}"}
@@ -173,6 +174,42 @@ def test_engine_figures_render_per_replica_and_adapter():
                  adapter="upper") == 0.7  # fmt: skip
     assert value(samples, "loraserve_adapter_slab_occupancy_ratio", replica="r0") == 0.25
     assert value(samples, "loraserve_adapter_evictions_total", replica="r1") == 1
+
+
+def test_adapter_memory_renders_per_replica():
+    paged = slab_figures(
+        page_rank=8, pages=64, pages_used=16, slab_bytes=64 << 20, slab_used_bytes=16 << 20,
+        host_bytes=100 << 20, host_used_bytes=30 << 20, host_entries=3, resident=2, loads=12,
+        registry_hits=5, evictions=4, host_evictions=1,
+    )  # fmt: skip
+    unbudgeted = slab_figures(pages=8, pages_used=2, host_used_bytes=1 << 20, host_entries=1)
+    figures = [EngineFigures("r0", 0, 0, 0.0, 0.0, 0, 0, 0, slab=paged),
+               EngineFigures("r1", 0, 0, 0.0, 0.0, 0, 0, 0, slab=unbudgeted),
+               EngineFigures("r2", 0, 0, 0.0, 0.0, 0, 0, 0)]  # fmt: skip
+    samples = samples_of(Metrics().render(figures).decode())
+    expected = {
+        "loraserve_adapter_slab_bytes": 64 << 20,
+        "loraserve_adapter_slab_used_bytes": 16 << 20,
+        "loraserve_adapter_slab_pages": 64,
+        "loraserve_adapter_slab_used_pages": 16,
+        "loraserve_adapter_host_budget_bytes": 100 << 20,
+        "loraserve_adapter_host_used_bytes": 30 << 20,
+        "loraserve_adapter_host_entries": 3,
+        "loraserve_adapter_loads_total": 12,
+        "loraserve_adapter_registry_loads_total": 5,
+        "loraserve_adapter_evictions_total": 4,
+        "loraserve_adapter_host_evictions_total": 1,
+        # pages held, not adapters resident over slots (2 / 64)
+        "loraserve_adapter_slab_occupancy_ratio": 0.25,
+    }
+    for name, want in expected.items():
+        assert samples[(name, (("replica", "r0"),))] == want, name
+    assert value(samples, "loraserve_adapter_slab_occupancy_ratio", replica="r1") == 0.25
+    assert value(samples, "loraserve_adapter_host_used_bytes", replica="r1") == 1 << 20
+    # no byte budget is no sample, not a budget of 0 that reads as full
+    assert ("loraserve_adapter_host_budget_bytes", (("replica", "r1"),)) not in samples
+    assert not any(dict(labels).get("replica") == "r2" and name.startswith("loraserve_adapter")
+                   for name, labels in samples)  # fmt: skip
 
 
 def adapter_labels(samples) -> set[str]:

@@ -57,7 +57,37 @@ def test_cpu_gemm_bench_quick():
 @pytest.mark.slow
 def test_adapters_bench():
     out = _run("bench.adapters")
-    assert "| cold load, registry -> slab" in out and "| host-tier hit -> slab |" in out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [
+        "raw read of the safetensors file",
+        "cold load, registry -> slab (a replica: trusts the published version)",
+        "cold load, verified (sha256 + value scan again)",
+        "host-tier hit -> slab (acquire: an eviction and the copy)",
+        "host -> slab copy (the load alone)",
+        "eviction (the acquire's time outside its load)",
+    ], out
+    assert "load average (1 / 5 / 15 min): " in out, out
+
+
+@pytest.mark.slow
+def test_fleet_bench_quick():
+    # 64 adapters against 8 on one server, then how many rank-8 and rank-64 adapters the
+    # default slab holds, each on a server of its own.
+    out = _run("bench.fleet", "--quick")
+    tables = out.split("\n\n")
+    fleet = next(t for t in tables if t.startswith("| adapters |")).splitlines()[2:]
+    assert [row.split("|")[1:4] for row in fleet] == [
+        [" 64 ", " 32 ", " 0 "],
+        [" 8 ", " 32 ", " 0 "],
+    ]
+    assert fleet[0].split("|")[7].strip().endswith("x") and "resident: " in fleet[0], out
+    capacity = next(t for t in tables if t.startswith("| rank |")).splitlines()[2:]
+    # "16", or ">= 40 (no eviction by then)" where the slab holds more than --quick loads
+    held = {int(row.split("|")[1]): row.split("|")[2].strip() for row in capacity}
+    assert list(held) == [8, 64], out
+    most = {rank: int(h.removeprefix(">= ").split()[0]) for rank, h in held.items()}
+    assert most[8] >= most[64] > 0, out  # a rank-64 adapter never takes less room
+    assert out.count("load average (1 / 5 / 15 min)") == 2, out
 
 
 def test_model_bench_tiny():

@@ -30,6 +30,7 @@ ASSETS = {
     "adapters.js": JS,
     "upload.js": JS,
     "panels.js": JS,
+    "memory.js": JS,
 }
 # Same origin only: no CDN, font or beacon can load, and no inline script can run.
 POLICY = (

@@ -5,6 +5,7 @@ import { ApiFailure, call, forgetKey, storeKey, storedKey } from "./api.js";
 import { fillTable } from "./dom.js";
 import { drawUsage, refreshBatches } from "./panels.js";
 import { drawLive, resetLive } from "./live.js";
+import { drawMemory } from "./memory.js";
 import { setupUpload } from "./upload.js";
 
 const STATS_MS = 2000, ADAPTERS_MS = 10000, BATCHES_MS = 5000;
@@ -13,6 +14,7 @@ const status = document.getElementById("status");
 const keyInput = document.getElementById("api-key");
 const usagePanel = document.getElementById("usage");
 const batchesTable = document.getElementById("batches");
+const memoryTable = document.getElementById("memory");
 
 /** Show a line in the page's live region; errors are the API's message as it worded it. */
 function report(message, isError) {
@@ -56,8 +58,11 @@ function connect() {
   poll(async () => {
     const stats = await call("GET", "v1/stats");
     if (mine !== session) return;
-    document.getElementById("window-s").textContent = String(stats.window_s ?? 30);
+    for (const id of ["window-s", "memory-window-s"]) {
+      document.getElementById(id).textContent = String(stats.window_s ?? 30);
+    }
     drawLive(stats);
+    drawMemory(memoryTable, stats);
     adapters.setStats(stats);
     drawUsage(usagePanel, stats.usage);
   }, STATS_MS, mine);
@@ -76,6 +81,7 @@ document.getElementById("forget").addEventListener("click", () => {
   keyInput.value = "";
   adapters.clear();
   fillTable(batchesTable, [], "Connect with a key to see its batches.");
+  fillTable(memoryTable, [], "Connect with a key to see adapter memory.");
   usagePanel.replaceChildren();
   report("Key forgotten. Give a key, or connect without one on a keyless server.", false);
 });

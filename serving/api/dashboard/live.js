@@ -21,6 +21,7 @@ export function resetLive() {
 /** Add one stats answer and redraw every chart. */
 export function drawLive(stats) {
   const s = stats.summary ?? {};
+  const slab = s.slab ?? {}, host = s.host_tier ?? {};
   history.push({
     tokens_per_s: s.tokens_per_s ?? null,
     ttft_p50_s: s.ttft_p50_s ?? null,
@@ -29,6 +30,9 @@ export function drawLive(stats) {
     waiting: s.waiting ?? null,
     kv_cache_usage: s.kv_cache_usage ?? null,
     prefix_cache_hit_rate: s.prefix_cache_hit_rate ?? null,
+    loads_per_s: slab.loads_per_s ?? null,
+    evictions_per_s: slab.evictions_per_s ?? null,
+    host_evictions_per_s: host.evictions_per_s ?? null,
   });
   if (history.length > CAPACITY) history.splice(0, history.length - CAPACITY);
   const byId = (id) => document.getElementById(id);
@@ -46,6 +50,12 @@ export function drawLive(stats) {
     { key: "kv_cache_usage", label: "KV cache use" },
     { key: "prefix_cache_hit_rate", label: "prefix-cache hits" },
   ], history, { ...options, format: percent, yMax: 1 });
+  // The server's rates over its window: a load or eviction stays in them for 30 s.
+  lineChart(byId("chart-churn"), [
+    { key: "loads_per_s", label: "loads" },
+    { key: "evictions_per_s", label: "slab evictions" },
+    { key: "host_evictions_per_s", label: "host evictions" },
+  ], history, { ...options, format: (x) => `${num(x, 2)}/s` });
 
   const adapters = stats.adapters ?? [];
   barChart(byId("chart-spec"),

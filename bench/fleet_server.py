@@ -107,14 +107,15 @@ def slab_figures(client: httpx.Client, names: set[str]) -> dict:
         figures["resident"] += replica.get("slab_used", 0)
         figures["slots"] += replica.get("slab_slots", 0)
         pages = replica.get("slab") if isinstance(replica.get("slab"), dict) else {}
+        if not pages.get("pages"):  # a slab of slots reports no pages (0)
+            continue
         for key in PAGE_FIGURES:
             if key in pages:
                 figures[key] += pages[key]
         for key, name in (("bytes", "MiB"), ("used_bytes", "used_MiB")):
             if key in pages:
                 figures[name] += round(pages[key] / 2**20, 1)
-        if pages.get("page_rank"):
-            figures["page_rank"] = pages["page_rank"]
+        figures["page_rank"] = pages.get("page_rank", 0)
     tiers = Counter(
         "slab" if "slab" in a["residency"].values() else "host"
         for a in stats["adapters"]

@@ -13,8 +13,9 @@ Per distinct rank, one `RankGroup`, run in one of three ways:
     PART_TOKENS sorted tokens; parts keep temporaries small, so they come
     from the allocator's heap instead of being page-faulted in on each call.
 The grouped groups' expand is one `embedding_bag` over the whole step: token
-t's bag is rows slot*max_rank + [0, rank) of B viewed as a table, weighted by
-t's shrink output (see `Bags`).
+t's bag is rows slot*slot_rows + [0, rank) of B viewed as a table of its rows (slot_rows:
+max_rank for a contiguous stack, page_rank for the slab's paged one), weighted by t's
+shrink output (see `Bags`).
 """
 
 from __future__ import annotations
@@ -103,17 +104,20 @@ class Bags:
     elem_token: torch.Tensor  # [num_elems] int64
     elem_slot: torch.Tensor  # [num_elems] int64
     elem_row: torch.Tensor  # [num_elems] int64, in [0, rank)
-    # max_rank -> (table rows, positions in t flattened): the same for every layer of the step
+    # (slot_rows, max_rank) -> (table rows, positions in t flattened): the same for every
+    # layer of the step
     _index: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def index(self, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows of B viewed as [slots * max_rank, out], positions in t[s] viewed flat)."""
-        if max_rank not in self._index:
-            self._index[max_rank] = (
-                self.elem_slot * max_rank + self.elem_row,
+    def index(self, slot_rows: int, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows of B viewed as a table of rows, slot s's first at s * slot_rows; positions
+        in t[s], [num_tokens, max_rank], viewed flat)."""
+        key = (slot_rows, max_rank)
+        if key not in self._index:
+            self._index[key] = (
+                self.elem_slot * slot_rows + self.elem_row,
                 self.elem_token * max_rank + self.elem_row,
             )
-        return self._index[max_rank]
+        return self._index[key]
 
 
 @dataclass(frozen=True)

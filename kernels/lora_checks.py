@@ -40,18 +40,41 @@ def check_shape(name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
 
 
 def check_stacks(name: str, stacks: tuple[torch.Tensor, ...], *, dtype, device) -> None:
-    """Each slice is a contiguous [num_slots, max_rank, dim] stack sharing num_slots and max_rank."""
-    first = stacks[0]
+    """Each slice is a [num_slots, max_rank, dim] stack sharing num_slots and max_rank, its
+    rows dense (stride(2) == 1, stride(1) == dim) and its slots a whole number of rows
+    apart, the same number in every slice.
+
+    Slots may overlap: a paged slab's slot s starts page_rank rows after slot s - 1 and
+    reaches max_rank rows (stride(0) == page_rank * dim); a contiguous stack is the case
+    page_rank == max_rank. The kernels read rows [:rank] of each slot they are sent.
+    """
+    first, slot_rows = stacks[0], None
     for i, s in enumerate(stacks):
         label = name if len(stacks) == 1 else f"{name}[{i}]"
         check_tensor(label, s, dim=3, dtypes=(dtype,), device=device)
+        slot_rows = _slot_rows(s) if i == 0 else slot_rows
         if s.shape[:2] != first.shape[:2]:
             raise ValueError(
                 f"{label}: expected [num_slots, max_rank] = {tuple(first.shape[:2])} like slice 0, "
                 f"got {tuple(s.shape[:2])}"
             )
-        if not s.is_contiguous():
-            raise ValueError(f"{label}: expected a contiguous tensor")
+        if s.stride(2) != 1 or s.stride(1) != s.shape[2]:
+            raise ValueError(
+                f"{label}: expected dense rows (strides (*, {s.shape[2]}, 1)), got strides "
+                f"{tuple(s.stride())}"
+            )
+        if _slot_rows(s) is None or _slot_rows(s) != slot_rows:
+            like = "" if slot_rows is None else f", {slot_rows} like slice 0"
+            raise ValueError(
+                f"{label}: expected slots a whole number of rows apart (stride(0) a multiple "
+                f"of stride(1){like}), got strides {tuple(s.stride())}"
+            )
+
+
+def _slot_rows(stack: torch.Tensor) -> int | None:
+    """How many rows apart a stack's slots start (None: not a whole number, or not >= 1)."""
+    rows, rest = divmod(stack.stride(0), max(stack.stride(1), 1))
+    return rows if rest == 0 and rows >= 1 else None
 
 
 def check_segments(segments, *, num_tokens: int, num_slots: int, max_rank: int, device) -> None:

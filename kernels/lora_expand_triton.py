@@ -44,6 +44,7 @@ def _t_tile(t_rows, offs_k, mask_m, mask_k, num_splits, stride_tp, stride_tk):
 def _lora_expand_kernel(
     t_ptr,  # [num_splits, num_slices, num_tokens, max_rank]: partial sums over hidden
     b_ptr_table,  # [num_slices] int64: data_ptr of each slice's [num_slots, max_rank, out_s]
+    slot_rows,  # rows between two slots' first rows in every B (page_rank in the paged slab)
     slice_width_ptr,  # [num_slices] int32: out_s
     slice_offset_ptr,  # [num_slices] int32: first column of slice s in y
     y_ptr,  # [num_tokens, sum(out_s)]
@@ -98,7 +99,9 @@ def _lora_expand_kernel(
     column0 = tl.load(slice_offset_ptr + slice_id)
 
     b_ptr = tl.load(b_ptr_table + slice_id).to(tl.pointer_type(y_ptr.dtype.element_ty))
-    b_slot = b_ptr + slot * MAX_RANK * width  # slice s is contiguous [num_slots, max_rank, width]
+    # Slice s's rows are dense, `width` apart; its slots start slot_rows rows apart (they
+    # may overlap: the slab's pages), the same in every slice (check_stacks).
+    b_slot = b_ptr + slot * slot_rows * width
 
     offs_k = tl.arange(0, BLOCK_K)
     if SINGLE_K:  # every rank fits one tile: t [BLOCK_M, BLOCK_K] serves every chunk
@@ -174,6 +177,7 @@ def lora_expand_triton(
         _lora_expand_kernel[grid](
             parts,
             b_table,
+            lora_b[0].stride(0) // lora_b[0].stride(1),
             width_table,
             offset_table,
             y,

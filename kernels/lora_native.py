@@ -121,7 +121,12 @@ def _stacks(lora_a, lora_b) -> tuple[ctypes.Array, int, int, int, int] | None:
     """(the slices' description for the kernel, _SLICE_FIELDS each; in; sum(out_s);
     num_slots; max_rank), or None where the stacks don't fit it or each other. Kept per pair
     of tuples: a model passes the same ones every step (the slab's tensors never move), and
-    the entry holds them, so their ids are not reused meanwhile."""
+    the entry holds them, so their ids are not reused meanwhile.
+
+    Slots are described by their strides, so the slab's paged stacks, whose slots overlap
+    (slot s's rows from s * stride(0), stride(0) == page_rank * width), need nothing else:
+    a view's own bounds hold max_rank rows from every slot, so the indices _check_indices
+    admits (slots below num_slots, ranks up to max_rank) stay inside its storage."""
     entry = _described.get((id(lora_a), id(lora_b)))
     if entry is not None and entry[0] is lora_a and entry[1] is lora_b:
         return entry[2]

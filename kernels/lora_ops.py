@@ -8,7 +8,10 @@ projections share one shrink buffer:
 
 Slab layout: A_s is [num_slots, max_rank, in] and B_s is [num_slots, max_rank, out_s]
 (B stored transposed), so a rank-r adapter's weights are the first r rows of
-its slot in both, one contiguous block each.
+its slot in both, one contiguous block each. Rows are dense; slots may overlap:
+the adapter slab's stacks are views in which slot s starts page_rank rows after
+slot s - 1 (stride(0) == page_rank * width), and every backend reads a slot by
+the stacks' strides, rows [:rank] only (kernels/lora_checks.py: check_stacks).
 """
 
 from __future__ import annotations

@@ -49,6 +49,8 @@ def _segment(seg_starts_ptr, seg_slots_ptr, seg_ranks_ptr, slice_ranks_ptr, seg,
 def _lora_shrink_kernel(
     x_ptr,  # [num_tokens, hidden]
     a_ptr_table,  # [num_slices] int64: data_ptr of each slice's [num_slots, max_rank, hidden]
+    stride_as,  # A's stride between slots (page_rank * hidden in the paged slab)
+    stride_ar,  # A's stride between rows (hidden: rows are dense)
     out_ptr,  # [num_slices, num_tokens, max_rank] float32
     token_order_ptr,
     seg_starts_ptr,
@@ -91,9 +93,10 @@ def _lora_shrink_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < rank
 
-    # A slices share one shape, so the strides follow from it (the stacks are contiguous).
+    # A slices share one shape and strides (kernels/lora_checks.py: check_stacks); slots
+    # may overlap (the slab's pages), so a slot's rows start where its stride says.
     a_ptr = tl.load(a_ptr_table + slice_id).to(tl.pointer_type(x_ptr.dtype.element_ty))
-    a_slot = a_ptr + slot * MAX_RANK * hidden
+    a_slot = a_ptr + slot * stride_as
 
     # float32 accumulator: bf16 partial sums over thousands of terms drift
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -108,7 +111,7 @@ def _lora_shrink_kernel(
             other=0.0,
         )  # [BLOCK_M, BLOCK_K]
         a_tile = tl.load(
-            a_slot + offs_n[None, :] * hidden + offs_k[:, None],
+            a_slot + offs_n[None, :] * stride_ar + offs_k[:, None],
             mask=mask_k[:, None] & mask_n[None, :],
             other=0.0,
         )  # [BLOCK_K, BLOCK_N]
@@ -257,7 +260,7 @@ def _launch(x, lora_a, dest, strides, segments, slice_ranks, plan: _Plan) -> Non
     a_table = device_table(tuple(a.data_ptr() for a in lora_a), torch.int64, x.device)
     grid = (plan.tiles * plan.num_splits, segments.num_segments, len(lora_a))
     _lora_shrink_kernel[grid](
-        x, a_table, dest, segments.token_order, segments.seg_starts, segments.seg_slots,
+        x, a_table, lora_a[0].stride(0), lora_a[0].stride(1), dest, segments.token_order, segments.seg_starts, segments.seg_slots,
         segments.seg_ranks, segments.seg_ranks if slice_ranks is None else slice_ranks,
         lora_a[0].shape[0], x.shape[1], plan.k_per_split, x.stride(0), x.stride(1), *strides,
         plan.num_splits, MAX_RANK=lora_a[0].shape[1], BLOCK_M=plan.block_m,

@@ -3,9 +3,11 @@
 A rank group (see kernels/cpu_plan.py for which way when) runs in place, one
 matmul per long run of adjacent tokens; or padded, its shrink and expand each
 one `bmm` per slice over a range of the slab; or grouped, its shrink
-`grouped_mm` over the slab and its expand one `embedding_bag` with B as the
+`grouped_mm` over the slab and its expand one `embedding_bag` with B's rows as the
 table. There is never a copy of adapter weights, and a rank-r adapter reads
-only the first r rows of its slot (`A[:, :r]` is a strided view).
+only the first r rows of its slot (`A[:, :r]` is a strided view). Every way
+works on the slab's paged stacks, whose slots overlap (kernels/lora_checks.py:
+check_stacks): they index slots by the stacks' strides, never by their shape.
 
 `grouped_mm` needs 16-byte aligned strides. Real models' widths are multiples
 of 64; for any other width the same arithmetic runs as a loop over segments.
@@ -215,13 +217,16 @@ def _one_scale(slots: tuple[int, ...], host_scales: list[float] | None) -> float
 def _expand_bags(t, lora_b, y, bags: Bags, scales, columns) -> None:
     """y[tok, slice s] += sum_j (scale * t[s, tok, j]) * B_s[slot, j, :] as embedding_bag sums."""
     num_slots, max_rank, _ = lora_b[0].shape
-    rows, weight_at = bags.index(max_rank)  # [num_elems] each, built once per step
+    slot_rows = lora_b[0].stride(0) // lora_b[0].stride(1)  # page_rank in a paged slab
+    rows, weight_at = bags.index(slot_rows, max_rank)  # [num_elems] each, once per step
     elem_scale = scales.to(torch.float32).index_select(0, bags.elem_slot)
+    num_rows = (num_slots - 1) * slot_rows + max_rank  # every row the stack's slots reach
     for s, b in enumerate(lora_b):
         weights = (t[s].reshape(-1).index_select(0, weight_at).to(torch.float32) * elem_scale).to(
             b.dtype
         )
-        table = b.view(num_slots * max_rank, b.shape[2])  # [slots * max_rank, out_s]
+        # [num_rows, out_s]: the stack's rows, slot s's from s * slot_rows
+        table = b.as_strided((num_rows, b.shape[2]), (b.stride(1), b.stride(2)))
         delta = F.embedding_bag(rows, table, bags.offsets, mode="sum", per_sample_weights=weights)
         target = y if len(lora_b) == 1 else y[:, columns[s]]
         target.index_add_(0, bags.tokens, delta.to(y.dtype))

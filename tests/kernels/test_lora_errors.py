@@ -53,7 +53,23 @@ SHRINK_CASES = [
     (
         "a strided",
         lambda p: {"lora_a": torch.randn(S, H, R).transpose(1, 2)},
-        r"lora_a: expected a contiguous",
+        r"lora_a: expected dense rows \(strides \(\*, 32, 1\)\)",
+    ),
+    (
+        "a slots between rows",  # slots 12 elements apart: not a whole number of rows of 32
+        lambda p: {"lora_a": torch.randn(S * R * H).as_strided((S, R, H), (12, H, 1))},
+        r"lora_a: expected slots a whole number of rows apart",
+    ),
+    (
+        "a slices paged unlike",  # slot stride 2 rows in slice 1, 8 (contiguous) in slice 0
+        lambda p: {
+            "lora_a": [
+                p["a"],
+                torch.randn((S - 1) * 2 * H + R * H).as_strided((S, R, H), (2 * H, H, 1)),
+            ],
+            "out": torch.zeros(2, T, R),
+        },
+        r"lora_a\[1\]: expected slots .*, 8 like slice 0\)",
     ),
     (
         "a slices",

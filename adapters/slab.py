@@ -1,17 +1,25 @@
-"""The adapter slab: one model replica's device-resident LoRA weights, one slot per adapter.
+"""The adapter slab: one model replica's device-resident LoRA weights, in pages of rows.
 
 For every layer and targetable module the slab holds the stacks the LoRA kernels read
-(kernels/lora_ops.py), preallocated once, with a scale and a rank per slot (0: an empty
-slot); lora_B biases and DoRA's output scales beside them, and trainable tokens, up to
-`max_tokens` per slot: what a slot holds, and how it is filled and emptied, is
-adapters/slab_slots.py. With `embeddings`, the embedding's and the LM head's stacks are
-kept too, under layer -1.
+(kernels/lora_ops.py), preallocated once, as `num_pages` pages of `page_rank` rows. A
+rank-r adapter holds ceil(r / page_rank) contiguous pages, and its slot, the index the
+kernels and steps use, is its first page: the stacks are views in which slot p reaches
+max_rank rows from page p (adapters/slab_stacks.py), so `stack[slot, :r]` is exactly the
+adapter's rows, and a rank-8 adapter takes 1/8 of what a rank-64 one takes. Beside the
+stacks, per page, a scale and a rank (0: no adapter's slot), lora_B biases and DoRA's
+output scales; a small pool of trainable-token slots; what a page holds, and how it is
+filled and emptied, is adapters/slab_slots.py. With `embeddings`, the embedding's and the
+LM head's stacks are kept too, under layer -1.
 
-Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> a slot.
-`acquire` pins a version in a slot for as long as a request uses it and `release` unpins
-it; only unpinned slots are evicted, least recently used first. One lock guards the
-bookkeeping; registry fetches and tensor copies run outside it, into a slot reserved for
-that load, which no reader touches until the load marks it resident.
+The slab is sized by `num_slots` (room for that many max_rank adapters) or `slab_bytes`
+(as many pages as the bytes hold: adapters/slab_pages.py, which config code sizes with).
+
+Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> pages.
+`acquire` pins a version for as long as a request uses it and `release` unpins it; only
+unpinned adapters are evicted: a load takes the lowest free run of its pages, else the run
+whose most recently used occupant is least recent (adapters/slab_alloc.py). One lock guards
+the bookkeeping; registry fetches and tensor copies run outside it, into pages reserved for
+that load, which no reader touches until the load marks them resident.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -29,6 +38,8 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
+from adapters.slab_alloc import choose_run, choose_token_slot
+from adapters.slab_pages import count_pages, page_costs
 from adapters.slab_slots import SlotContents
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_vectors import BaseWeight
@@ -36,17 +47,29 @@ from adapters.slab_vectors import BaseWeight
 log = logging.getLogger("loraserve.adapters")
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where a version's load put it: pages [slot, slot + pages), and its token slot."""
+
+    slot: int
+    pages: int
+    token_slot: int | None
+
+
 class AdapterSlab:
-    """Fixed device slots of LoRA weights for one model replica, filled on demand."""
+    """Device pages of LoRA weights for one model replica, filled on demand."""
 
     def __init__(
         self,
         spec: BaseModelSpec,
         *,
-        num_slots: int,
         max_rank: int,
-        max_cpu_loras: int,
         loader: Callable[[str], Adapter],
+        num_slots: int | None = None,
+        slab_bytes: int | None = None,
+        max_cpu_loras: int | None = None,
+        host_bytes: int | None = None,
+        page_rank: int = 8,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         modules: Sequence[str] | None = None,
@@ -54,22 +77,31 @@ class AdapterSlab:
         base_weight: BaseWeight | None = None,
         embeddings: bool = False,
         max_tokens: int = 64,
+        token_slots: int = 16,
     ) -> None:
-        if num_slots < 1 or max_rank < 1:
-            raise ValueError(f"num_slots and max_rank must be >= 1, got {num_slots}, {max_rank}")
-        self.spec, self.num_slots, self.max_rank, self.dtype = spec, num_slots, max_rank, dtype
-        self.device = torch.device(device)
+        if max_rank < 1 or page_rank < 1:
+            raise ValueError(f"max_rank and page_rank must be >= 1, got {max_rank}, {page_rank}")
         self.modules = tuple(spec.shapes if modules is None else modules)
         unknown = sorted(set(self.modules) - set(spec.shapes))
         if unknown:
             raise ValueError(f"modules {unknown} are not in the base model ({list(spec.shapes)})")
+        self.costs = page_costs(
+            spec, max_rank=max_rank, page_rank=page_rank, dtype=dtype, modules=self.modules,
+            embeddings=embeddings, max_tokens=max_tokens, token_slots=token_slots,
+        )  # fmt: skip
+        self.num_pages = count_pages(self.costs, num_slots=num_slots, slab_bytes=slab_bytes)
+        self.num_slots = self.num_pages  # the kernels' index space: a slot is a first page
+        self.page_rank = self.costs.page_rank  # clamped to max_rank
+        self.spec, self.max_rank, self.dtype = spec, max_rank, dtype
+        self.device = torch.device(device)
         # The embedding's and LM head's stacks are vocabulary-wide: only when asked for.
         self.outer = tuple(spec.outer_shapes) if embeddings else ()
         # Not inference tensors (a caller's inference_mode): loader threads write them in place.
         with torch.inference_mode(False):
             self.contents = SlotContents(
-                spec, self.modules, self.outer, num_slots=num_slots, max_rank=max_rank,
-                max_tokens=max_tokens, base_weight=base_weight, dtype=dtype, device=self.device,
+                spec, self.modules, self.outer, num_pages=self.num_pages,
+                page_rank=self.page_rank, max_rank=max_rank, max_tokens=max_tokens,
+                token_slots=token_slots, base_weight=base_weight, dtype=dtype, device=self.device,
             )  # fmt: skip
         # What the model runtime reads, by the names it reads them by (see SlotContents).
         c = self.contents
@@ -84,11 +116,15 @@ class AdapterSlab:
         )
         # Pinned host memory only pays off when the copies go to a GPU.
         pin = self.device.type == "cuda"
-        self._host = HostCache(max_cpu_loras, loader, check, lock=self._lock, pin=pin)
-        self._slot_version: list[str | None] = [None] * num_slots  # resident or loading
-        self._pins = [0] * num_slots
+        self._host = HostCache(
+            max_cpu_loras, loader, check, lock=self._lock, pin=pin, max_bytes=host_bytes
+        )
+        self._owners: list[str | None] = [None] * self.num_pages  # resident or loading version
+        self._token_holders: list[str | None] = [None] * self.tokens.num_slots
+        self._places: dict[str, _Place] = {}  # versions holding pages: resident or loading
+        self._pins: Counter[str] = Counter()  # resident or loading versions' pins
         self._resident: OrderedDict[str, int] = OrderedDict()  # version -> slot, LRU first
-        self._loading: dict[str, tuple[int, Future[int]]] = {}  # version -> (slot, its load)
+        self._loading: dict[str, Future[int]] = {}  # version -> its load
         self._counts: Counter[str] = Counter()
         self._load_seconds = 0.0
         self._closed = False
@@ -103,7 +139,7 @@ class AdapterSlab:
     # -- what the model runtime reads ---------------------------------------------------
 
     def lora_a(self, layer: int, module: str) -> torch.Tensor:
-        """The A stack of (layer, module): [num_slots, max_rank, in]."""
+        """The A stack of (layer, module): [num_slots, max_rank, in], a paged view."""
         return self.stacks.a[layer, module]
 
     def lora_b(self, layer: int, module: str) -> torch.Tensor:
@@ -148,33 +184,44 @@ class AdapterSlab:
     def stats(self) -> SlabStats:
         """A snapshot of the counters."""
         with self._lock:
+            pages_used = sum(place.pages for place in self._places.values())
+            host = self._host
             return SlabStats(
                 **{name: self._counts[name] for name in COUNTED},
-                host_evictions=self._host.evictions,
+                host_evictions=host.evictions,
                 load_seconds=self._load_seconds,
                 resident=len(self._resident),
+                page_rank=self.page_rank,
+                pages=self.num_pages,
+                pages_used=pages_used,
+                slab_bytes=self.num_pages * self.costs.page_bytes,
+                slab_used_bytes=pages_used * self.costs.page_bytes,
+                host_bytes=host.max_bytes or 0,
+                host_used_bytes=host.used_bytes,
+                host_entries=len(host),
             )
 
     # -- pinning and loading -------------------------------------------------------------
 
     def acquire(self, version: str) -> int:
-        """Pin `version` in a slot and return the slot, loading it first if needed (blocks).
+        """Pin `version` and return its slot, loading it first if needed (blocks).
 
-        Raises SlabFull when every slot is pinned or loading, or the load's error.
+        Raises SlabFull when no run of pages it needs is free or held by unpinned adapters
+        only, or the load's error.
         """
         with self._lock:
             slot = self._resident.get(version)
             if slot is not None:
-                self._pins[slot] += 1
+                self._pins[version] += 1
                 self._resident.move_to_end(version)
                 self._counts["slot_hits"] += 1
                 return slot
-            slot, load, started = self._join_or_start(version)
-            # Pin now, not after the wait: once the load lands, the slot is evictable the
-            # moment the lock drops. A failed load clears these pins with the slot.
-            self._pins[slot] += 1
+            load, started = self._join_or_start(version)
+            # Pin now, not after the wait: once the load lands, its pages are evictable the
+            # moment the lock drops. A failed load clears these pins with its pages.
+            self._pins[version] += 1
         if started:
-            self._load(version, slot, load)
+            self._load(version, load)
         return load.result()
 
     def try_acquire(self, version: str) -> int | None:
@@ -183,7 +230,7 @@ class AdapterSlab:
             slot = self._resident.get(version)
             if slot is None:
                 return None
-            self._pins[slot] += 1
+            self._pins[version] += 1
             self._resident.move_to_end(version)
             self._counts["slot_hits"] += 1
             return slot
@@ -191,7 +238,7 @@ class AdapterSlab:
     def prefetch(self, version: str) -> Future[int]:
         """Start loading `version` on a background thread, without pinning it.
 
-        The future gives the slot, or the load's error, or SlabFull if no slot is free.
+        The future gives the slot, or the load's error, or SlabFull if no pages can be had.
         """
         with self._lock:
             slot = self._resident.get(version)
@@ -199,20 +246,19 @@ class AdapterSlab:
                 self._resident.move_to_end(version)
                 return _settled(result=slot)
             try:
-                slot, load, started = self._join_or_start(version)
+                load, started = self._join_or_start(version)
             except SlabFull as exc:
                 return _settled(error=exc)
             if started:
-                self._executor.submit(self._load, version, slot, load)
+                self._executor.submit(self._load, version, load)
         return load
 
     def release(self, version: str) -> None:
         """Drop one pin of `version`; a ValueError if it holds none."""
         with self._lock:
-            slot = self._resident.get(version)
-            if slot is None or self._pins[slot] == 0:
+            if version not in self._resident or self._pins[version] == 0:
                 raise ValueError(f"release({version!r}): it is not pinned; acquire it first")
-            self._pins[slot] -= 1
+            self._pins[version] -= 1
             # Used until now, so it is the most recently used.
             self._resident.move_to_end(version)
 
@@ -222,57 +268,96 @@ class AdapterSlab:
             self._closed = True
         self._executor.shutdown(wait=True)
 
-    # -- slot bookkeeping (under the lock) -----------------------------------------------
+    # -- page bookkeeping (under the lock) -----------------------------------------------
 
-    def _join_or_start(self, version: str) -> tuple[int, Future[int], bool]:
-        """(slot, load, started): the running load of `version`, or a new one on a claimed slot."""
+    def _join_or_start(self, version: str) -> tuple[Future[int], bool]:
+        """(load, started): the running load of `version`, or a new one.
+
+        SlabFull at once where not even one page could be had (every page pinned or
+        loading): then the registry is not asked for an adapter with nowhere to go. Its
+        pages are claimed once it is fetched and its rank known (`_place`).
+        """
         if version in self._loading:
-            return (*self._loading[version], False)
+            return self._loading[version], False
         if self._closed:
             raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
-        slot = self._claim_slot(version)
+        if choose_run(self._owners, 1, self._evictable()) is None:
+            raise SlabFull(
+                f"cannot load {version!r}: all {self.num_pages} adapter pages are held by "
+                "pinned or loading adapters; release one first"
+            )
         load: Future[int] = Future()
         load.set_running_or_notify_cancel()  # shared by every waiter: nobody may cancel it
-        self._loading[version] = (slot, load)
-        return slot, load, True
+        self._loading[version] = load
+        return load, True
 
-    def _claim_slot(self, version: str) -> int:
-        """Reserve a free slot, else evict the least recently used unpinned one."""
-        slot = next((s for s, v in enumerate(self._slot_version) if v is None), None)
+    def _evictable(self) -> dict[str, int]:
+        """The resident, unpinned versions, each with its place in the LRU order."""
+        return {v: i for i, v in enumerate(self._resident) if self._pins[v] == 0}
+
+    def _place(self, version: str, adapter: Adapter) -> _Place:
+        """Reserve the pages (and token slot) `adapter` needs, evicting what must go."""
+        if self._closed:
+            raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
+        pages = self.costs.pages_of(adapter.rank)
+        evictable = self._evictable()
+        slot = choose_run(self._owners, pages, evictable)
         if slot is None:
-            slot = next((s for s in self._resident.values() if self._pins[s] == 0), None)
-            if slot is None:
+            raise SlabFull(
+                f"cannot load {version!r}: it needs {pages} contiguous pages of rank "
+                f"{self.page_rank}, and no run of {pages} among the {self.num_pages} is free "
+                "of pinned or loading adapters; release one first"
+            )
+        going = {v for v in self._owners[slot : slot + pages] if v is not None}
+        token_slot = None
+        if self.tokens.wants(adapter):
+            token_slot = choose_token_slot(self._token_holders, evictable, going)
+            if token_slot is None:
                 raise SlabFull(
-                    f"cannot load {version!r}: all {self.num_slots} adapter slots are pinned "
-                    "or loading; release one first"
+                    f"cannot load {version!r}: all {self.tokens.num_slots} trainable-token "
+                    "slots are held by pinned or loading adapters; release one first"
                 )
-            del self._resident[self._slot_version[slot]]
+            holder = self._token_holders[token_slot]
+            going |= {holder} if holder is not None else set()
+        for victim in going:
+            del self._resident[victim]
             self._counts["evictions"] += 1
-            self._free(slot)
-        self._slot_version[slot] = version
-        return slot
+            self._free(victim)
+        place = _Place(slot, pages, token_slot)
+        self._owners[slot : slot + pages] = [version] * pages
+        if token_slot is not None:
+            self._token_holders[token_slot] = version
+        self._places[version] = place
+        return place
 
-    def _free(self, slot: int) -> None:
-        """Mark `slot` empty: rank 0, no version, no pins."""
-        self._slot_version[slot] = None
-        self._pins[slot] = 0
-        self.contents.clear(slot)
+    def _free(self, version: str) -> None:
+        """Give back version's pages and token slot, emptied; its pins go with them."""
+        self._pins.pop(version, None)
+        place = self._places.pop(version, None)
+        if place is None:  # it failed before it was placed
+            return
+        self._owners[place.slot : place.slot + place.pages] = [None] * place.pages
+        if place.token_slot is not None:
+            self._token_holders[place.token_slot] = None
+        self.contents.clear(place.slot, place.token_slot)
 
-    # -- one load (outside the lock, into its reserved slot) -----------------------------
+    # -- one load (fetched and written outside the lock, into its reserved pages) --------
 
-    def _load(self, version: str, slot: int, load: Future[int]) -> None:
-        """Fill the reserved `slot` with `version`; settle `load` with the slot or the error."""
+    def _load(self, version: str, load: Future[int]) -> None:
+        """Fetch `version`, place it and fill its pages; settle `load` with the slot or the error."""
         start = time.perf_counter()
         try:
             if self._closed:
                 raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
             adapter, tier = self._host.fetch(version)
             self.contents.check(version, adapter)
-            self.contents.write(slot, adapter)
             with self._lock:
-                self.contents.publish(slot, adapter)
+                place = self._place(version, adapter)
+            self.contents.write(place.slot, adapter, place.token_slot)
+            with self._lock:
+                self.contents.publish(place.slot, adapter, place.token_slot)
                 del self._loading[version]
-                self._resident[version] = slot
+                self._resident[version] = place.slot
                 self._counts["loads"] += 1
                 self._counts[f"{tier}_hits"] += 1
                 self._load_seconds += time.perf_counter() - start
@@ -280,14 +365,15 @@ class AdapterSlab:
             try:
                 with self._lock:
                     self._loading.pop(version, None)
-                    self._counts["failed_loads"] += 1
-                    self._free(slot)
+                    if not isinstance(exc, SlabFull):  # refused for room, not broken
+                        self._counts["failed_loads"] += 1
+                    self._free(version)
             except Exception:  # the waiters still wake, with the load's own error
-                log.exception("slot %d could not be cleared after %r failed to load", slot, version)
+                log.exception("the pages of %r could not be cleared after it failed", version)
             finally:
                 load.set_exception(exc)
             return
-        load.set_result(slot)
+        load.set_result(place.slot)
 
 
 def _settled(*, result: int | None = None, error: BaseException | None = None) -> Future[int]:

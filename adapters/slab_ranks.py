@@ -1,7 +1,10 @@
-"""Each module's own rank per slot, the kernels' `slice_ranks` (kernels/lora_ops.py).
+"""Each module's own rank per page, the kernels' `slice_ranks` (kernels/lora_ops.py).
 
-    table[layer]: [modules of the layer, num_slots] int32   rank_pattern's rank, 0 where the
+    table[layer]: [modules of the layer, num_pages] int32   rank_pattern's rank, 0 where the
                                                            adapter leaves the module out
+
+An adapter's ranks are in the column of its slot, its first page; every other page's
+column is 0 (no token names a continuation page).
 
 Fused modules (q|k|v, gate|up) are adjacent rows, so a projection's table is a view. The
 embedding's and LM head's ranks sit under layer -1, with which slots use them, so a step
@@ -18,25 +21,25 @@ from adapters.tensor_names import OUTER_LAYER
 
 
 class SlabRanks:
-    """Module ranks per slot for every layer the slab holds."""
+    """Module ranks per page for every layer the slab holds."""
 
     def __init__(
-        self, num_layers: int, modules: Sequence[str], outer: Sequence[str], num_slots: int, device
+        self, num_layers: int, modules: Sequence[str], outer: Sequence[str], num_pages: int, device
     ) -> None:
         self._index = {m: i for i, m in enumerate(modules)}
         self._index.update({m: i for i, m in enumerate(outer)})
         layers = [(layer, modules) for layer in range(num_layers)]
         layers += [(OUTER_LAYER, outer)] if outer else []
         self._table = {
-            layer: torch.zeros(len(names), num_slots, dtype=torch.int32, device=device)
+            layer: torch.zeros(len(names), num_pages, dtype=torch.int32, device=device)
             for layer, names in layers
         }
         # The same tables as lists, for the CPU path's loops (read with no device sync).
-        self._host = {layer: [[0] * num_slots for _ in names] for layer, names in layers}
+        self._host = {layer: [[0] * num_pages for _ in names] for layer, names in layers}
         self._outer_slots: dict[str, set[int]] = {m: set() for m in outer}
 
     def of(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
-        """[len(modules), num_slots] int32; a view when the modules are adjacent rows."""
+        """[len(modules), num_pages] int32; a view when the modules are adjacent rows."""
         first = self._index[modules[0]]
         table = self._table[layer]
         if [self._index[m] for m in modules] == list(range(first, first + len(modules))):
@@ -44,7 +47,7 @@ class SlabRanks:
         return torch.stack([table[self._index[m]] for m in modules])
 
     def host_of(self, layer: int, modules: Sequence[str]) -> list[list[int]]:
-        """of(layer, modules) as lists: [len(modules)][num_slots]."""
+        """of(layer, modules) as lists: [len(modules)][num_pages]."""
         return [self._host[layer][self._index[m]] for m in modules]
 
     def set(self, key: tuple[int, str], slot: int, rank: int) -> None:
@@ -63,9 +66,13 @@ class SlabRanks:
             (slots.add if used else slots.discard)(slot)
 
     def clear(self, slot: int) -> None:
-        """slot is empty: no outer module is used by it (its ranks are read by no token)."""
+        """slot is empty: its ranks 0, no outer module used by it (hold the slab's lock)."""
         for slots in self._outer_slots.values():
             slots.discard(slot)
+        for layer, table in self._table.items():
+            table[:, slot] = 0
+            for host in self._host[layer]:
+                host[slot] = 0
 
     def serves_outer(self, module: str) -> bool:
         """Whether some slot's adapter has LoRA on module (embed_tokens or lm_head)."""

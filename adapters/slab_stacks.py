@@ -1,14 +1,22 @@
-"""The slab's A and B stacks, per layer and module, and each module's rank per slot.
+"""The slab's A and B stacks, per layer and module, and each module's rank per page.
 
-    A[num_slots, max_rank, in]    a rank-r adapter's lora_A ([r, in]) in rows :r of its slot
-    B[num_slots, max_rank, out]   its lora_B TRANSPOSED ([out, r] -> [r, out]) in rows :r
+The slab is `num_pages` pages of `page_rank` rows; a rank-r adapter holds ceil(r / page_rank)
+contiguous pages, and its slot (the index the kernels take) is its first page. Each stack is
+stored as rows, (num_pages - 1) * page_rank + max_rank of them, and exposed as an
+overlapping view whose slot p starts at row p * page_rank and reaches max_rank rows:
 
-A module whose own scale differs from the adapter's (alpha_pattern, rank_pattern) has its
-B stored multiplied by the ratio, so the kernels keep one scale per slot; a module of a
-lower rank than its adapter's fills only its first rows, the rest zero, and its rank is in
-`ranks` (adapters/slab_ranks.py) for the kernels to stop at. With `outer`, the embedding's
-and LM head's stacks are kept under layer -1; the embedding's A is stored [slots, vocab,
-rank], so that its shrink, a gather of column id(t) per token, reads contiguous memory.
+    A[num_pages, max_rank, in]    strides (page_rank * in, in, 1): lora_A ([r, in]) in rows :r
+    B[num_pages, max_rank, out]   lora_B TRANSPOSED ([out, r] -> [r, out]) in rows :r
+
+so `A[slot, :r]` is exactly the adapter's rows, and a kernel that reads stack[slot, :rank]
+reads nothing of another adapter's pages. A module whose own scale differs from the
+adapter's (alpha_pattern, rank_pattern) has its B stored multiplied by the ratio, so the
+kernels keep one scale per slot; a module of a lower rank than its adapter's fills only its
+first rows, the rest zero, and its rank is in `ranks` (adapters/slab_ranks.py) for the
+kernels to stop at. With `outer`, the embedding's and LM head's stacks are kept under layer
+-1; the embedding's A is stored [vocab, rows], so that its shrink, a gather of column
+id(t) per token, reads contiguous memory: its view [num_pages, max_rank, vocab] has strides
+(page_rank, 1, rows).
 """
 
 from __future__ import annotations
@@ -26,41 +34,46 @@ Key = tuple[int, str]  # (layer, module)
 
 
 class SlabStacks:
-    """Every (layer, module)'s A and B stacks, and the module ranks of every slot."""
+    """Every (layer, module)'s A and B stacks, as paged views, and the module ranks per page."""
 
     def __init__(
         self,
         spec: BaseModelSpec,
         modules: Sequence[str],
         outer: Sequence[str],
-        num_slots: int,
+        num_pages: int,
+        page_rank: int,
         max_rank: int,
         *,
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
         like = {"dtype": dtype, "device": device}
+        rows = (num_pages - 1) * page_rank + max_rank  # the last page's view ends at the last row
         self.shapes: dict[Key, tuple[int, int]] = {
             (layer, m): spec.shapes[m] for layer in range(spec.num_layers) for m in modules
         }
         self.shapes.update({(OUTER_LAYER, m): spec.outer_shapes[m] for m in outer})
-        self.a: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, in]
-        self.b: dict[Key, torch.Tensor] = {}  # [num_slots, max_rank, out]
+        size = (num_pages, max_rank)
+        self.a: dict[Key, torch.Tensor] = {}  # [num_pages, max_rank, in], paged
+        self.b: dict[Key, torch.Tensor] = {}  # [num_pages, max_rank, out], paged
         for key, (fan_in, fan_out) in self.shapes.items():
-            if key == (OUTER_LAYER, "embed_tokens"):  # a [slots, rank, vocab] view of it
-                stored = torch.zeros(num_slots, fan_in, max_rank, **like)
-                self.a[key] = stored.transpose(1, 2)
+            if key == (OUTER_LAYER, "embed_tokens"):  # [vocab, rows]: a row's columns adjacent
+                stored = torch.zeros(fan_in, rows, **like)
+                self.a[key] = stored.as_strided((*size, fan_in), (page_rank, 1, rows))
             else:
-                self.a[key] = torch.zeros(num_slots, max_rank, fan_in, **like)
-            self.b[key] = torch.zeros(num_slots, max_rank, fan_out, **like)
-        self.ranks = SlabRanks(spec.num_layers, modules, outer, num_slots, device)
+                stored = torch.zeros(rows, fan_in, **like)
+                self.a[key] = stored.as_strided((*size, fan_in), (page_rank * fan_in, fan_in, 1))
+            stored = torch.zeros(rows, fan_out, **like)
+            self.b[key] = stored.as_strided((*size, fan_out), (page_rank * fan_out, fan_out, 1))
+        self.ranks = SlabRanks(spec.num_layers, modules, outer, num_pages, device)
 
     def write(self, slot: int, adapter: Adapter) -> None:
         """A[slot, :r_m] = a; B[slot, :r_m] = (s_m / s) * b.T; rows r_m: zeroed (all of them
         where the adapter has no module), up to the adapter's rank r."""
         r = adapter.rank
-        # Plain copies on the current stream: they queue behind kernels still reading this
-        # slot's previous tenant, so an eviction never races a step already launched.
+        # Plain copies on the current stream: they queue behind kernels still reading these
+        # pages' previous tenants, so an eviction never races a step already launched.
         for key, a_stack in self.a.items():
             b_stack = self.b[key]
             mod = adapter.modules.get(key)

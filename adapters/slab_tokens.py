@@ -1,10 +1,17 @@
-"""The slab's trainable tokens: per slot, up to max_tokens embedding rows of its own.
+"""The slab's trainable tokens: a small pool of token slots, each an adapter's own rows.
 
-    ids[num_slots, max_tokens] int64     the token ids, -1 past the adapter's count
-    rows[num_slots, max_tokens, hidden]  their embeddings
-    where[num_slots, vocab] int32        token id -> its index in the slot's rows, -1: none
+A map [vocab] per page would cost more than the page, so trainable tokens are not per
+page: the slab holds `num_slots` token slots (a few adapters at a time have any), and each
+page names the token slot of the adapter whose slot it is:
 
-`where` makes a step's lookup one gather over its tokens, whatever each slot holds.
+    page_slots[num_pages] int32           page -> its adapter's token slot, -1: none
+    ids[num_slots, max_tokens] int64      the token ids, -1 past the adapter's count
+    rows[num_slots, max_tokens, hidden]   their embeddings
+    where[num_slots, vocab] int32         token id -> its index in the slot's rows, -1: none
+
+A step's lookup is then two gathers over its tokens, whatever each adapter holds
+(serving/model/outer.py). Which adapter holds which token slot, and whom a load evicts to
+get one, is the slab's (adapters/slab.py, adapters/slab_alloc.py).
 """
 
 from __future__ import annotations
@@ -16,24 +23,38 @@ from adapters.format import Adapter
 
 
 class SlabTokens:
-    """Every slot's trainable tokens (none for a slot whose adapter has none)."""
+    """Every token slot's trainable tokens, and each page's token slot (-1: none)."""
 
     def __init__(
-        self, num_slots: int, vocab: int, hidden: int, max_tokens: int, *, dtype, device
+        self,
+        num_pages: int,
+        vocab: int,
+        hidden: int,
+        max_tokens: int,
+        *,
+        num_slots: int = 16,
+        dtype,
+        device,
     ) -> None:
-        self.max_tokens = max_tokens if vocab > 0 else 0
+        if num_slots < 0:
+            raise ValueError(f"token slots must be >= 0, got {num_slots}")
+        self.max_tokens = max_tokens if vocab > 0 and num_slots > 0 else 0
         width = self.max_tokens
-        self.ids = torch.full((num_slots, width), -1, dtype=torch.int64, device=device)
-        self.rows = torch.zeros(num_slots, width, hidden, dtype=dtype, device=device)
-        self.where = torch.full(
-            (num_slots, vocab if width else 0), -1, dtype=torch.int32, device=device
-        )
-        self.has = torch.zeros(num_slots, dtype=torch.bool, device=device)
-        self._host_has = [False] * num_slots
-        self.count = 0  # slots with tokens, read on the host per step
+        self.num_slots = num_slots if width else 0
+        self.ids = torch.full((self.num_slots, width), -1, dtype=torch.int64, device=device)
+        self.rows = torch.zeros(self.num_slots, width, hidden, dtype=dtype, device=device)
+        self.where = torch.full((self.num_slots, vocab if width else 0), -1, dtype=torch.int32,
+                                device=device)  # fmt: skip
+        self.page_slots = torch.full((num_pages,), -1, dtype=torch.int32, device=device)
+        self._host_page_slots = [-1] * num_pages
+        self.count = 0  # pages (adapters) with tokens, read on the host per step
+
+    def wants(self, adapter: Adapter) -> bool:
+        """Whether adapter needs a token slot (it has trainable tokens, and they are served)."""
+        return bool(self.max_tokens) and adapter.tokens is not None
 
     def check(self, version: str, adapter: Adapter) -> None:
-        """AdapterError if the adapter has more trainable tokens than a slot holds."""
+        """AdapterError if the adapter has more trainable tokens than a token slot holds."""
         n = 0 if adapter.tokens is None else adapter.tokens.ids.numel()
         if n > self.max_tokens:
             raise AdapterError(
@@ -42,13 +63,11 @@ class SlabTokens:
             )
 
     def write(self, slot: int, adapter: Adapter | None) -> None:
-        """Fill slot's rows from adapter's trainable tokens (None, or none: clear them).
+        """Fill token slot `slot` from adapter's trainable tokens (None, or none: clear it).
 
-        Only slot's own entries change, so a load may write them outside the slab's lock;
-        whether the slot has tokens, and the count, change in `mark`.
+        Only that token slot's entries change, and no page names it until `mark`, so a load
+        may write them outside the slab's lock.
         """
-        if not self.max_tokens:
-            return
         old = self.ids[slot][self.ids[slot] >= 0]
         self.where[slot, old] = -1
         self.ids[slot].fill_(-1)
@@ -60,13 +79,20 @@ class SlabTokens:
             self.rows[slot, :n] = tokens.rows.to(self.rows.device, self.rows.dtype)
             self.where[slot, ids] = torch.arange(n, dtype=torch.int32, device=ids.device)
 
-    def mark(self, slot: int, adapter: Adapter | None) -> None:
-        """Record whether slot's adapter (None: an empty slot) has trainable tokens.
+    def mark(self, page: int, slot: int | None) -> None:
+        """Point `page` (an adapter's slot) at token slot `slot` (None: the adapter has none).
 
-        Call it holding the slab's lock: the count is every slot's, and two loads that each
-        summed the flags on their own could leave it at 0 while a slot has tokens, when a
-        step would skip that slot's rows.
+        Call it holding the slab's lock: the count is every page's, and two loads that each
+        summed the map on their own could leave it at 0 while an adapter has tokens, when a
+        step would skip that adapter's rows.
         """
-        wanted = bool(self.max_tokens) and adapter is not None and adapter.tokens is not None
-        self.has[slot] = self._host_has[slot] = wanted
-        self.count = sum(self._host_has)
+        value = -1 if slot is None else slot
+        self.page_slots[page] = self._host_page_slots[page] = value
+        self.count = sum(s >= 0 for s in self._host_page_slots)
+
+    def slots_of(self, pages: torch.Tensor) -> torch.Tensor:
+        """[n] int64: the token slot of each page's adapter, -1 where it has none or the page
+        is -1 (base only)."""
+        index = pages.clamp(min=0).to(torch.int64)
+        slots = self.page_slots.index_select(0, index).to(torch.int64)
+        return torch.where(pages >= 0, slots, -1)

@@ -1,9 +1,10 @@
 """The slab's per-output vectors: lora_B biases (lora_bias) and DoRA's output scales.
 
-Per layer and module, beside A and B:
+Per layer and module, beside A and B, per page of the slab (an adapter's are at its slot,
+its first page; its other pages' are never read, as no token names them):
 
-    bias[num_slots, out]   scale * lora_B.bias, added to the rows of the slot's tokens
-    dora[num_slots, out]   g = m / ||W + scale * B @ A||_row, which multiplies those rows
+    bias[num_pages, out]   scale * lora_B.bias, added to the rows of the slot's tokens
+    dora[num_pages, out]   g = m / ||W + scale * B @ A||_row, which multiplies those rows
 
 and per slot whether it has either, so a step finds the rows that need them and leaves
 every other row (base, plain LoRA) untouched. g is computed once, at load, from the weights
@@ -30,7 +31,7 @@ class SlabVectors:
     def __init__(
         self,
         shapes: Iterable[tuple[Key, int]],
-        num_slots: int,
+        num_pages: int,
         *,
         base_weight: BaseWeight | None,
         dtype: torch.dtype,
@@ -41,14 +42,14 @@ class SlabVectors:
         self.bias: dict[Key, torch.Tensor] = {}
         self.dora: dict[Key, torch.Tensor] = {}
         for key, fan_out in shapes:
-            self.bias[key] = torch.zeros(num_slots, fan_out, **like)
-            self.dora[key] = torch.ones(num_slots, fan_out, **like)
-        # [num_slots] bool each: the step's row selection reads them on the device
-        self.has_bias = torch.zeros(num_slots, dtype=torch.bool, device=device)
-        self.has_dora = torch.zeros(num_slots, dtype=torch.bool, device=device)
+            self.bias[key] = torch.zeros(num_pages, fan_out, **like)
+            self.dora[key] = torch.ones(num_pages, fan_out, **like)
+        # [num_pages] bool each: the step's row selection reads them on the device
+        self.has_bias = torch.zeros(num_pages, dtype=torch.bool, device=device)
+        self.has_dora = torch.zeros(num_pages, dtype=torch.bool, device=device)
         self.num_bias = self.num_dora = 0  # slots set in each, read on the host per step
         # The same flags as lists: a step picks its rows on the host, with no read-back.
-        self.host_bias, self.host_dora = [False] * num_slots, [False] * num_slots
+        self.host_bias, self.host_dora = [False] * num_pages, [False] * num_pages
 
     def check(self, version: str, adapter: Adapter) -> None:
         """AdapterError if the slab cannot serve the adapter's DoRA (no base weights)."""

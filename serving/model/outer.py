@@ -4,6 +4,9 @@
     own_token_rows:    h[t] = rows[slot t][id(t)]    where the slot's adapter lists id(t)
     own_token_logits:  logits[k, id] += out[k] @ (rows[slot k][id] - E[id])   tied LM head
 
+(rows[slot] are those of the token slot the adapter in that slab slot holds:
+adapters/slab_tokens.py.)
+
 Base rows and rows whose adapter has none of these are untouched.
 """
 
@@ -37,15 +40,16 @@ def embedding_lora(h: torch.Tensor, token_ids: torch.Tensor, slab, lora: StepLor
 
 
 def own_token_rows(h: torch.Tensor, token_ids: torch.Tensor, slots: torch.Tensor, tokens) -> None:
-    """h[t] = tokens.rows[slot t, i] for each token t whose slot's adapter lists id(t) as i.
+    """h[t] = tokens.rows[k, i] for each token t whose slot's adapter, holding token slot k,
+    lists id(t) as i.
 
     h: [T, hidden]; token_ids, slots: [T] (slot -1: base only); tokens: adapters.slab_tokens.
     """
-    s = slots.clamp(min=0).to(torch.int64)
-    index = tokens.where[s, token_ids]  # [T] int32, -1 where the id is not the adapter's
-    hit = ((slots >= 0) & (index >= 0)).nonzero().squeeze(1)
+    k = tokens.slots_of(slots)  # [T] int64, -1 where the adapter has no tokens
+    index = tokens.where[k.clamp(min=0), token_ids]  # [T] int32, -1: not the adapter's id
+    hit = ((k >= 0) & (index >= 0)).nonzero().squeeze(1)
     if hit.numel():
-        h[hit] = tokens.rows[s[hit], index[hit].to(torch.int64)].to(h.dtype)
+        h[hit] = tokens.rows[k[hit], index[hit].to(torch.int64)].to(h.dtype)
 
 
 def own_token_logits(
@@ -56,13 +60,13 @@ def own_token_logits(
 
     logits: [K, vocab]; out: [K, hidden]; slots: [K].
     """
-    s = slots.clamp(min=0).to(torch.int64)
-    rows = ((slots >= 0) & tokens.has[s]).nonzero().squeeze(1)  # [m]
+    held = tokens.slots_of(slots)  # [K] int64, each row's token slot, -1: none
+    rows = (held >= 0).nonzero().squeeze(1)  # [m]
     if rows.numel() == 0:
         return
-    ids = tokens.ids[s[rows]]  # [m, max_tokens], -1 past each adapter's count
+    ids = tokens.ids[held[rows]]  # [m, max_tokens], -1 past each adapter's count
     valid = ids >= 0
-    delta = tokens.rows[s[rows]].to(out.dtype) - embed[ids.clamp(min=0)]  # [m, n, hidden]
+    delta = tokens.rows[held[rows]].to(out.dtype) - embed[ids.clamp(min=0)]  # [m, n, hidden]
     add = torch.einsum("mh,mnh->mn", out[rows], delta)  # [m, n]
     k = rows[:, None].expand_as(ids)
     logits.index_put_((k[valid], ids[valid]), add[valid].to(logits.dtype), accumulate=True)

@@ -107,7 +107,7 @@ def test_kernels_compute_each_tokens_adapter_from_the_slab(make_slab):
 def test_eviction_is_lru_among_unpinned(make_slab):
     reg = Registry(*(make_adapter(4, seed=i) for i in range(5)))
     v = reg.versions
-    slab = make_slab(reg, num_slots=3)
+    slab = make_slab(reg, num_slots=3, page_rank=16)  # one page per adapter: slots of old
     slots = [slab.acquire(x) for x in v[:3]]
     slab.release(v[2])
     slab.release(v[1])  # release counts as use: order v0 (pinned), v2, v1
@@ -121,11 +121,11 @@ def test_eviction_is_lru_among_unpinned(make_slab):
 def test_pins_count_and_a_fully_pinned_slab_is_full(make_slab):
     reg = Registry(*(make_adapter(4, seed=i) for i in range(3)))
     v0, v1, v2 = reg.versions
-    slab = make_slab(reg, num_slots=2)
+    slab = make_slab(reg, num_slots=2, page_rank=16)
     with pytest.raises(ValueError, match="not pinned"):
         slab.release(v0)
     slot0, _, _ = slab.acquire(v0), slab.acquire(v0), slab.acquire(v1)
-    with pytest.raises(SlabFull, match="all 2 adapter slots are pinned"):
+    with pytest.raises(SlabFull, match="all 2 adapter pages are held by pinned"):
         slab.acquire(v2)
     slab.release(v0)  # one of its two pins
     assert isinstance(slab.prefetch(v2).exception(timeout=5), SlabFull)
@@ -139,7 +139,7 @@ def test_pins_count_and_a_fully_pinned_slab_is_full(make_slab):
 def test_host_tier_refills_without_the_registry_and_drops_its_lru(make_slab):
     reg = Registry(make_adapter(4, seed=1), make_adapter(8, ATTN, seed=2), make_adapter(4, seed=3))
     v0, v1, v2 = reg.versions
-    slab = make_slab(reg, num_slots=1, max_cpu_loras=2)
+    slab = make_slab(reg, num_slots=1, max_cpu_loras=2, page_rank=16)  # one adapter at once
     for v in (v0, v1, v0, v1):
         assert_holds(slab, slab.acquire(v), reg.adapters[v])
         slab.release(v)
@@ -151,7 +151,7 @@ def test_host_tier_refills_without_the_registry_and_drops_its_lru(make_slab):
     cycle(slab, v2, v1, v0, v1)  # host tier after each: v1 v2 | v2 v1 | v1 v0 | v0 v1
     assert reg.calls == Counter({v0: 2, v1: 1, v2: 1})
     assert slab.stats().host_evictions == 2
-    cycle(make_slab(reg, num_slots=1, max_cpu_loras=0), v0, v1, v0)
+    cycle(make_slab(reg, num_slots=1, max_cpu_loras=0, page_rank=16), v0, v1, v0)
     assert reg.calls[v0] == 4
 
 
@@ -163,7 +163,7 @@ def test_failed_load_reaches_every_waiter_and_frees_the_slot(make_slab):
     def open_gate():
         assert reg.entered.wait(5)
         deadline = time.monotonic() + 10  # every acquire joins the held load, pinning its slot
-        while slab._pins[0] < 3 and time.monotonic() < deadline:
+        while slab._pins[BAD] < 3 and time.monotonic() < deadline:
             time.sleep(0.005)
         reg.gate.set()
 
@@ -180,7 +180,7 @@ def test_a_slab_made_under_inference_mode_loads_and_evicts(make_slab):
     reg = Registry(make_adapter(), make_adapter(4, seed=5))
     v0, v1 = reg.versions
     with torch.inference_mode():  # a caller's; the loads run on the slab's own threads
-        slab = make_slab(reg, num_slots=1)
+        slab = make_slab(reg, num_slots=1, page_rank=16)
     assert slab.prefetch(v0).result(timeout=5) == 0
     assert_holds(slab, 0, reg.adapters[v0])
     assert slab.prefetch(v1).result(timeout=5) == 0  # v0 evicted: its slot cleared
@@ -203,7 +203,7 @@ def test_a_load_whose_cleanup_fails_still_wakes_its_waiters(make_slab, monkeypat
 def test_acquire_waits_for_a_running_prefetch(make_slab):
     reg = Registry(make_adapter(), make_adapter(4, seed=5), gated=True)
     v0, v1 = reg.versions
-    slab = make_slab(reg, num_slots=1)
+    slab = make_slab(reg, num_slots=1, page_rank=16)
     future = slab.prefetch(v0)
     assert reg.entered.wait(5)
     assert not future.done() and slab.slot_of(v0) is None
@@ -220,7 +220,8 @@ def test_acquire_waits_for_a_running_prefetch(make_slab):
 @pytest.mark.parametrize("num_versions, max_cpu_loras", [(4, 0), (6, 6)])
 def test_threads_acquiring_overlapping_versions(make_slab, num_versions, max_cpu_loras):
     reg = Registry(*(make_adapter(4, ATTN, seed=i) for i in range(num_versions)), delay=0.002)
-    # As many slots as threads, each pinning one version at a time: never SlabFull.
+    # Room for as many rank-16 adapters as threads, each pinning one rank-4 version (one
+    # page) at a time: never SlabFull.
     slab = make_slab(reg, num_slots=4, max_cpu_loras=max_cpu_loras)
 
     def worker(seed):
@@ -233,4 +234,5 @@ def test_threads_acquiring_overlapping_versions(make_slab, num_versions, max_cpu
     assert in_threads(worker, 4) == [None] * 4
     # Each version comes from the registry once: then it stays in a slot or the host tier.
     assert reg.calls == Counter(dict.fromkeys(reg.versions, 1))
-    assert len(slab.residents()) <= 4
+    pages = sorted(slab.residents().values())
+    assert len(pages) <= slab.num_pages == 8 and len(set(pages)) == len(pages)

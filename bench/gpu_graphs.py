@@ -32,8 +32,9 @@ def graph_rows(device: str, dry_run: bool):
     dtype = torch.float32 if dry_run else torch.bfloat16
     config = config_for(shape)
     model = LlamaModel(config, random_state(config, dtype, device), fp8=not dry_run, dtype=dtype)
-    slab = _slab(shape, device, dtype, 4 if dry_run else ADAPTERS)
-    slots = [slab.acquire(f"a{i}") for i in range(slab.num_slots)]
+    count = 4 if dry_run else ADAPTERS
+    slab = _slab(shape, device, dtype, count)
+    slots = [slab.acquire(f"a{i}") for i in range(count)]  # slab.num_slots counts pages
     context = 64 if dry_run else CONTEXT
     per_seq = -(-context // BLOCK)
     num_blocks = max(batches) * per_seq

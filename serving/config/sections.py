@@ -35,6 +35,13 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 Method = Literal["none", "draft_model", "ngram"]
 
 
+def _auto_or_positive(value: Any) -> Any:
+    """'auto' or a positive integer, else one message (pydantic gives one per union member)."""
+    if value == "auto" or (type(value) is int and value > 0):
+        return value
+    raise ValueError(f"Input should be 'auto' or a positive integer (got {value!r})")
+
+
 class _Section(BaseModel):
     """A config section: unknown keys are errors, read-only; defaults are validated too."""
 
@@ -92,11 +99,30 @@ class DraftSection(_Section):
 
 
 class LoraSection(_Section):
-    """LoRA adapters: GPU slots, host cache, where they are published, which load at start."""
+    """LoRA adapters: their device and host memory, where they are published, which load."""
 
-    max_loras: int = Field(16, gt=0, description="Adapters resident on the GPU at once.")
+    slab_mb: int | Literal["auto"] = Field(
+        "auto",
+        description="Device memory for adapters, in MiB, per replica (a draft model's slab "
+        "holds as many adapters again); auto = 10% of the GPU memory free once the model is "
+        "loaded, or on a CPU 5% of the RAM available, at most 256 MiB. A rank-r adapter takes "
+        "ceil(r / 8) pages of 8 rank rows.",
+    )
+    host_mb: int | Literal["auto"] = Field(
+        "auto",
+        description="Host memory for adapters evicted from the device, in MiB, per replica; "
+        "auto = 25% of the machine's physical memory (or its container's limit). The least "
+        "recently used go first.",
+    )
+    max_loras: Limit = Field(
+        None,
+        description="null = slab_mb sizes the device slab; a number = the slab holds this "
+        "many adapters of max_lora_rank (set it or slab_mb, not both).",
+    )
     max_lora_rank: int = Field(64, gt=0, description="Highest adapter rank accepted.")
-    max_cpu_loras: int = Field(128, gt=0, description="Adapters cached in host memory.")
+    max_cpu_loras: Limit = Field(
+        None, description="Adapters in host memory at most (within host_mb); null = no count."
+    )
     embeddings: bool = Field(
         False,
         description="Also serve LoRA on embed_tokens and lm_head (vocabulary-wide slab stacks).",
@@ -110,6 +136,20 @@ class LoraSection(_Section):
     # Names are checked where they are published, at start-up: config imports nothing of ours.
     preload: dict[str, LocalPath] = Field({}, description="Loaded at start: {name: path}.")
 
+    @field_validator("slab_mb", "host_mb", mode="before")
+    @classmethod
+    def _check_mb(cls, value: Any) -> Any:
+        return _auto_or_positive(value)
+
+    @model_validator(mode="after")
+    def _check_slab_size(self) -> LoraSection:
+        if self.max_loras is not None and self.slab_mb != "auto":
+            raise ValueError(
+                f"max_loras ({self.max_loras}) and slab_mb ({self.slab_mb}) both size the "
+                "device slab; set one of them"
+            )
+        return self
+
 
 class CacheSection(_Section):
     """The paged KV cache."""
@@ -121,10 +161,7 @@ class CacheSection(_Section):
     @field_validator("num_blocks", mode="before")
     @classmethod
     def _check_num_blocks(cls, value: Any) -> Any:
-        # One message instead of pydantic's one per union member.
-        if value == "auto" or (type(value) is int and value > 0):
-            return value
-        raise ValueError(f"Input should be 'auto' or a positive integer (got {value!r})")
+        return _auto_or_positive(value)
 
 
 class SchedulerSection(_Section):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 
 import tokenizers
 import torch
@@ -20,6 +19,8 @@ from adapters.format import Adapter
 from adapters.registry import Registry
 from adapters.slab import AdapterSlab
 from serving.config import ServeConfig
+from serving.deploy import memory_budget
+from serving.deploy.memory_budget import AdapterMemory, adapter_memory
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.scheduler import SchedulerConfig
 from serving.engine.speculative.config import SpecConfig
@@ -78,11 +79,15 @@ def build_engine(cfg: ServeConfig) -> Engine:
         # digest against it; the adapter's digest covers its companion, so it names it.
         return dataclasses.replace(adapter.draft, digest=adapter.digest)
 
-    slab = _slab(cfg, spec, target.model, device, fetch)
+    memory = adapter_memory(cfg, device)  # the models are loaded; the KV is sized below
+    slab = _slab(cfg, spec, target.model, device, fetch, memory)
     draft_slab = None
     if draft is not None:
         draft_spec = BaseModelSpec.from_dir(draft.path)
-        draft_slab = _slab(cfg, draft_spec, draft.model, device, fetch_companion)
+        # As many pages as the target's slab, counted in adapters of max_lora_rank.
+        num_slots = slab.num_pages // slab.costs.pages_of(cfg.lora.max_lora_rank)
+        draft_memory = memory.for_draft(spec, draft_spec, cfg.lora.max_lora_rank, num_slots)
+        draft_slab = _slab(cfg, draft_spec, draft.model, device, fetch_companion, draft_memory)
     models = [target.model] + ([draft.model] if draft else [])
     config = EngineConfig(
         max_model_len=cfg.model.max_model_len,
@@ -93,7 +98,7 @@ def build_engine(cfg: ServeConfig) -> Engine:
         scheduler=SchedulerConfig(
             max_num_seqs=cfg.scheduler.max_num_seqs,
             max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
-            max_loras=cfg.lora.max_loras,
+            max_loras=cfg.lora.max_loras,  # None: as many as the slab holds
         ),
         speculative=SpecConfig(
             method=cfg.draft.method,
@@ -149,22 +154,40 @@ def check_draft_vocab(cfg: ServeConfig) -> None:
         )
 
 
-def _slab(cfg: ServeConfig, spec, model, device: str, fetch) -> AdapterSlab:
-    """lora.max_loras slots for adapters of the model that spec describes; misses call fetch."""
+def _slab(cfg: ServeConfig, spec, model, device: str, fetch, memory: AdapterMemory) -> AdapterSlab:
+    """The slab for adapters of the model that spec describes, as memory sizes it; misses
+    call fetch."""
     # LoRA runs in the activations' dtype (float32 or bf16), never in FP8.
     dtype = model.dtype if model.dtype in (torch.float32, torch.bfloat16) else torch.bfloat16
-    return AdapterSlab(
-        spec,
-        num_slots=cfg.lora.max_loras,
-        max_rank=cfg.lora.max_lora_rank,
-        max_cpu_loras=cfg.lora.max_cpu_loras,
-        loader=fetch,
-        dtype=dtype,
-        device=device,
-        base_weight=model.served_weight,  # DoRA's norms, of the weights as served
-        embeddings=cfg.lora.embeddings,
-        max_tokens=cfg.lora.max_trainable_tokens,
-    )
+    try:
+        slab = AdapterSlab(
+            spec,
+            num_slots=memory.num_slots,
+            slab_bytes=memory.slab_bytes,
+            max_rank=cfg.lora.max_lora_rank,
+            max_cpu_loras=cfg.lora.max_cpu_loras,
+            host_bytes=memory.host_bytes,
+            loader=fetch,
+            dtype=dtype,
+            device=device,
+            base_weight=model.served_weight,  # DoRA's norms, of the weights as served
+            embeddings=cfg.lora.embeddings,
+            max_tokens=cfg.lora.max_trainable_tokens,
+        )
+    except ValueError as exc:
+        if memory.slab_bytes is None:
+            raise
+        # The bytes hold less than one adapter of max_lora_rank: a config to change.
+        raise RuntimeError(
+            f"lora.slab_mb {cfg.lora.slab_mb}: {exc}; raise lora.slab_mb or lower "
+            "lora.max_lora_rank"
+        ) from None
+    log.info(
+        "adapters of the %d-layer model: %d slab pages of rank %d (%.1f MiB), host tier "
+        "%.1f MiB", spec.num_layers, slab.num_pages, slab.page_rank,
+        slab.num_pages * slab.costs.page_bytes / (1 << 20), memory.host_bytes / (1 << 20),
+    )  # fmt: skip
+    return slab
 
 
 def num_kv_blocks(cfg: ServeConfig, models, device: str) -> int:
@@ -176,7 +199,7 @@ def num_kv_blocks(cfg: ServeConfig, models, device: str) -> int:
         free, _ = torch.cuda.mem_get_info()
         budget = int(free * GPU_KV_SHARE)
     else:
-        budget = min(int(_available_ram() * CPU_KV_SHARE), CPU_KV_CAP_BYTES)
+        budget = min(int(memory_budget.available_ram() * CPU_KV_SHARE), CPU_KV_CAP_BYTES)
     num_blocks = budget // per_block
     # Any more than a full-length sequence needs feed concurrency and the prefix cache;
     # fewer could never finish a long request, so that is a start-up error.
@@ -194,15 +217,3 @@ def _kv_bytes_per_block(model, block_size: int) -> int:
     c = model.config
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * itemsize  # K and V
-
-
-def _available_ram() -> int:
-    """Bytes of memory available now (Linux MemAvailable), else physical pages free."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -82,7 +82,7 @@ class EngineReplica:
         self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
         self.stream_interval = cfg.server.stream_interval_ms / 1000
         self.active_streams = 0
-        self.held = HeldIds(models_per_replica(cfg))
+        self.held = HeldIds(models_per_replica(cfg, self.engine.slab.stats().pages))
         self.in_flight: Counter[str] = Counter()  # routing id -> streams open here
         self.arrivals = Arrivals()
 

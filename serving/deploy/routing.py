@@ -18,6 +18,9 @@ SESSION_PREFIX = "session:"
 # Sessions hash into this many routing ids per replica: enough to spread base-only
 # conversations over the replicas, few enough to bound what they take of Ray's LRU.
 SESSION_IDS_PER_REPLICA = 8
+# Adapter ids Ray keeps per replica at most, however large its slab: every replica reports
+# its ids to every router, so they stay a short list.
+MAX_ADAPTER_IDS = 1024
 # An adapter is copied to one more replica once every replica holding it runs this share of
 # max_num_seqs of its requests at once (see serving.deploy.router).
 SPREAD_SHARE = 0.25
@@ -50,13 +53,17 @@ def num_session_ids(cfg: ServeConfig) -> int:
     return SESSION_IDS_PER_REPLICA * cfg.deploy.num_replicas
 
 
-def models_per_replica(cfg: ServeConfig) -> int:
-    """Ray's max_num_models_per_replica: lora.max_loras adapter versions plus every session id.
+def models_per_replica(cfg: ServeConfig, slab_pages: int) -> int:
+    """Ray's max_num_models_per_replica: as many adapter versions as the replica's slab has
+    pages (at most MAX_ADAPTER_IDS), plus every session id.
 
-    Even when one replica holds every session id, its lora.max_loras most recently used
-    adapter versions keep their ids in Ray's LRU, so sessions never evict adapter affinity.
+    A slab of N pages holds N adapters when each fits one page (rank page_rank or less), and
+    fewer when they are larger: an id kept after its adapter left the slab sends its next
+    request to a replica that refills it, from its host tier while it is there, rather than
+    to one that never held it. Even when one replica holds every session id, its adapter
+    versions keep their ids in Ray's LRU, so sessions never evict adapter affinity.
     """
-    return cfg.lora.max_loras + num_session_ids(cfg)
+    return min(slab_pages, MAX_ADAPTER_IDS) + num_session_ids(cfg)
 
 
 def spread_at(cfg: ServeConfig) -> int:

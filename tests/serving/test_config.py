@@ -24,6 +24,7 @@ lora:
   max_loras: 8
   max_lora_rank: 32
   max_cpu_loras: 64
+  host_mb: 2048
   registry: file://./reg
   preload: {support-bot: adapters/support, sql.v2: adapters/sql.tar.gz}
 cache: {block_size: 32, num_blocks: 1000, prefix_caching: false}
@@ -46,14 +47,16 @@ limits:
 
 
 # The design doc's table, ROOT standing for the folder relative paths resolve against; plus
-# model.cuda_graphs, which the project's README adds to it.
+# model.cuda_graphs, which the project's README adds to it, and the lora section's memory
+# in MiB (slab_mb, host_mb), which leaves its adapter counts unset by default.
 CONTRACT = """\
 model: {id: demo, path: ROOT/models/demo/base, quantization: auto, dtype: auto,
         max_model_len: 2048, cuda_graphs: true}
 draft: {method: none, path: ROOT/models/demo/draft, num_speculative_tokens: 4, ngram_min: 1,
         ngram_max: 4, max_batch_size: 8, adaptive: true}
-lora: {max_loras: 16, max_lora_rank: 64, max_cpu_loras: 128, embeddings: false,
-       max_trainable_tokens: 64, registry: "file://ROOT/registry", preload: {}}
+lora: {slab_mb: auto, host_mb: auto, max_loras: null, max_lora_rank: 64, max_cpu_loras: null,
+       embeddings: false, max_trainable_tokens: 64, registry: "file://ROOT/registry",
+       preload: {}}
 cache: {block_size: 16, num_blocks: auto, prefix_caching: true}
 scheduler: {max_num_seqs: 64, max_num_batched_tokens: 2048}
 server: {host: 127.0.0.1, port: 8000, api_keys_file: null, insecure: false, max_body_mb: 32,
@@ -97,7 +100,7 @@ def test_without_base_dir_paths_resolve_against_the_cwd(tmp_path, monkeypatch):
 def test_empty_sections_mean_their_defaults(tmp_path):
     cfg = load_config(_write(tmp_path, "lora:\ncache: {}\n"), base_dir=tmp_path)
     assert cfg == parse_config({}, base_dir=tmp_path)
-    assert cfg.lora.max_loras == 16
+    assert (cfg.lora.slab_mb, cfg.lora.host_mb, cfg.lora.max_loras) == ("auto", "auto", None)
 
 
 def test_full_yaml_loads_and_round_trips(tmp_path):
@@ -176,6 +179,16 @@ def test_a_url_where_a_local_path_belongs_is_rejected():
     msg = _error({"lora": {"preload": {"a": "s3://bucket/a"}}})
     assert "lora.preload.a: 's3://bucket/a' is a URL; a local path is expected here" in msg
     assert "model.path: a path is required" in _error({"model": {"path": ""}})
+
+
+def test_the_device_slab_is_sized_in_adapters_or_in_mib_not_both():
+    counted = parse_config({"lora": {"max_loras": 8, "slab_mb": "auto"}}).lora
+    assert (counted.max_loras, counted.slab_mb) == (8, "auto")
+    assert parse_config({"lora": {"slab_mb": 512, "host_mb": 4096}}).lora.slab_mb == 512
+    msg = _error({"lora": {"max_loras": 8, "slab_mb": 512}})
+    assert msg == (
+        "config: lora: max_loras (8) and slab_mb (512) both size the device slab; set one of them"
+    )
 
 
 def test_usage_store_in_memory_is_kept(tmp_path):

@@ -23,8 +23,8 @@ def test_unknown_nested_keys_are_named(tmp_path):
     assert msg.startswith(f"{path}: ")
     assert (
         "lora.max_lora: unknown key 'max_lora'; allowed under lora: "
-        "max_loras, max_lora_rank, max_cpu_loras, embeddings, max_trainable_tokens, registry, "
-        "preload" in msg
+        "slab_mb, host_mb, max_loras, max_lora_rank, max_cpu_loras, embeddings, "
+        "max_trainable_tokens, registry, preload" in msg
     )
     assert (
         "deploy.resources.gpus: unknown key 'gpus'; allowed under deploy.resources: "
@@ -46,6 +46,11 @@ def test_unknown_nested_keys_are_named(tmp_path):
         ("lora", "max_loras", 0, "Input should be greater than 0 (got 0)"),
         ("lora", "max_lora_rank", -8, "Input should be greater than 0 (got -8)"),
         ("lora", "max_cpu_loras", "many", "Input should be a valid integer"),
+        ("lora", "max_cpu_loras", 0, "Input should be greater than 0 (got 0)"),
+        ("lora", "slab_mb", 0, "Input should be 'auto' or a positive integer (got 0)"),
+        ("lora", "slab_mb", "1GB", "Input should be 'auto' or a positive integer (got '1GB')"),
+        ("lora", "host_mb", -1, "Input should be 'auto' or a positive integer (got -1)"),
+        ("lora", "host_mb", 1.5, "Input should be 'auto' or a positive integer (got 1.5)"),
         ("cache", "block_size", 0, "Input should be greater than 0"),
         ("scheduler", "max_num_seqs", 0, "Input should be greater than 0"),
         ("scheduler", "max_num_batched_tokens", 0, "Input should be greater than or equal to 1"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from serving.config import parse_config
-from serving.deploy import engine_setup
+from serving.deploy import engine_setup, memory_budget
 from serving.deploy.engine_setup import num_kv_blocks
 
 DEMO_DRAFT = Path(__file__).resolve().parents[3] / "models" / "demo" / "draft"
@@ -24,7 +24,7 @@ def test_a_number_is_used_as_given():
 
 
 def test_auto_takes_a_share_of_available_ram_for_target_and_draft(monkeypatch):
-    monkeypatch.setattr(engine_setup, "_available_ram", lambda: 1 << 30)
+    monkeypatch.setattr(memory_budget, "available_ram", lambda: 1 << 30)
     cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
     # K and V, 2 layers, 16 tokens, 2 heads of 16, 4 bytes: 8 KiB per block; the draft 4 KiB
     target, draft = fake_model(), fake_model(layers=1)
@@ -34,13 +34,13 @@ def test_auto_takes_a_share_of_available_ram_for_target_and_draft(monkeypatch):
 
 
 def test_auto_is_capped_on_a_large_host(monkeypatch):
-    monkeypatch.setattr(engine_setup, "_available_ram", lambda: 1 << 40)
+    monkeypatch.setattr(memory_budget, "available_ram", lambda: 1 << 40)
     cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
     assert num_kv_blocks(cfg, [fake_model()], "cpu") == engine_setup.CPU_KV_CAP_BYTES // 8192
 
 
 def test_auto_refuses_a_budget_below_one_full_length_sequence(monkeypatch):
-    monkeypatch.setattr(engine_setup, "_available_ram", lambda: 64 << 10)  # a quarter: 2 blocks
+    monkeypatch.setattr(memory_budget, "available_ram", lambda: 64 << 10)  # a quarter: 2 blocks
     cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
     with pytest.raises(RuntimeError, match=r"set cache\.num_blocks"):
         num_kv_blocks(cfg, [fake_model()], "cpu")
@@ -94,6 +94,38 @@ def test_build_engine_sets_the_threads_of_a_cpu_replica(monkeypatch, tmp_path):
     monkeypatch.setattr(engine_setup.torch, "set_num_threads", calls.append)
     engine_setup.build_engine(cfg)
     assert calls == [3]
+
+
+def test_the_slabs_take_the_memory_the_config_gives(tmp_path):
+    from serving.deploy.engine_setup import build_engine
+
+    cfg = parse_config({
+        "model": {"path": str(DEMO_DRAFT.parent / "base")},
+        "draft": {"method": "draft_model", "path": str(DEMO_DRAFT)},
+        "lora": {"registry": f"file://{tmp_path}", "slab_mb": 32, "host_mb": 64,
+                 "max_lora_rank": 16, "max_cpu_loras": 5},
+        "cache": {"num_blocks": 128},
+    })  # fmt: skip
+    engine = build_engine(cfg)
+    slab, draft = engine.slab, engine.spec.draft.slab
+    stats = slab.stats()
+    # Pages only: the tail rows and the trainable-token pool take the rest of the 32 MiB.
+    assert 0.9 * (32 << 20) < stats.slab_bytes <= 32 << 20 and stats.pages == slab.num_pages
+    assert stats.host_bytes == 64 << 20
+    pages_of_16 = slab.costs.pages_of(16)
+    assert draft.num_pages == stats.pages // pages_of_16 * pages_of_16  # as many adapters
+    assert 0 < draft.stats().host_bytes < 64 << 20  # the draft's companions are smaller
+
+
+def test_a_slab_budget_below_one_adapter_is_refused_naming_its_key(tmp_path):
+    from serving.deploy.engine_setup import build_engine
+
+    cfg = parse_config({
+        "model": {"path": str(DEMO_DRAFT.parent / "base")},
+        "lora": {"registry": f"file://{tmp_path}", "slab_mb": 1, "max_lora_rank": 64},
+    })  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"lora\.slab_mb 1: .*raise lora\.slab_mb or lower"):
+        build_engine(cfg)
 
 
 def _draft_like_demo(root: Path, vocab_size=None, swap=None) -> Path:

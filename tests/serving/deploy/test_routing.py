@@ -27,10 +27,11 @@ def test_sessions_share_a_fixed_set_of_ids_spread_over_it():
 
 
 def test_a_flood_of_sessions_never_evicts_adapter_affinity():
-    """Ray's per-replica LRU of multiplexed ids, fed as a replica would be: max_loras hot
-    adapters, then thousands of new sessions, each adapter still used now and then."""
-    cfg = parse_config({"lora": {"max_loras": 4}, "deploy": {"num_replicas": 2}})
-    capacity, lru = models_per_replica(cfg), OrderedDict()
+    """Ray's per-replica LRU of multiplexed ids, fed as a replica would be: as many hot
+    adapters as its slab has pages, then thousands of new sessions, each adapter still used
+    now and then."""
+    cfg = parse_config({"deploy": {"num_replicas": 2}})
+    capacity, lru = models_per_replica(cfg, slab_pages=4), OrderedDict()
 
     def load(model_id):  # what serve.multiplexed does with a call's id
         lru[model_id] = None
@@ -38,7 +39,7 @@ def test_a_flood_of_sessions_never_evicts_adapter_affinity():
         while len(lru) > capacity:
             lru.popitem(last=False)
 
-    adapters = [f"a{i}@digest" for i in range(cfg.lora.max_loras)]
+    adapters = [f"a{i}@digest" for i in range(4)]
     for a in adapters:
         load(a)
     for i in range(5000):
@@ -46,6 +47,18 @@ def test_a_flood_of_sessions_never_evicts_adapter_affinity():
         if i % 100 == 0:
             load(routing_id(adapters[(i // 100) % len(adapters)], None, num_session_ids(cfg)))
     assert all(a in lru for a in adapters)
+
+
+def test_a_replica_keeps_as_many_adapter_ids_as_its_slab_has_pages():
+    from serving.deploy.routing import MAX_ADAPTER_IDS
+
+    cfg = parse_config({"deploy": {"num_replicas": 3}})
+    sessions = num_session_ids(cfg)
+    assert sessions == 24
+    assert models_per_replica(cfg, slab_pages=300) == 300 + sessions  # one small adapter a page
+    assert models_per_replica(cfg, slab_pages=10**6) == MAX_ADAPTER_IDS + sessions
+    counted = parse_config({"lora": {"max_loras": 4}})  # 4 adapters of rank 64: 32 pages
+    assert models_per_replica(counted, slab_pages=32) == 32 + num_session_ids(counted)
 
 
 def test_streams_are_paced_by_how_many_are_open():

@@ -125,19 +125,23 @@ def _on(device, segments):
     return dataclasses.replace(segments, **moved, cpu_plan=None)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
+)
 def test_triton_shrink_and_expand(dtype):
-    """The Triton kernels read slots by the stacks' strides (interpreted without a GPU)."""
+    """The Triton kernels read slots by the stacks' strides (interpreted without a GPU, where
+    bf16's dot is wrong: bf16 on a GPU only)."""
     from kernels.lora_expand_triton import lora_expand_triton
     from kernels.lora_shrink_triton import lora_shrink_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     widths = (24, 8)
     x, lora_a, lora_b, scales, ids, ranks = inputs("decode", dtype, 5, widths, device)
+    host_a, host_b = [a.cpu() for a in lora_a], [b.cpu() for b in lora_b]  # for the oracle
     segments = _on(device, build_segments(ids, ranks))
     t = torch.full((len(widths), len(ids), 64), -7777.0, device=device)
     lora_shrink_triton(x.to(device), lora_a, t, segments)
-    want_t = shrink_oracle(x, lora_a, ids, ranks)
+    want_t = shrink_oracle(x, host_a, ids, ranks)
     live = ~want_t.isnan()
     t = t.cpu()
     assert (t[~live] == -7777.0).all(), "wrote a base-only row or a column past a rank"
@@ -146,5 +150,20 @@ def test_triton_shrink_and_expand(dtype):
     y = torch.randn(len(ids), sum(widths)).to(dtype)
     y_dev = y.clone().to(device)
     lora_expand_triton(t.to(device), lora_b, y_dev, segments, scales.to(device))
-    want = expand_oracle(y, t.nan_to_num(0.0), lora_b, ids, ranks, scales)
+    want = expand_oracle(y, t.nan_to_num(0.0), host_b, ids, ranks, scales)
     check(y_dev.cpu(), y, want, ids, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", ["decode", "runs"])
+def test_a_layer_on_cuda_reads_the_pages(dtype, kind):
+    """lora_apply_planned on CUDA, the shrink's split-K parts added up by the expand, over
+    paged stacks whose free rows are NaN."""
+    x, lora_a, lora_b, scales, ids, ranks = inputs(kind, dtype, 7, WIDTHS, "cuda")
+    segments = build_segments(ids.cuda(), ranks.cuda())
+    y = torch.randn(len(ids), sum(WIDTHS)).to(dtype)
+    y_dev = y.clone().cuda()
+    lora_apply_planned(x.cuda(), lora_a, lora_b, y_dev, segments, scales.cuda(), 64)
+    host_a, host_b = [a.cpu() for a in lora_a], [b.cpu() for b in lora_b]
+    check(y_dev.cpu(), y, oracle(x, host_a, host_b, y, ids, ranks, scales), ids, dtype)

@@ -30,7 +30,6 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -38,22 +37,13 @@ import torch
 from adapters.base_model import BaseModelSpec
 from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
-from adapters.slab_alloc import choose_run, choose_token_slot
+from adapters.slab_alloc import PageMap, Place
 from adapters.slab_pages import count_pages, page_costs
 from adapters.slab_slots import SlotContents
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_vectors import BaseWeight
 
 log = logging.getLogger("loraserve.adapters")
-
-
-@dataclass(frozen=True)
-class _Place:
-    """Where a version's load put it: pages [slot, slot + pages), and its token slot."""
-
-    slot: int
-    pages: int
-    token_slot: int | None
 
 
 class AdapterSlab:
@@ -119,9 +109,7 @@ class AdapterSlab:
         self._host = HostCache(
             max_cpu_loras, loader, check, lock=self._lock, pin=pin, max_bytes=host_bytes
         )
-        self._owners: list[str | None] = [None] * self.num_pages  # resident or loading version
-        self._token_holders: list[str | None] = [None] * self.tokens.num_slots
-        self._places: dict[str, _Place] = {}  # versions holding pages: resident or loading
+        self._pages = PageMap(self.num_pages, self.tokens.num_slots)  # resident and loading
         self._pins: Counter[str] = Counter()  # resident or loading versions' pins
         self._resident: OrderedDict[str, int] = OrderedDict()  # version -> slot, LRU first
         self._loading: dict[str, Future[int]] = {}  # version -> its load
@@ -184,7 +172,7 @@ class AdapterSlab:
     def stats(self) -> SlabStats:
         """A snapshot of the counters."""
         with self._lock:
-            pages_used = sum(place.pages for place in self._places.values())
+            pages_used = self._pages.pages_used
             host = self._host
             return SlabStats(
                 **{name: self._counts[name] for name in COUNTED},
@@ -281,7 +269,7 @@ class AdapterSlab:
             return self._loading[version], False
         if self._closed:
             raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
-        if choose_run(self._owners, 1, self._evictable()) is None:
+        if not self._pages.has_room(1, self._evictable()):
             raise SlabFull(
                 f"cannot load {version!r}: all {self.num_pages} adapter pages are held by "
                 "pinned or loading adapters; release one first"
@@ -295,51 +283,25 @@ class AdapterSlab:
         """The resident, unpinned versions, each with its place in the LRU order."""
         return {v: i for i, v in enumerate(self._resident) if self._pins[v] == 0}
 
-    def _place(self, version: str, adapter: Adapter) -> _Place:
+    def _place(self, version: str, adapter: Adapter) -> Place:
         """Reserve the pages (and token slot) `adapter` needs, evicting what must go."""
         if self._closed:
             raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
-        pages = self.costs.pages_of(adapter.rank)
-        evictable = self._evictable()
-        slot = choose_run(self._owners, pages, evictable)
-        if slot is None:
-            raise SlabFull(
-                f"cannot load {version!r}: it needs {pages} contiguous pages of rank "
-                f"{self.page_rank}, and no run of {pages} among the {self.num_pages} is free "
-                "of pinned or loading adapters; release one first"
-            )
-        going = {v for v in self._owners[slot : slot + pages] if v is not None}
-        token_slot = None
-        if self.tokens.wants(adapter):
-            token_slot = choose_token_slot(self._token_holders, evictable, going)
-            if token_slot is None:
-                raise SlabFull(
-                    f"cannot load {version!r}: all {self.tokens.num_slots} trainable-token "
-                    "slots are held by pinned or loading adapters; release one first"
-                )
-            holder = self._token_holders[token_slot]
-            going |= {holder} if holder is not None else set()
+        pages, tokens = self.costs.pages_of(adapter.rank), self.tokens.wants(adapter)
+        place, going = self._pages.plan(version, pages, tokens, self._evictable())
         for victim in going:
             del self._resident[victim]
             self._counts["evictions"] += 1
             self._free(victim)
-        place = _Place(slot, pages, token_slot)
-        self._owners[slot : slot + pages] = [version] * pages
-        if token_slot is not None:
-            self._token_holders[token_slot] = version
-        self._places[version] = place
+        self._pages.take(version, place)
         return place
 
     def _free(self, version: str) -> None:
         """Give back version's pages and token slot, emptied; its pins go with them."""
         self._pins.pop(version, None)
-        place = self._places.pop(version, None)
-        if place is None:  # it failed before it was placed
-            return
-        self._owners[place.slot : place.slot + place.pages] = [None] * place.pages
-        if place.token_slot is not None:
-            self._token_holders[place.token_slot] = None
-        self.contents.clear(place.slot, place.token_slot)
+        place = self._pages.give_back(version)
+        if place is not None:  # else it failed before it was placed
+            self.contents.clear(place.slot, place.token_slot)
 
     # -- one load (fetched and written outside the lock, into its reserved pages) --------
 

@@ -12,13 +12,16 @@ adapters can place.
     n = 3     runs 0-2 {a}, 1-3 {a}, 2-4 {a, b}, 5-7 {p} (blocked)    -> 0, evicting a
 
 Both choices are pure functions of the page owners and the evictable versions' recency,
-so the slab calls them under its lock and tests call them with tables.
+tested with tables; `PageMap` keeps the owners, and the slab calls it under its lock.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from adapters.slab_stats import SlabFull
 
 _FREE = -1
 
@@ -74,3 +77,73 @@ def choose_token_slot(
         return going
     held = [(recency[v], i) for i, v in enumerate(holders) if v in recency]
     return min(held)[1] if held else None
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a version's load put it: pages [slot, slot + pages), and its token slot."""
+
+    slot: int
+    pages: int
+    token_slot: int | None
+
+
+class PageMap:
+    """Which version holds which pages and trainable-token slot: the resident ones and those
+    loading into pages reserved for them. The slab calls it holding its lock."""
+
+    def __init__(self, num_pages: int, num_token_slots: int) -> None:
+        self.owners: list[str | None] = [None] * num_pages
+        self.token_holders: list[str | None] = [None] * num_token_slots
+        self.places: dict[str, Place] = {}
+
+    @property
+    def pages_used(self) -> int:
+        return sum(place.pages for place in self.places.values())
+
+    def has_room(self, pages: int, evictable: Mapping[str, int]) -> bool:
+        """Whether some run of `pages` is free or held by evictable versions only."""
+        return choose_run(self.owners, pages, evictable) is not None
+
+    def plan(
+        self, version: str, pages: int, tokens: bool, evictable: Mapping[str, int]
+    ) -> tuple[Place, set[str]]:
+        """(where version goes, the versions to evict first); SlabFull if there is no room.
+
+        tokens: whether it needs a trainable-token slot. Nothing changes until `take`.
+        """
+        slot = choose_run(self.owners, pages, evictable)
+        if slot is None:
+            raise SlabFull(
+                f"cannot load {version!r}: it needs {pages} contiguous pages, and no run of "
+                f"{pages} among the {len(self.owners)} is free of pinned or loading adapters; "
+                "release one first"
+            )
+        going = {v for v in self.owners[slot : slot + pages] if v is not None}
+        token_slot = None
+        if tokens:
+            token_slot = choose_token_slot(self.token_holders, evictable, going)
+            if token_slot is None:
+                raise SlabFull(
+                    f"cannot load {version!r}: all {len(self.token_holders)} trainable-token "
+                    "slots are held by pinned or loading adapters; release one first"
+                )
+            holder = self.token_holders[token_slot]
+            going |= {holder} if holder is not None else set()
+        return Place(slot, pages, token_slot), going
+
+    def take(self, version: str, place: Place) -> None:
+        """Record version in place (its occupants evicted already)."""
+        self.owners[place.slot : place.slot + place.pages] = [version] * place.pages
+        if place.token_slot is not None:
+            self.token_holders[place.token_slot] = version
+        self.places[version] = place
+
+    def give_back(self, version: str) -> Place | None:
+        """Free version's pages and token slot; where they were (None: it held none)."""
+        place = self.places.pop(version, None)
+        if place is not None:
+            self.owners[place.slot : place.slot + place.pages] = [None] * place.pages
+            if place.token_slot is not None:
+                self.token_holders[place.token_slot] = None
+        return place

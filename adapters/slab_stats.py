@@ -1,4 +1,4 @@
-"""What the slab reports: its counters (SlabStats), and SlabFull when no slot is free."""
+"""What the slab reports: its counters (SlabStats), and SlabFull when a load finds no room."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 
 class SlabFull(RuntimeError):
-    """Every slot is pinned or loading, so no slot can take another adapter now."""
+    """No run of pages (or trainable-token slot) a load needs is free of pinned or loading
+    adapters, so the slab cannot take that adapter now."""
 
 
 @dataclass(frozen=True)

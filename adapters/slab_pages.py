@@ -41,8 +41,8 @@ class PageCosts:
     fixed_bytes: int
 
     def pages_of(self, rank: int) -> int:
-        """The contiguous pages a rank-`rank` adapter holds."""
-        return -(-rank // self.page_rank)
+        """The contiguous pages a rank-`rank` adapter holds (one at least: its slot)."""
+        return max(1, -(-rank // self.page_rank))
 
     def pages_for(self, slab_bytes: int) -> int:
         """How many pages `slab_bytes` hold, fixed bytes included (0 if not even those)."""

@@ -139,6 +139,8 @@ def test_rank_8_takes_an_eighth_of_what_rank_64_takes(make_slab):
     small, big = reg.versions
     slab = make_slab(reg, num_slots=2, max_rank=64)  # legacy: room for two rank-64s
     assert (slab.num_pages, slab.page_rank) == (16, 8)
+    # an adapter of trainable tokens only (rank 0) still holds its slot's page
+    assert [slab.costs.pages_of(r) for r in (0, 1, 8, 9, 64)] == [1, 1, 1, 2, 8]
     page = slab.costs.page_bytes
     cycle(slab, small)
     assert (slab.stats().pages_used, slab.stats().slab_used_bytes) == (1, page)

@@ -95,7 +95,10 @@ def fleet(args, tmp: Path) -> list[dict]:
         with httpx.Client(base_url=server.url, timeout=300) as client:
             names = upload_fleet(client, "fleet", args.adapters, rank=8)
             # Warm-up on the few: first-call costs stay out of the timed loads.
-            run_load(server.url, workload(2 * FEW, names[:FEW], seed=99), FEW, max_tokens=8)
+            warm, _ = run_load(server.url, workload(2 * FEW, names[:FEW], seed=99), FEW,
+                               max_tokens=8)  # fmt: skip
+            if any(r.error for r in warm):
+                raise RuntimeError(f"warm-up failed: {next(r.error for r in warm if r.error)}")
             for r in range(args.rounds):
                 start = (r * args.requests) % len(names)
                 loads = {"all": names[start:] + names[:start], "few": names[:FEW]}
@@ -236,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
                 if mode == "fleet":
                     rounds = fleet(args, Path(tempfile.mkdtemp(dir=tmp)))
                     lines += [*fleet_table(rounds, args), ""]
+                    errors = sum(run["summary"]["errors"] for r in rounds for run in r.values())
+                    if errors:
+                        failures.append(f"fleet: {errors} requests failed (first error above)")
                 else:
                     ranks = (8, 64)
                     found = [capacity(r, args, Path(tempfile.mkdtemp(dir=tmp))) for r in ranks]

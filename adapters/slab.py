@@ -39,6 +39,7 @@ from adapters.format import Adapter
 from adapters.host_cache import HostCache, check_fits
 from adapters.slab_alloc import PageMap, Place
 from adapters.slab_pages import count_pages, page_costs
+from adapters.slab_reads import SlabReads
 from adapters.slab_slots import SlotContents
 from adapters.slab_stats import COUNTED, SlabFull, SlabStats
 from adapters.slab_vectors import BaseWeight
@@ -46,7 +47,7 @@ from adapters.slab_vectors import BaseWeight
 log = logging.getLogger("loraserve.adapters")
 
 
-class AdapterSlab:
+class AdapterSlab(SlabReads):
     """Device pages of LoRA weights for one model replica, filled on demand."""
 
     def __init__(
@@ -123,36 +124,6 @@ class AdapterSlab:
             prefetch_workers, thread_name_prefix="slab-prefetch",
             initializer=torch.set_num_threads, initargs=(1,),
         )  # fmt: skip
-
-    # -- what the model runtime reads ---------------------------------------------------
-
-    def lora_a(self, layer: int, module: str) -> torch.Tensor:
-        """The A stack of (layer, module): [num_slots, max_rank, in], a paged view."""
-        return self.stacks.a[layer, module]
-
-    def lora_b(self, layer: int, module: str) -> torch.Tensor:
-        """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
-        return self.stacks.b[layer, module]
-
-    def serves_outer(self, module: str) -> bool:
-        """Whether some slot's adapter has LoRA on module: a step skips its LoRA if none."""
-        return self.stacks.ranks.serves_outer(module)
-
-    def module_ranks(self, layer: int, modules: Sequence[str]) -> torch.Tensor:
-        """Each module's own rank per slot, [len(modules), num_slots] (kernels' slice_ranks)."""
-        return self.stacks.ranks.of(layer, modules)
-
-    def module_host_ranks(self, layer: int, modules: Sequence[str]) -> list[list[int]]:
-        """module_ranks as lists, read with no device sync."""
-        return self.stacks.ranks.host_of(layer, modules)
-
-    def lora_bias(self, layer: int, module: str) -> torch.Tensor:
-        """scale * lora_B's bias per slot for (layer, module): [num_slots, out]."""
-        return self.vectors.bias[layer, module]
-
-    def lora_dora(self, layer: int, module: str) -> torch.Tensor:
-        """DoRA's output scale per slot for (layer, module): [num_slots, out] (1: none)."""
-        return self.vectors.dora[layer, module]
 
     def slot_of(self, version: str) -> int | None:
         """The slot holding `version` if it is resident (fully loaded), else None."""

@@ -24,13 +24,15 @@ from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
 from serving.engine.runner import Forward, build_batch
 from serving.engine.sampler import sample
-from serving.engine.scheduler import Scheduler, SchedulerConfig
+from serving.engine.scheduler import NoAdapters, Scheduler, SchedulerConfig
 from serving.engine.sequence import SeqStatus, Sequence
 from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.decoder import Proposal, SpecDecoder
 from serving.engine.step_loop import StepLoop
 from serving.engine.streams import stream_outputs
 from serving.engine.tracked import Sink, Tracked
+
+IDLE_WAIT_S = 0.05  # the longest a step waits for a load to land, should no wake come
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,13 @@ class Engine:
             config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
         self.vocab_size = model.config.vocab_size
-        self.residency = Residency(slab) if slab is not None else None
-        ready = self.residency.ready if self.residency else lambda version: False
-        self.scheduler = Scheduler(config.scheduler, self.blocks, ready)
+        self._loop = StepLoop(self.step, lambda exc: self.requests.fail_in_flight(exc))
+        # A load landing wakes a step that waits for it (see step).
+        self.residency = Residency(slab, self._loop.wake) if slab is not None else None
+        gate = self.residency if self.residency else NoAdapters()
+        self.scheduler = Scheduler(config.scheduler, self.blocks, gate)
         self.spec = SpecDecoder.create(config.speculative, self.blocks, draft_model, draft_slab)
         self.num_computed_tokens = 0  # prefill + decode tokens run through the model (for tests)
-        self._loop = StepLoop(self.step, lambda exc: self.requests.fail_in_flight(exc))
         self._intake = Intake(self._loop.wake)
         self.grammars = PendingGrammars(tokenizer, self.vocab_size, self._loop.wake)
         self.requests = Lifecycle(tokenizer, self.max_model_len, self.scheduler, self.grammars,
@@ -144,6 +147,10 @@ class Engine:
             self.residency.release_provisional()
         requests.fail_broken_loads()
         if not schedule.scheduled:
+            if not schedule.preempted and self.residency and self.residency.any_loading():
+                # Everything waits on adapter loads: sleep until one lands (or a request
+                # arrives) rather than spin, which would take the cores from the loads.
+                self._loop.pause(IDLE_WAIT_S)
             return True
         proposals = self._plan_speculation(schedule) if self.spec else {}
         drafts = {seq_id: p.tokens for seq_id, p in proposals.items()}

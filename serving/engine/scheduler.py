@@ -8,20 +8,41 @@ waiting one gets admitted when the budgets allow:
   KV       free blocks; when a running sequence cannot grow, the lowest-priority,
            newest running sequence is preempted: its blocks are freed and it waits
            to be recomputed (its tokens are kept, so its output does not change)
-  adapters at most max_loras distinct adapters among the running sequences
+  adapters resident in the slab (its pages decide how many), and at most max_loras
+           distinct ones among the running sequences when that legacy cap is set
 Order: interactive before batch, first come first served within a class; a waiting
 request ages one class per `aging_steps` steps, so batch work is never starved. The step
 that admits a request of a higher class than some running ones leaves those out (they keep
 their KV and go on next step): an interactive request's first token then waits for its own
-prefill only, not for a step that also decodes every running batch item. A
-request whose adapter is not resident yet is skipped (its load runs in the
-background) without holding back the requests behind it.
+prefill only, not for a step that also decodes every running batch item.
+
+Adapters: a request whose adapter is resident goes ahead of a younger one whose adapter is
+not; that one waits for its load (started in the background) without holding back the
+requests behind it. Each step then loads ahead: the adapters of the next waiting requests,
+in their order, are prefetched while the step runs, as far as the slab has room without
+evicting one a running or waiting request holds (engine/residency.py).
+
+Bounded wait. A request whose adapter finds no room (every page pinned or loading, or
+max_loras reached) could wait forever behind younger requests that keep theirs pinned. So
+once a request has waited `starve_steps` steps and is turned away for want of room, no
+request behind it that needs an adapter is admitted, and nothing is loaded ahead, until it
+is admitted (base-model requests, which take no pages, still are). The running sequences
+finish and unpin, its load finds room, and it is admitted. The request first in order is
+thus admitted within
+    starve_steps + D + L + D'  steps of joining the queue,
+D: the most steps a sequence running when it starves still needs (its prompt chunks and
+tokens to go), L: the steps its adapter's load takes once it has room, D': the steps the
+base-model requests admitted meanwhile need, should they hold the seats or KV it needs.
+A batch item first ages into the interactive class (aging_steps); a request further back
+waits, in addition, for those ahead of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from serving.engine.kv_cache import BlockManager
 from serving.engine.sequence import SeqStatus, Sequence
@@ -31,8 +52,42 @@ from serving.engine.sequence import SeqStatus, Sequence
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    max_loras: int = 16
+    max_loras: int | None = None  # distinct adapters running at once; None: the slab decides
     aging_steps: int = 64
+    starve_steps: int = 32  # a request turned away this long for want of room holds back others
+
+
+class AdapterGate(Protocol):
+    """What the scheduler asks of the adapters' residency (engine/residency.py)."""
+
+    def ready(self, version: str) -> bool:
+        """Resident now (then held for this step's decisions)? If not, its load is started."""
+
+    def short_of_room(self, version: str) -> bool:
+        """Its last load found no room in the slab (it is not resident since)."""
+
+    def load_ahead(self, versions: list[str]) -> None:
+        """Start loading these, in order, as far as the slab has room for them."""
+
+
+class NoAdapters:
+    """The gate of an engine without a slab: no adapter is ever resident."""
+
+    def ready(self, version: str) -> bool:
+        return False
+
+    def short_of_room(self, version: str) -> bool:
+        return False
+
+    def load_ahead(self, versions: list[str]) -> None:
+        pass
+
+
+class Wait(enum.Enum):
+    """Why a request's adapter keeps it from joining the running sequences this step."""
+
+    LOADING = "loading"  # its load is under way (a fetch, however long, ends)
+    NO_ROOM = "no room"  # its last load found every page pinned or loading, or max_loras
 
 
 @dataclass(frozen=True)
@@ -57,18 +112,18 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         blocks: BlockManager,
-        adapter_ready: Callable[[str], bool],
+        adapters: AdapterGate,
     ):
         self.config = config
         self.blocks = blocks
-        self.adapter_ready = adapter_ready  # is this version resident in the slab now?
+        self.adapters = adapters
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.step_count = 0
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        seq.arrival = self.step_count
+        seq.arrival = seq.queued = self.step_count
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
@@ -115,13 +170,14 @@ class Scheduler:
         return Schedule(scheduled=scheduled, preempted=preempted, admitted=admitted)
 
     def _admit(self, budget: int, scheduled: list[Scheduled]) -> list[Sequence]:
-        admitted = []
-        adapters = {s.request.adapter for s in self.running if s.request.adapter}
-        for seq in sorted(self.waiting, key=self._rank):
-            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+        admitted: list[Sequence] = []
+        adapters = self._running_adapters()
+        held: list[Sequence] = []
+        joinable = self._joinable(adapters, held)
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = next(joinable, None)
+            if seq is None:
                 break
-            if not self._adapter_fits(seq.request.adapter, adapters):
-                continue  # it loads in the background; the requests behind it go on
             hits = self.blocks.num_prefix_hit_tokens(seq)  # a look-up; nothing changes yet
             n = min(seq.num_tokens - hits, budget)
             if not self.blocks.can_allocate(seq, hits + n):
@@ -135,46 +191,92 @@ class Scheduler:
             scheduled.append(Scheduled(seq, n))
             admitted.append(seq)
             budget -= n
+        self._load_ahead(adapters)
         return admitted
+
+    def _load_ahead(self, running: set[str]) -> None:
+        """Prefetch the adapters of the requests still waiting, in their order, so the next
+        steps find them resident (as many as a step could admit; the slab stops at its room).
+        Nothing behind a starving request short of room: what room frees up is its own."""
+        versions: list[str] = []
+        for seq in sorted(self.waiting, key=self._rank):
+            version = seq.request.adapter
+            if not version or version in running:
+                continue
+            if version not in versions:
+                versions.append(version)
+            starved = self._starving(seq) and self.adapters.short_of_room(version)
+            if starved or len(versions) == self.config.max_num_seqs:
+                break
+        if versions:
+            self.adapters.load_ahead(versions)
 
     def _urgent_class(self, budget: int) -> int | None:
         """The class of the first waiting request that could be admitted this step, when it
         ranks above some running sequence (which then yields the step to it); else None.
 
         Only an admission that can happen now counts (a free sequence slot, its adapter
-        resident and within max_loras, its KV free), so lower classes never pause for a
+        resident and not held back, its KV free), so lower classes never pause for a
         request that waits on: one that paused for a request _admit then turns away would
         pause again every step, and neither would ever run.
         """
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return None
         lowest = max((self._rank(s)[0] for s in self.running), default=None)
-        adapters = {s.request.adapter for s in self.running if s.request.adapter}
-        for seq in sorted(self.waiting, key=self._rank):
+        if lowest is None:
+            return None
+        for seq in self._joinable(self._running_adapters(), []):
             level = self._rank(seq)[0]
-            if lowest is None or level >= lowest:
+            if level >= lowest:
                 return None  # nothing running ranks below the best candidate
-            if not self._adapter_fits(seq.request.adapter, adapters):
-                continue
             hits = self.blocks.num_prefix_hit_tokens(seq)
             if self.blocks.can_allocate(seq, hits + min(seq.num_tokens - hits, budget)):
                 return level
             return None  # FCFS within the queue: no later request is admitted first
         return None
 
-    def _adapter_fits(self, version: str | None, adapters: set[str]) -> bool:
-        """Whether a request of version may join the running ones (their adapters): the
-        base model or one of theirs always may; a new adapter if a slot is left for it and
-        it is resident already."""
+    def _joinable(self, adapters: set[str], held: list[Sequence]) -> Iterator[Sequence]:
+        """The waiting sequences whose adapters let them join the running ones (`adapters`,
+        which the caller grows as it admits) now, in admission order.
+
+        The first one that has waited starve_steps and finds no room for its adapter goes
+        into `held`; from then on only base-model requests are yielded (module docstring).
+        """
+        for seq in sorted(self.waiting, key=self._rank):
+            version = seq.request.adapter
+            if held and version is not None:
+                continue
+            wait = self._adapter_wait(version, adapters)
+            if wait is None:
+                yield seq
+            elif wait is Wait.NO_ROOM and self._starving(seq):
+                held.append(seq)
+
+    def _adapter_wait(self, version: str | None, adapters: set[str]) -> Wait | None:
+        """Why a request of version cannot join the running ones (their adapters) now, or
+        None if it can: the base model or one of theirs always can, another adapter once it
+        is resident (and under max_loras, when set)."""
         if version is None or version in adapters:
-            return True
-        return len(adapters) < self.config.max_loras and self.adapter_ready(version)
+            return None
+        cap = self.config.max_loras
+        if cap is not None and len(adapters) >= cap:
+            return Wait.NO_ROOM
+        if self.adapters.ready(version):
+            return None
+        return Wait.NO_ROOM if self.adapters.short_of_room(version) else Wait.LOADING
+
+    def _running_adapters(self) -> set[str]:
+        return {s.request.adapter for s in self.running if s.request.adapter}
+
+    def _starving(self, seq: Sequence) -> bool:
+        return self.step_count - seq.queued >= self.config.starve_steps
 
     def _preempt(self, seq: Sequence) -> None:
         """Free seq's KV; it waits to be recomputed from its tokens (prompt + output so far)."""
         self.running.remove(seq)
         self.blocks.deallocate(seq)
         seq.status = SeqStatus.WAITING
+        seq.queued = self.step_count
         self.waiting.append(seq)
         self.num_preemptions += 1
 

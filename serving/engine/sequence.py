@@ -30,6 +30,7 @@ class Sequence:
     num_cached_tokens: int = 0  # tokens whose KV is in the cache (prefix hits + computed)
     num_prefix_hit_tokens: int = 0  # of those, how many came from the prefix cache (for usage)
     arrival: int = 0  # the step it arrived in, for FCFS
+    queued: int = 0  # the step it last joined the waiting queue (its wait, for starve_steps)
 
     @property
     def num_prompt_tokens(self) -> int:

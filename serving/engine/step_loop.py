@@ -32,6 +32,11 @@ class StepLoop:
         """Cut an idle wait short: there is new work."""
         self._wake.set()
 
+    def pause(self, timeout: float) -> None:
+        """Wait until woken (or timeout); a wake that came since the last pause ends it at once."""
+        self._wake.wait(timeout=timeout)
+        self._wake.clear()
+
     @property
     def alive(self) -> bool:
         """False once started and the thread has ended (stopped, or killed by a bug here)."""
@@ -46,5 +51,4 @@ class StepLoop:
                 self._on_fault(exc)
                 busy = True
             if not busy:
-                self._wake.wait(timeout=0.05)
-                self._wake.clear()
+                self.pause(0.05)

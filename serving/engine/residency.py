@@ -4,12 +4,15 @@ The scheduler asks `ready(version)` for each waiting request's adapter: a reside
 pinned at once (provisionally, so no background load can evict it before the sequence that
 needs it is admitted); a missing one starts loading in the background and the request waits
 without holding back the ones behind it. `load_ahead` then starts the loads of the next
-waiting requests' adapters, so the next steps find them resident. A full slab (SlabFull) is
-never an error: the request waits, and its load is started again on a later step.
+waiting requests' adapters, so the next steps find them resident. A load starts only while
+the slab has room beside the adapters pinned and loading: more would evict one another. A
+full slab (SlabFull) is never an error: the request waits, short of room, and its load is
+started again on a later step.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -24,14 +27,17 @@ class Residency:
         self._loads: dict[str, Future] = {}  # adapter version -> its background load
         self._provisional: list[str] = []  # pinned while the scheduler decided
         self._short: set[str] = set()  # versions whose last load found no room
+        self._running: Counter[str] = Counter()  # versions pinned by admitted sequences
 
     def ready(self, version: str) -> bool:
-        """Resident now (then pinned at once)? If not, make sure its load runs in the background."""
+        """Resident now (then pinned at once)? If not, its load runs in the background, if
+        the slab has room for it (else it is short of room)."""
         if self.slab.try_acquire(version) is not None:
             self._provisional.append(version)
             self._short.discard(version)
             return True
-        self._start_load(version)
+        if not self._loading(version):
+            self._start_load(version)
         return False
 
     def short_of_room(self, version: str) -> bool:
@@ -45,26 +51,24 @@ class Residency:
         return version in self._short
 
     def any_loading(self) -> bool:
-        return any(not load.done() for load in self._loads.values())
+        return self._num_loading() > 0
 
     def load_ahead(self, versions: list[str]) -> None:
         """Start loading versions (the next waiting requests' adapters, in their order) while
         the step runs, so the next step finds them resident.
 
-        The resident ones are pinned first, until release_provisional, so a load that claims
-        its room as it starts evicts none of them (running requests hold their own pins; a
-        slab that claims room once the adapter is fetched evicts by recency, see
-        release_provisional). It stops at the first one the slab has no room for: a later,
-        smaller one would take the room that one waits for.
+        In one pass, in their order: a resident one is pinned (until release_provisional),
+        so no load started after it evicts it; a missing one starts loading, which may evict
+        only what no running or earlier waiting request holds (a slab that claims room only
+        once the adapter is fetched evicts by recency, see release_provisional). It goes on
+        while the slab has room, one adapter a slot (at least a page) beside those pinned
+        and those loading, and stops at the first load the slab refuses, whose room a later,
+        smaller one would take.
         """
-        missing = []
         for version in versions:
             if self.slab.try_acquire(version) is not None:
                 self._provisional.append(version)
-            else:
-                missing.append(version)
-        for version in missing:
-            if not self._start_load(version):
+            elif not self._loading(version) and not self._start_load(version):
                 return
 
     def pin(self, version: str) -> None:
@@ -73,6 +77,7 @@ class Residency:
             self._provisional.remove(version)
         else:
             self.slab.acquire(version)  # pinned already by a running sequence: no load
+        self._running[version] += 1
 
     def release_provisional(self) -> None:
         """Drop the pins taken for sequences that were not admitted after all."""
@@ -85,6 +90,7 @@ class Residency:
 
     def unpin(self, version: str) -> None:
         self.slab.release(version)
+        self._running -= Counter({version: 1})  # drops it at 0
 
     def broken_loads(self) -> list[tuple[str, BaseException]]:
         """Loads that failed for good since the last call (a full slab is retried instead)."""
@@ -107,13 +113,33 @@ class Residency:
         assert slot is not None, f"{version} is pinned, so resident"
         return slot
 
-    def _start_load(self, version: str) -> bool:
-        """Make sure version's load runs in the background; False if the slab has no room."""
+    def _num_loading(self) -> int:
+        return sum(not load.done() for load in self._loads.values())
+
+    def _loading(self, version: str) -> bool:
         load = self._loads.get(version)
-        if load is None or (load.done() and _is_slab_full(load)):
-            load = self._loads[version] = self.slab.prefetch(version)
-            if not load.done():  # a settled one (resident, or no room) wakes no one
-                load.add_done_callback(lambda _: self.on_landed())
+        return load is not None and not load.done()
+
+    def _room(self) -> int:
+        """How many more adapters the slab may take now, one a slot (each takes a page at
+        least), beside those pinned (running, or held for this step's decisions) and those
+        loading. A slab whose adapters take several pages each may still refuse one."""
+        held = set(self._running) | set(self._provisional)
+        return self.slab.num_slots - len(held) - self._num_loading()
+
+    def _start_load(self, version: str) -> bool:
+        """Start version's load in the background; False if the slab has no room for it.
+
+        Without room no load starts: each would evict the one before it once fetched."""
+        load = self._loads.get(version)
+        if load is not None and load.done() and not _is_slab_full(load):
+            return True  # landed, or broken: broken_loads reports it this step
+        if self._room() <= 0:
+            self._short.add(version)
+            return False
+        load = self._loads[version] = self.slab.prefetch(version)
+        if not load.done():  # a settled one (resident, or no room) wakes no one
+            load.add_done_callback(lambda _: self.on_landed())
         return not (load.done() and _is_slab_full(load))
 
 

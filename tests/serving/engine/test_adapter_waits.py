@@ -122,7 +122,8 @@ def test_ten_times_the_slabs_room_in_distinct_adapters_all_finish_as_alone(world
         r.request_id: "length" for r in requests
     }
     stats = engine.slab.stats()
-    assert stats.loads >= len(versions)
+    # Loads start only as the slab has room: none evicts another before its request ran.
+    assert len(versions) <= stats.loads <= len(versions) * 3 // 2, stats
     # Idle steps pause until a load lands (or a wake): none spins while loads run.
     assert run.num_idle <= 2 * stats.loads + 10, (run.num_idle, stats.loads)
     alone = engines(num_slots=1)

@@ -64,7 +64,7 @@ class AdapterGate(Protocol):
         """Resident now (then held for this step's decisions)? If not, its load is started."""
 
     def short_of_room(self, version: str) -> bool:
-        """Its last load found no room in the slab (it is not resident since)."""
+        """The slab had no room for its last load (and it has not been resident since)."""
 
     def load_ahead(self, versions: list[str]) -> None:
         """Start loading these, in order, as far as the slab has room for them."""
@@ -87,7 +87,7 @@ class Wait(enum.Enum):
     """Why a request's adapter keeps it from joining the running sequences this step."""
 
     LOADING = "loading"  # its load is under way (a fetch, however long, ends)
-    NO_ROOM = "no room"  # its last load found every page pinned or loading, or max_loras
+    NO_ROOM = "no room"  # the slab had no room for its last load, or max_loras is reached
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,11 @@ def choose_run(owners: Sequence[str | None], n: int, recency: Mapping[str, int])
     each with its place in the LRU order (lower: less recently used). Versions not in
     recency (pinned or loading) block every run they touch.
     """
+    if n == 1:  # the same answer without the window: the lowest free page, else the LRU's first
+        if None in owners:
+            return owners.index(None)
+        held = [(recency[v], page) for page, v in enumerate(owners) if v in recency]
+        return min(held)[1] if held else None
     # Each page's cost: -1 free, its owner's recency, or None (blocked). A run costs its
     # largest; the cheapest run, lowest first on ties, is the answer, and a free run's -1
     # beats any eviction. One pass with a monotonic deque of the window's maxima.

@@ -55,8 +55,11 @@ class SlabRanks:
         its reserved slot's ranks outside the slab's lock; which slots use an outer module
         changes only in `mark`, under it."""
         layer, module = key
+        host = self._host[layer][self._index[module]]
+        if host[slot] == rank:  # the table holds it already: no device write
+            return
         self._table[layer][self._index[module], slot] = rank
-        self._host[layer][self._index[module]][slot] = rank
+        host[slot] = rank
 
     def mark(self, slot: int) -> None:
         """slot's ranks are published: it uses each outer module it has a rank on (hold the

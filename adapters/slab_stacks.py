@@ -67,19 +67,30 @@ class SlabStacks:
             stored = torch.zeros(rows, fan_out, **like)
             self.b[key] = stored.as_strided((*size, fan_out), (page_rank * fan_out, fan_out, 1))
         self.ranks = SlabRanks(spec.num_layers, modules, outer, num_pages, device)
+        self.page_rank = page_rank
+        # Per page, the keys whose rows there may be nonzero (a tenant wrote them, and no
+        # write zeroed them since): a load zeroes only those, so a q/v adapter replacing a
+        # q/v adapter writes its own rows and nothing else. Eviction zeroes nothing.
+        self._dirty: list[set[Key]] = [set() for _ in range(num_pages)]
 
     def write(self, slot: int, adapter: Adapter) -> None:
         """A[slot, :r_m] = a; B[slot, :r_m] = (s_m / s) * b.T; rows r_m: zeroed (all of them
         where the adapter has no module), up to the adapter's rank r."""
         r = adapter.rank
+        pages = range(slot, slot + -(-r // self.page_rank))
+        whole = range(slot, slot + r // self.page_rank)  # pages rows :r cover entirely
         # Plain copies on the current stream: they queue behind kernels still reading these
         # pages' previous tenants, so an eviction never races a step already launched.
         for key, a_stack in self.a.items():
             b_stack = self.b[key]
             mod = adapter.modules.get(key)
+            dirty = any(key in self._dirty[p] for p in pages)
             if mod is None:  # untargeted: its update must be exactly 0, not stale rows
-                a_stack[slot, :r].zero_()
-                b_stack[slot, :r].zero_()
+                if dirty:
+                    a_stack[slot, :r].zero_()
+                    b_stack[slot, :r].zero_()
+                    for p in whole:
+                        self._dirty[p].discard(key)
                 self.ranks.set(key, slot, 0)
                 continue
             rm = mod.a.shape[0]
@@ -89,5 +100,8 @@ class SlabStacks:
                 b_stack[slot, :rm].copy_(mod.b.T)  # [out, rm] -> [rm, out]
             else:  # in float32, then once into the slab's dtype
                 b_stack[slot, :rm].copy_(mod.b.T.to(torch.float32) * (mod.scale / adapter.scale))
-            a_stack[slot, rm:r].zero_()
-            b_stack[slot, rm:r].zero_()
+            if rm < r and dirty:
+                a_stack[slot, rm:r].zero_()
+                b_stack[slot, rm:r].zero_()
+            for p in pages:
+                self._dirty[p].add(key)

@@ -87,8 +87,11 @@ class SlabTokens:
         step would skip that adapter's rows.
         """
         value = -1 if slot is None else slot
+        old = self._host_page_slots[page]
+        if old == value:  # nothing changes: no device write
+            return
         self.page_slots[page] = self._host_page_slots[page] = value
-        self.count = sum(s >= 0 for s in self._host_page_slots)
+        self.count += (value >= 0) - (old >= 0)
 
     def slots_of(self, pages: torch.Tensor) -> torch.Tensor:
         """[n] int64: the token slot of each page's adapter, -1 where it has none or the page

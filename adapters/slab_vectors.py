@@ -47,6 +47,7 @@ class SlabVectors:
         # [num_pages] bool each: the step's row selection reads them on the device
         self.has_bias = torch.zeros(num_pages, dtype=torch.bool, device=device)
         self.has_dora = torch.zeros(num_pages, dtype=torch.bool, device=device)
+        self._written: set[int] = set()  # slots whose vectors may differ from 0 and 1
         self.num_bias = self.num_dora = 0  # slots set in each, read on the host per step
         # The same flags as lists: a step picks its rows on the host, with no read-back.
         self.host_bias, self.host_dora = [False] * num_pages, [False] * num_pages
@@ -63,6 +64,14 @@ class SlabVectors:
 
     def write(self, slot: int, adapter: Adapter) -> None:
         """Fill slot's vectors from adapter (zeros and ones where it has none)."""
+        wanted = any(
+            m.bias is not None or m.magnitude is not None for m in adapter.modules.values()
+        )
+        if not wanted and slot not in self._written:
+            return  # its vectors are zeros and ones already: a plain LoRA writes none
+        self._written.discard(slot)
+        if wanted:
+            self._written.add(slot)
         for key, bias in self.bias.items():
             mod = adapter.modules.get(key)
             if mod is None or mod.bias is None:
@@ -82,8 +91,9 @@ class SlabVectors:
             (self.has_bias, self.host_bias, any(m.bias is not None for m in modules)),
             (self.has_dora, self.host_dora, any(m.magnitude is not None for m in modules)),
         ):
-            flags[slot] = host[slot] = wanted
-        self.num_bias, self.num_dora = sum(self.host_bias), sum(self.host_dora)
+            if host[slot] != wanted:  # else nothing changes: no device write
+                flags[slot] = host[slot] = wanted
+        self.num_bias, self.num_dora = self.host_bias.count(True), self.host_dora.count(True)
 
     def _output_scale(self, key: Key, mod: LoraModule) -> torch.Tensor:
         """g = m / ||W + scale * B @ A|| per output row, in float32: [out]."""

@@ -181,6 +181,33 @@ def test_a_freed_page_is_reused_and_its_old_rows_never_show(make_slab):
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
 
 
+def test_a_page_a_partial_tenant_wrote_is_zeroed_for_its_next_tenant(make_slab):
+    # A load zeroes only the rows a tenant may have left: the rank-12 one writes every
+    # module's rows 0-11 over pages 1-2, page 2 in part; page 2's next tenant targets o_proj
+    # alone, so every other module's rows there must be zeroed, not left as they were.
+    pinned, old = make_adapter(8, ("v_proj",), seed=1), make_adapter(12, ALL, seed=2)
+    filler, first = make_adapter(8, ("k_proj",), seed=3), make_adapter(8, ("q_proj",), seed=4)
+    second = make_adapter(8, ("o_proj",), seed=5)
+    reg = Registry(pinned, old, filler, first, second)
+    v_pinned, v_old, v_filler, v_first, v_second = reg.versions
+    slab = make_slab(reg, num_slots=2, max_rank=16)  # four pages of 8
+    assert slab.acquire(v_pinned) == 0
+    cycle(slab, v_old, v_filler)  # pages 1-2, then 3
+    assert slab.acquire(v_first) == 1  # the old one is the least recent: it goes
+    assert slab.acquire(v_second) == 2  # where its rows 8-11 were
+    assert slab.residents().keys() == {v_pinned, v_filler, v_first, v_second}
+    for v, slot in slab.residents().items():
+        assert_holds(slab, slot, reg.adapters[v])
+    slots = torch.tensor([2, 1, 0, -1, 2], dtype=torch.int32)
+    held = {0: pinned, 1: first, 2: second}
+    for layer in range(TINY_SPEC.num_layers):
+        for m in ALL:
+            x = torch.randn(5, TINY_SPEC.shapes[m][0])
+            got = run_slab(slab, layer, m, x, slots)
+            want = oracle(x, slots.tolist(), held, layer, m)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
 def test_a_fragmented_slab_evicts_the_lru_run_for_a_rank_64_and_nothing_else(make_slab):
     halves = [make_adapter(16, ("q_proj",), seed=i) for i in range(12)]
     threes = [make_adapter(24, ("k_proj",), seed=20 + i) for i in range(2)]

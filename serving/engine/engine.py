@@ -32,6 +32,7 @@ from serving.engine.step_loop import StepLoop
 from serving.engine.streams import stream_outputs
 from serving.engine.tracked import Sink, Tracked
 
+LOAD_WAIT_S = 0.02  # the longest a step waits for the waiting requests' adapter loads
 IDLE_WAIT_S = 0.05  # the longest a step waits for a load to land, should no wake come
 
 
@@ -136,6 +137,12 @@ class Engine:
         requests.take_compiled()
         if not self.scheduler.has_work():
             return False
+        if self.residency is not None and self.scheduler.waiting:
+            # Loads started here run while this thread waits, not beside the step: a load
+            # and a step on two threads contend for the GIL, and each slows the other more
+            # than the load costs alone. One that lands in LOAD_WAIT_S joins this step.
+            self.scheduler.load_waiting()
+            self.residency.wait_loads(LOAD_WAIT_S)
         schedule = self.scheduler.schedule()
         for seq in schedule.preempted:
             requests[seq.request.request_id].unpin(self.residency)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 
 from adapters.slab import SlabFull
@@ -49,6 +50,12 @@ class Residency:
         if load is not None and load.done() and _is_slab_full(load):
             self._short.add(version)
         return version in self._short
+
+    def wait_loads(self, timeout: float) -> None:
+        """Block (the GIL released) until every load under way has landed, or timeout."""
+        pending = [load for load in self._loads.values() if not load.done()]
+        if pending:
+            futures.wait(pending, timeout=timeout)
 
     def any_loading(self) -> bool:
         return self._num_loading() > 0

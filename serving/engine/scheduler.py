@@ -194,6 +194,13 @@ class Scheduler:
         self._load_ahead(adapters)
         return admitted
 
+    def load_waiting(self) -> None:
+        """Start the loads of the waiting requests' adapters now, as a step's admission
+        would (_load_ahead): called before schedule(), so loads that take a moment can land
+        in time for this step's admissions."""
+        if self.waiting:
+            self._load_ahead(self._running_adapters())
+
     def _load_ahead(self, running: set[str]) -> None:
         """Prefetch the adapters of the requests still waiting, in their order, so the next
         steps find them resident (as many as a step could admit; the slab stops at its room).

@@ -137,3 +137,23 @@ def test_ten_times_the_slabs_room_in_distinct_adapters_all_finish_as_alone(world
             alone.run_until_idle()
             want = solo.tokens[request.request_id]
         assert run.got.tokens[request.request_id] == want, request.adapter
+
+
+def test_a_cold_adapters_request_runs_in_the_step_that_first_sees_it(world, engines, monkeypatch):
+    """The step starts the waiting requests' loads before it decides and waits (up to
+    LOAD_WAIT_S, here long enough for any host) for them: a load that lands joins this step,
+    instead of the step after."""
+    monkeypatch.setattr("serving.engine.engine.LOAD_WAIT_S", 30.0)
+    engine = engines(num_slots=2)
+    (cold,) = add_adapters(world, 1, seed=9000)
+    run = Steps(engine)
+    run.submit(GenerateRequest("r", (3, 4, 5), greedy(2), cold))
+    assert engine.step() and engine.num_computed_tokens > 0, "the first step did not run it"
+    assert engine.slab.slot_of(cold) is not None
+    while run.forward():
+        pass
+    solo = engines(num_slots=2)
+    alone = Collector()
+    solo.submit(GenerateRequest("r", (3, 4, 5), greedy(2), cold), alone.sink)
+    solo.run_until_idle()
+    assert run.got.tokens["r"] == alone.tokens["r"]

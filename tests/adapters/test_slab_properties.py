@@ -21,6 +21,18 @@ POOL = [(4, ("q_proj",)), (8, ATTN), (16, ALL), (2, ("up_proj",)), (8, ("k_proj"
 NUM_SLOTS = 3
 
 
+def release_as_modelled(machine, v: str) -> None:
+    """Release v in machine's slab: a ValueError where the model holds no pin of it; else
+    one pin fewer, and v the most recently used (a release counts as use)."""
+    if machine.pins[v] == 0:
+        with pytest.raises(ValueError):
+            machine.slab.release(v)
+    else:
+        machine.slab.release(v)
+        machine.pins[v] -= 1
+        machine.lru.append(machine.lru.pop(machine.lru.index(v)))
+
+
 class SlabMachine(RuleBasedStateMachine):
     """Drives one slab and a model of it: resident versions in LRU order and pin counts."""
 
@@ -70,14 +82,7 @@ class SlabMachine(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, len(POOL) - 1))
     def release(self, i):
-        v = self.versions[i]
-        if self.pins[v] == 0:
-            with pytest.raises(ValueError):
-                self.slab.release(v)
-        else:
-            self.slab.release(v)
-            self.pins[v] -= 1
-            self.lru.append(self.lru.pop(self.lru.index(v)))  # release counts as use
+        release_as_modelled(self, self.versions[i])
 
     @invariant()
     def slots_hold_exactly_their_versions(self):
@@ -169,14 +174,7 @@ class PagedSlabMachine(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, len(PAGED_POOL) - 1))
     def release(self, i):
-        v = self.versions[i]
-        if self.pins[v] == 0:
-            with pytest.raises(ValueError):
-                self.slab.release(v)
-        else:
-            self.slab.release(v)
-            self.pins[v] -= 1
-            self.lru.append(self.lru.pop(self.lru.index(v)))
+        release_as_modelled(self, self.versions[i])
 
     @invariant()
     def pages_hold_exactly_their_versions(self):

@@ -133,12 +133,13 @@ class Engine:
     def step(self) -> bool:
         """One scheduling + forward + sampling step; False when there was nothing to do."""
         requests = self.requests
-        requests.take_intake(self._intake)
+        arrived = requests.take_intake(self._intake)
         requests.take_compiled()
         if not self.scheduler.has_work():
             return False
-        if self.residency is not None and self.scheduler.waiting:
-            # Loads started here run while this thread waits, not beside the step: a load
+        if self.residency is not None and arrived and self.scheduler.waiting:
+            # Only new arrivals' loads are left to start (the schedule that saw the others
+            # started theirs). They run while this thread waits, not beside the step: a load
             # and a step on two threads contend for the GIL, and each slows the other more
             # than the load costs alone. One that lands in LOAD_WAIT_S joins this step.
             self.scheduler.load_waiting()

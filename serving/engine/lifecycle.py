@@ -37,8 +37,9 @@ class Lifecycle:
 
     # ---- in ----
 
-    def take_intake(self, intake: Intake) -> None:
-        """Start what callers submitted and end what they aborted since the last step."""
+    def take_intake(self, intake: Intake) -> int:
+        """Start what callers submitted and end what they aborted since the last step; how
+        many requests it took."""
         requests, aborts = intake.take()
         for request, sink in requests:
             try:
@@ -52,6 +53,7 @@ class Lifecycle:
             t = self.tracked.get(request_id)
             if t is not None:
                 self.finish(t, "abort")
+        return len(requests)
 
     def _start(self, request: GenerateRequest, sink: Sink) -> None:
         prompt = list(request.prompt_token_ids)

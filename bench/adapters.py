@@ -25,10 +25,10 @@ from functools import partial
 import torch
 from safetensors.torch import save
 
-from adapters.base_model import BaseModelSpec, module_group
-from adapters.format import parse_adapter
-from adapters.registry import Registry
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import parse_adapter
+from adapters.format.base_model import BaseModelSpec, module_group
+from adapters.registry.registry import Registry
+from adapters.slab.slab import AdapterSlab
 from bench.timing import interleaved_seconds, machine
 
 LLAMA_8B = {

@@ -18,7 +18,7 @@ import torch
 import yaml
 from safetensors.torch import save
 
-from adapters.sources import CONFIG, WEIGHTS
+from adapters.format.sources import CONFIG, WEIGHTS
 from bench.servers import DEMO, Server, free_port, loraserve_config
 
 TARGETS = ("q_proj", "v_proj")

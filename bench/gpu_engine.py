@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.engine.speculative.config import SpecConfig

@@ -14,9 +14,9 @@ from functools import partial
 
 import torch
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import parse_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import parse_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from bench.adapters import adapter_files
 from bench.model import BLOCK, planned_decode
 from bench.model_shapes import SHAPES, config_for, random_state

@@ -3,7 +3,7 @@
 Vocabulary 32000, hidden 2048, a decode batch whose every token uses one of 8 rank-16
 adapters; timed interleaved, in one run, against the base rows the same step computes anyway:
   embed       the base embedding gather, E[ids]
-  embed+lora  the gather, then serving.model.outer.embedding_lora (a column gather of A, expand)
+  embed+lora  the gather, then serving.model.adapter_embeddings.embedding_lora (a column gather of A, expand)
   head        the base LM head, out @ W.T
   head+lora   lora_linear over the head: the same matmul, then shrink + expand into vocab
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from adapters.tensor_names import OUTER_LAYER
+from adapters.format.tensor_names import OUTER_LAYER
 from bench.timing import interleaved_seconds
 from kernels import build_segments
+from serving.model.adapter_embeddings import embedding_lora
 from serving.model.linear import Linear, LoraStacks, StepLora, lora_linear
-from serving.model.outer import embedding_lora
 
 VOCAB, HIDDEN, RANK, NUM_SLOTS = 32000, 2048, 16, 8
 

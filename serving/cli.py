@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from adapters.cli import app as adapters_app
+from adapters.cli.commands import app as adapters_app
 from serving.batch.cli import app as batch_app
 
 app = typer.Typer(

@@ -129,11 +129,11 @@ def test_soak_short_against_loraserve_serve():
 @pytest.mark.slow
 def test_batch_bench_quick():
     # The one-process server with its batch feeder: a 40-item batch alone and beside chats.
-    out = _run("bench.batch", "--quick")
+    out = _run("bench.batch_api", "--quick")
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert {"idle", "batch alone", "both"} <= set(rows), out
     assert rows["both"].rstrip(" |").endswith("x") and "| 40 |" in rows["batch alone"], out
-    assert "Command: python -m bench.batch --quick" in out
+    assert "Command: python -m bench.batch_api --quick" in out
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ SERVING_ALLOWED = {
 
 
 def _part(name: str) -> str:
-    """serving.api.app -> serving.api; adapters.slab -> adapters."""
+    """serving.api.app -> serving.api; adapters.slab.slab -> adapters."""
     parts = name.split(".")
     return ".".join(parts[:2]) if parts[0] == "serving" and len(parts) > 1 else parts[0]
 

@@ -2,11 +2,11 @@
 
     python -m bench.peers.local_server --config CONFIG --port PORT
 
-The same config, app (serving.api.create_app) and engine (serving.deploy.engine_setup) as
+The same config, app (serving.api.create_app) and engine (serving.engine.from_config) as
 `loraserve serve`, but the routes call the engine in this process (LocalGenerator) instead
 of going through Ray Serve's HTTP proxy and replica handles: the difference between the two
 rows in bench/serve.py's table is what those hops cost. Batches are stored in batch.store and
-fed in this process (bench/batch.py); usage goes to usage.store under the config's limits. Stops on SIGINT/SIGTERM (uvicorn's own handlers), then
+fed in this process (bench/batch_api.py); usage goes to usage.store under the config's limits. Stops on SIGINT/SIGTERM (uvicorn's own handlers), then
 stops the engine.
 """
 
@@ -22,7 +22,7 @@ from serving.api.tenancy import LocalTenancy
 from serving.batch.store import BatchStore
 from serving.config import load_config
 from serving.deploy.app import publish_preloads
-from serving.deploy.engine_setup import build_engine
+from serving.engine.from_config import build_engine
 from serving.usage.service import Tenancy, limits_from_config
 from serving.usage.store import UsageStore
 

@@ -5,7 +5,7 @@ blank lines allowed), and from LORASERVE_API_KEYS=`KEY:TENANT:SCOPE,...`. A requ
 `Authorization: Bearer KEY`. With no keys configured every route is open and every caller
 is the admin of tenant "default" (the server then binds only to loopback).
 
-Rule (adapters.visibility holds it): a key sees and uses its own tenant's adapters and the
+Rule (adapters.registry.visibility holds it): a key sees and uses its own tenant's adapters and the
 public ones; it manages (uploads over, deletes) its own tenant's only. An admin key also
 lists and manages every tenant's adapters and marks adapters public. The tenant `operator`
 is reserved: it owns the operator's preloaded adapters, and no key may be given it.
@@ -31,7 +31,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from adapters.names import OPERATOR
+from adapters.registry.names import OPERATOR
 from serving.api.errors import ApiError
 from serving.api.key_guesses import KeyGuesses
 from serving.config import ConfigError

@@ -21,7 +21,7 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from adapters.names import version_label
+from adapters.registry.names import version_label
 from serving.api.auth import Principal
 from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext

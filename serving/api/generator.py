@@ -13,8 +13,8 @@ from contextlib import aclosing
 from typing import Protocol
 
 from serving.engine.engine import Engine
-from serving.engine.figures import EngineFigures, engine_figures
 from serving.engine.request import GenerateRequest, RequestOutput
+from serving.engine.snapshot import EngineSnapshot, engine_snapshot
 
 
 class QueueFull(Exception):
@@ -35,7 +35,7 @@ class Generator(Protocol):
         """
         ...
 
-    async def figures(self) -> list[EngineFigures]:
+    async def figures(self) -> list[EngineSnapshot]:
         """One snapshot per replica."""
         ...
 
@@ -81,9 +81,9 @@ class LocalGenerator:
             if waiting:
                 self._done_waiting()
 
-    async def figures(self) -> list[EngineFigures]:
+    async def figures(self) -> list[EngineSnapshot]:
         """The engine's figures, as the only replica."""
-        return [engine_figures(self.engine, self.replica)]
+        return [engine_snapshot(self.engine, self.replica)]
 
     async def ready(self) -> bool:
         """True from construction until close()."""

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from adapters.names import version_label
+from adapters.registry.names import version_label
 from serving.api.auth import Principal
 from serving.api.batch_calls import BatchCall
 from serving.api.context import ApiContext

@@ -1,7 +1,7 @@
 """Prometheus metrics of the API: request latencies and tokens here, engine figures at scrape.
 
 Names carry their unit (`_seconds`, `_tokens_total`, `_ratio`). The `adapter` label
-(`tenant/name`, adapters.names.version_label) is bounded: the first MAX_ADAPTER_LABELS adapter names that get traffic keep their own label
+(`tenant/name`, adapters.registry.names.version_label) is bounded: the first MAX_ADAPTER_LABELS adapter names that get traffic keep their own label
 for the life of the process (a series cannot be renamed later without breaking rates), all
 later names count as "other", and base-only requests as "base", as the engine's own
 speculative-decoding figures label them. Everything lives in this app's own registry.
@@ -20,13 +20,13 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from adapters.names import version_label
-from adapters.peft_config import VARIANTS
+from adapters.format.peft_config import VARIANTS
+from adapters.registry.names import version_label
 from serving.api.metrics_engine import EngineCollector
 from serving.api.metrics_views import Relabelled, Summed
 from serving.api.recent import Recent
 from serving.api.slab_rates import SlabRates
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 
 MAX_ADAPTER_LABELS = 20
 BASE, OTHER = "base", "other"
@@ -118,7 +118,7 @@ class Metrics:
             ["tenant", "kind", "type"],
             registry=reg,
         )
-        # The variants are a fixed set (adapters.peft_config.VARIANTS): no cap is needed.
+        # The variants are a fixed set (adapters.format.peft_config.VARIANTS): no cap is needed.
         self.variant_requests = Counter(
             "loraserve_adapter_variant_requests_total",
             "Generation requests with an adapter that reached the engine, once per LoRA "
@@ -177,7 +177,7 @@ class Metrics:
         for kind_of, n in (("prompt", prompt), ("cached", cached), ("completion", completion)):
             self.tenant_tokens.labels(tenant, kind, kind_of).inc(n)
 
-    def render(self, figures: list[EngineFigures], *, adapter_names: bool = True) -> bytes:
+    def render(self, figures: list[EngineSnapshot], *, adapter_names: bool = True) -> bytes:
         """The exposition text, with the engine gauges taken from figures; without
         adapter_names every adapter label is its pseudonym."""
         # Set and read without an await in between, so concurrent scrapes cannot mix.
@@ -191,7 +191,7 @@ class Metrics:
 
     def samples(self) -> tuple[tuple[str, str, tuple, float], ...]:
         """This app's request metrics as plain data (family, sample, labels, value), for a
-        scrape of another replica to add up (EngineFigures.api); creation times left out."""
+        scrape of another replica to add up (EngineSnapshot.api); creation times left out."""
         return tuple(
             (family.name, sample.name, tuple(sorted(sample.labels.items())), sample.value)
             for metric in self._own

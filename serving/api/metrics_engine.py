@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 
 # (family, help, SlabStats field), per replica whose engine serves adapters. Loads count
 # adapters written into the slab, from the host tier or the registry; registry loads count
@@ -34,7 +34,7 @@ class EngineCollector:
     """Gauges and counters of every replica, from the figures of the current scrape."""
 
     def __init__(self) -> None:
-        self.figures: list[EngineFigures] = []
+        self.figures: list[EngineSnapshot] = []
 
     def describe(self) -> Iterable[Metric]:
         return []  # the families vary with the replicas; nothing to check at registration
@@ -128,7 +128,7 @@ class EngineCollector:
         yield family
 
 
-def _has_slab(figures: EngineFigures) -> bool:
+def _has_slab(figures: EngineSnapshot) -> bool:
     return bool(figures.slab)
 
 

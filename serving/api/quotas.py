@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from adapters.errors import AdapterError
-from adapters.registry import Registry
+from adapters.registry.registry import Registry
 from serving.api.errors import ApiError
 from serving.batch.files import FileQuotaFull
 from serving.batch.records import BatchHoldings

@@ -4,7 +4,7 @@ Prometheus histograms give rates and percentiles only through a scraper's querie
 dashboard asks the server directly, so the app keeps the recent requests themselves and
 /v1/stats reads rates and exact TTFT percentiles off them. Each entry is plain data
 (end time, tenant, adapter label, TTFT or None, tokens generated), so a Ray replica hands its
-window to another replica's /v1/stats inside EngineFigures. Bounded twice: by age, and by
+window to another replica's /v1/stats inside EngineSnapshot. Bounded twice: by age, and by
 MAX_EVENTS however fast requests end.
 """
 

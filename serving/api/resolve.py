@@ -5,7 +5,7 @@
     model "demo:support-bot" the same, OpenAI-style fine-tune naming
     lora  "support-bot", "support-bot@<digest>" or "demo:support-bot"
 
-A name is looked up as the caller sees it (adapters.visibility): the caller's tenant's own
+A name is looked up as the caller sees it (adapters.registry.visibility): the caller's tenant's own
 adapter of that name first, then the public one. The answer is the qualified version
 `tenant/name@digest` the engine and the replicas' routing go by (Version.qualified), with
 what its metadata says of it (its LoRA variants, for the metrics). Names resolve through the
@@ -26,9 +26,9 @@ from adapters.errors import (
     UnknownAdapter,
     quoted,
 )
-from adapters.names import parse_ref, split_model
-from adapters.registry import Version
-from adapters.visibility import resolve_for
+from adapters.registry.names import parse_ref, split_model
+from adapters.registry.registry import Version
+from adapters.registry.visibility import resolve_for
 from serving.api.auth import Principal
 from serving.api.errors import ApiError
 from serving.api.settings import AppSettings

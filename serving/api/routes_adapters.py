@@ -4,7 +4,7 @@ An upload is validated whole against the served model (shapes, layers, modules, 
 to lora.max_lora_rank; a draft companion against the draft model when one is configured)
 before anything is stored. Names are per tenant: an upload publishes under the key's own
 tenant (an admin may name another with the form field `tenant`), so two tenants may each
-own `support-bot`. Who sees and manages what is adapters.visibility's rule: a user key sees
+own `support-bot`. Who sees and manages what is adapters.registry.visibility's rule: a user key sees
 its own tenant's adapters and the public ones and manages its own only; an adapter it may
 not see answers 404 word for word as a missing one. Admin keys list and manage every
 tenant's (`?tenant=` names one) and mark adapters public. Registry calls are blocking I/O
@@ -27,11 +27,11 @@ from adapters.errors import (
     RegistryUnavailable,
     UnknownAdapter,
 )
-from adapters.format import Adapter, parse_adapter
-from adapters.names import validate_name
-from adapters.registry import Entry, Registry, Version
-from adapters.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
-from adapters.visibility import manageable, visible_entry
+from adapters.format.adapter import Adapter, parse_adapter
+from adapters.format.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
+from adapters.registry.names import validate_name
+from adapters.registry.registry import Entry, Registry, Version
+from adapters.registry.visibility import manageable, visible_entry
 from serving.api.adapter_json import entry_json, version_json
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context

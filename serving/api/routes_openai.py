@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import RegistryUnavailable, quoted
-from adapters.registry import Version
+from adapters.registry.registry import Version
 from serving.api import openai_format as fmt
 from serving.api.auth import Principal, authenticate
 from serving.api.batch_calls import batch_call

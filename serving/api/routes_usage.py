@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError
-from adapters.names import validate_tenant
+from adapters.registry.names import validate_tenant
 from serving.api.auth import Principal, authenticate
 from serving.api.context import ApiContext, api_context
 from serving.api.errors import ApiError

@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from adapters.base_model import BaseModelSpec
-from adapters.registry import Registry
+from adapters.format.base_model import BaseModelSpec
+from adapters.registry.registry import Registry
 from serving.api.auth import Principal, load_keys
 from serving.config import ServeConfig
 from serving.model.checkpoint import model_folder
@@ -107,7 +107,7 @@ def served_spec(model_dir, dtype: str, embeddings: bool = False) -> BaseModelSpe
     """The model's spec for checking adapters, with the dtype it is served in; LoRA on the
     embedding and the LM head only where the server serves it (lora.embeddings).
 
-    An adapter is bounded against the activations' range (adapters.overflow): a configured
+    An adapter is bounded against the activations' range (adapters.format.overflow): a configured
     model.dtype is that range; with `auto` the checkpoint's own dtype is, or one as wide.
     """
     spec = BaseModelSpec.from_dir(model_dir)

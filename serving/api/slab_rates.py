@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from serving.api.recent import WINDOW_S
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 
 # SlabStats counter -> the name of its rate in /v1/stats
 RATED = {
@@ -36,7 +36,7 @@ class SlabRates:
         # replica -> (when, counters in RATED's order), oldest first
         self._looks: dict[str, deque[tuple[float, tuple[int, ...]]]] = {}
 
-    def update(self, figures: list[EngineFigures]) -> dict[str, dict]:
+    def update(self, figures: list[EngineSnapshot]) -> dict[str, dict]:
         """replica -> {loads_per_s, ..., rates_over_s}: each RATED counter's rise per second
         since the base look; every figure None where there is no base a second old or more.
         Replicas serving no adapters are left out; those no longer in figures are forgotten."""

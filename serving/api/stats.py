@@ -1,4 +1,4 @@
-"""The figures of GET /v1/stats, from the replicas' EngineFigures and the usage store's rows.
+"""The figures of GET /v1/stats, from the replicas' EngineSnapshot and the usage store's rows.
 
 Pure functions over plain data, so the aggregation is tested without a server. Load figures
 (running, waiting, KV use, rates, adapter memory) are the server's whoever asks; anything
@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from adapters.names import version_label
+from adapters.registry.names import version_label
 from serving.api.recent import Event, rates, within
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 
 NEARER = {"slab": 2, "host": 1}  # a name with versions in both tiers reads as the nearer
 
 
 def replica_figures(
-    f: EngineFigures,
+    f: EngineSnapshot,
     events: list[Event],
     window_s: float,
     visible: Callable[[str], bool],
@@ -46,7 +46,7 @@ def replica_figures(
 
 
 def summary(
-    figures: list[EngineFigures],
+    figures: list[EngineSnapshot],
     events: list[Event],
     window_s: float,
     visible,
@@ -76,7 +76,7 @@ def summary(
 
 def adapter_memory(slab: dict, rates: dict | None) -> dict:
     """{"slab", "host_tier"}: the device slab's and the host tier's bytes, pages and
-    counters from a replica's EngineFigures.slab, with the counters' rates per second
+    counters from a replica's EngineSnapshot.slab, with the counters' rates per second
     (SlabRates.update(), None without); both None where the replica serves no adapters."""
     if not slab:
         return {"slab": None, "host_tier": None}
@@ -131,7 +131,7 @@ def _summed(parts: list[dict]) -> dict | None:
 
 
 def adapter_figures(
-    figures: list[EngineFigures],
+    figures: list[EngineSnapshot],
     events_of: dict[str, list[Event]],
     window_s: float,
     usage_hour: list[dict],
@@ -215,7 +215,7 @@ def last_minute(rows: Iterable[dict], window: dict | None, since: float) -> dict
     return figures
 
 
-def events_by_replica(figures: list[EngineFigures], local: tuple, now: float, window_s: float):
+def events_by_replica(figures: list[EngineSnapshot], local: tuple, now: float, window_s: float):
     """replica -> its requests ended in the window; `local` (this app's own) where no
     replica carries its app's (one process: the app is the only HTTP server)."""
     if not any(f.recent for f in figures) and len(figures) == 1:
@@ -223,7 +223,7 @@ def events_by_replica(figures: list[EngineFigures], local: tuple, now: float, wi
     return {f.replica: within(f.recent, now, window_s) for f in figures}
 
 
-def _acceptance(figures: list[EngineFigures], visible, counted) -> float | None:
+def _acceptance(figures: list[EngineSnapshot], visible, counted) -> float | None:
     proposed = accepted = 0
     for f in figures:
         for _, counts in _spec(f, visible, counted):
@@ -232,7 +232,7 @@ def _acceptance(figures: list[EngineFigures], visible, counted) -> float | None:
     return _ratio(accepted, proposed)
 
 
-def _spec(f: EngineFigures, visible, counted):
+def _spec(f: EngineSnapshot, visible, counted):
     """(label, counts) of f's speculation on the labels visible admits, by the tenants
     counted admits: a label once per such tenant."""
     for tenant, by_label in f.spec_by_tenant.items():

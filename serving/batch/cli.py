@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from adapters.http_json import (
+from adapters.cli.http_json import (
     DEFAULT_SERVER,
     TIMEOUT,
     RemoteError,

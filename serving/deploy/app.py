@@ -23,19 +23,19 @@ from collections.abc import Mapping
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from adapters.format import load_adapter
-from adapters.names import OPERATOR
-from adapters.registry import Registry, Version
+from adapters.format.adapter import load_adapter
+from adapters.registry.names import OPERATOR
+from adapters.registry.registry import Registry, Version
 from serving.api.auth import Principal
 from serving.api.settings import served_spec
 from serving.config import ServeConfig, load_config
-from serving.deploy.batch import BatchServer
-from serving.deploy.engine_setup import check_draft_vocab
+from serving.deploy.batch_service import BatchServer
 from serving.deploy.exposure import load_checked_keys
 from serving.deploy.replica import SERVER_NAME, ModelServer
 from serving.deploy.router import ROUTING_STATS_PERIOD_S, AdapterRouter
 from serving.deploy.routing import spread_at
 from serving.deploy.tenancy import TenancyServer
+from serving.engine.from_config import check_draft_vocab
 from serving.model.checkpoint import model_folder
 
 APP_NAME = "loraserve"

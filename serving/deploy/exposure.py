@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from adapters.names import OPERATOR
+from adapters.registry.names import OPERATOR
 from serving.api.auth import ENV_VAR, Principal, load_keys
 from serving.api.gate import is_loopback as gate_is_loopback
 from serving.config import ServeConfig

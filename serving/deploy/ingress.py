@@ -18,8 +18,8 @@ from ray.serve.handle import DeploymentHandle
 
 from serving.api.generator import QueueFull
 from serving.deploy.routing import routing_id
-from serving.engine.figures import EngineFigures
 from serving.engine.request import GenerateRequest, Priority, RequestOutput
+from serving.engine.snapshot import EngineSnapshot
 
 # A probe of every replica must answer within this, or the app does not count as ready.
 PROBE_TIMEOUT_S = 5.0
@@ -66,10 +66,10 @@ class PeerReplicas:
                 # freeing its KV blocks and adapter pin.
                 response.cancel()
 
-    async def figures(self) -> list[EngineFigures]:
+    async def figures(self) -> list[EngineSnapshot]:
         """Every live replica's figures; a replica that fails to answer is left out."""
         answers = await self._probe("figures")
-        return [a for a in answers if isinstance(a, EngineFigures)]
+        return [a for a in answers if isinstance(a, EngineSnapshot)]
 
     async def ready(self) -> bool:
         """True once every configured replica is up and its engine is taking requests."""
@@ -114,7 +114,7 @@ class ReplicaGenerator:
             async for out in stream:
                 yield out
 
-    async def figures(self) -> list[EngineFigures]:
+    async def figures(self) -> list[EngineSnapshot]:
         return await self._peers.figures()
 
     async def ready(self) -> bool:

@@ -24,9 +24,9 @@ from serving.api.settings import settings_from_config
 from serving.config import ServeConfig
 from serving.deploy.app import APP_NAME, bind, publish_preloads
 from serving.deploy.console import new_log_path, quiet_console
-from serving.deploy.engine_setup import check_draft_vocab
 from serving.deploy.exposure import load_checked_keys
 from serving.deploy.stream_end import PROXY_ENV
+from serving.engine.from_config import check_draft_vocab
 
 # Ray puts unix sockets under its temp dir, and a socket path must stay under 107 bytes:
 # beyond this many characters the session's socket paths would not fit.

@@ -13,9 +13,9 @@ import logging
 import threading
 import uuid
 
-from adapters.names import version_digest
-from adapters.registry import Registry
-from adapters.slab import AdapterSlab
+from adapters.registry.names import version_digest
+from adapters.registry.registry import Registry
+from adapters.slab.slab import AdapterSlab
 
 LEASE_PERIOD_S = 60.0  # well inside gc's default lease TTL of 600 s
 log = logging.getLogger("loraserve.deploy")

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Mapping
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from adapters.registry import Registry
+from adapters.registry.registry import Registry
 from serving.api.app import create_app
 from serving.api.auth import Principal
 from serving.api.batch_calls import run_item
@@ -34,16 +34,16 @@ from serving.api.settings import AppSettings, settings_from_config
 from serving.batch.records import Item, ItemResult
 from serving.config import ServeConfig
 from serving.deploy.arrivals import Arrivals, is_resident
-from serving.deploy.batch import HandleBatch
+from serving.deploy.batch_service import HandleBatch
 from serving.deploy.disconnect import DisconnectOnCancel
-from serving.deploy.engine_setup import build_engine
 from serving.deploy.exposure import check_open_server, serve_proxy_host
 from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
 from serving.deploy.leases import Leases
 from serving.deploy.routing import SESSION_PREFIX, HeldIds, models_per_replica, num_session_ids
 from serving.deploy.tenancy import HandleTenancy
-from serving.engine.figures import EngineFigures
+from serving.engine.from_config import build_engine
 from serving.engine.request import GenerateRequest, RequestOutput
+from serving.engine.snapshot import EngineSnapshot
 from serving.usage.outbox import outbox_for
 
 # Seconds a stopping replica waits for its streams to finish before it is killed.
@@ -172,7 +172,7 @@ class EngineReplica:
         ids = {k: n for k, n in self.in_flight.items() if k and n > 0}
         return {"in_flight": ids, "running": self.active_streams}
 
-    async def figures(self) -> EngineFigures:
+    async def figures(self) -> EngineSnapshot:
         """This replica's engine figures, labelled with its replica id."""
         (figures,) = await self.generator.figures()
         metrics = getattr(self, "metrics", None)  # None until the app is built

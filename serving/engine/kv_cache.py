@@ -31,7 +31,7 @@ import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from adapters.names import version_digest
+from adapters.registry.names import version_digest
 from serving.engine.sequence import Sequence
 
 BlockKey = tuple[int | None, tuple[int, ...], str | None]  # (parent hash, tokens, adapter key)

@@ -1,7 +1,7 @@
 """Decode steps replayed from CUDA graphs: one graph per padded batch size, captured at start.
 
 A decode step of n sequences runs as the captured graph of the smallest size >= n (1, 2, 4,
-..., 64): its index values are copied into that size's buffer (serving.model.decode_batch)
+..., 64): its index values are copied into that size's buffer (serving.model.padded_decode)
 in one host-to-device copy, and one replay launches every kernel of every layer, with none
 of the per-kernel launch cost that dominates small decode batches. Prefill chunks, verify
 steps and larger batches run eagerly, as do steps whose slab serves a variant the graphs
@@ -19,15 +19,15 @@ from dataclasses import dataclass
 import torch
 
 from kernels import HostIndex
-from serving.model.decode_batch import (
+from serving.model.linear import StepLora
+from serving.model.llama import ATTN_MODULES, MLP_MODULES, LlamaModel, StepInputs
+from serving.model.padded_decode import (
     Padding,
     is_decode,
     layout,
     padded_values,
     static_views,
 )
-from serving.model.linear import StepLora
-from serving.model.llama import ATTN_MODULES, MLP_MODULES, LlamaModel, StepInputs
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.tensor_names import OUTER_LAYER
+from adapters.format.tensor_names import OUTER_LAYER
 from kernels import (
     AttentionPlan,
     HostIndex,
@@ -25,6 +25,7 @@ from kernels import (
     upload,
     write_kv_planned,
 )
+from serving.model.adapter_embeddings import embedding_lora, own_token_logits, own_token_rows
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
@@ -35,7 +36,6 @@ from serving.model.linear import (
     lora_linear,
     rms_norm,
 )
-from serving.model.outer import embedding_lora, own_token_logits, own_token_rows
 from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from serving.model.step_lora import layer_stacks, step_lora
 

@@ -6,7 +6,7 @@ from contextlib import ExitStack, closing
 import pytest
 from fsspec.core import url_to_fs
 
-from adapters.slab import AdapterSlab
+from adapters.slab.slab import AdapterSlab
 from tests.adapters.factory import TINY_SPEC
 
 

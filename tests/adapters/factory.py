@@ -12,7 +12,7 @@ import json
 import torch
 from safetensors.torch import save
 
-from adapters.base_model import BaseModelSpec, module_group
+from adapters.format.base_model import BaseModelSpec, module_group
 
 TINY_BASE = {
     "architectures": ["LlamaForCausalLM"],

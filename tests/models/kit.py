@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from serving.engine.engine import Engine, EngineConfig
 from serving.model.loader import load_model
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
 from serving.config import load_config
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.model.loader import load_model

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adapters.slab import SlabFull
+from adapters.slab.slab import SlabFull
 from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.sampler import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from adapters.names import version_label
+from adapters.registry.names import version_label
 
 OTHER = "other"  # the label of every adapter past the first max_labels seen
 BASE = "base"  # requests with no adapter

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from adapters.base_model import BaseModelSpec
-from adapters.names import OPERATOR
-from adapters.registry import Registry
-from adapters.slab import AdapterSlab
+from adapters.format.base_model import BaseModelSpec
+from adapters.registry.names import OPERATOR
+from adapters.registry.registry import Registry
+from adapters.slab.slab import AdapterSlab
 from serving.api import AppSettings, LocalGenerator, create_app
 from serving.api.auth import Principal, key_id
 from serving.engine.engine import Engine, EngineConfig

@@ -1,9 +1,9 @@
-"""EngineFigures.slab as engine_figures builds it (a SlabStats as a dict, plus num_slots),
+"""EngineSnapshot.slab as engine_snapshot builds it (a SlabStats as a dict, plus num_slots),
 with the figures a test names and every other counter 0."""
 
 import dataclasses
 
-from adapters.slab_stats import COUNTED, SlabStats
+from adapters.slab.stats import COUNTED, SlabStats
 
 
 def slab_figures(**fields) -> dict:

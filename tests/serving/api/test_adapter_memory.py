@@ -9,15 +9,15 @@ import pytest
 
 from serving.api.slab_rates import SlabRates
 from serving.api.stats import replica_figures, summary
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 from tests.serving.api.served import ACME, serve
 from tests.serving.api.slab_figures import slab_figures
 
 MiB = 1 << 20
 
 
-def figures(replica: str, **slab) -> EngineFigures:
-    return EngineFigures(
+def figures(replica: str, **slab) -> EngineSnapshot:
+    return EngineSnapshot(
         replica, 0, 0, 0.0, 0.0, 0, 0, 0, slab=slab_figures(**slab) if slab else {}
     )
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters import publishing
+from adapters.registry import publishing
 from serving.api import routes_adapters
 from serving.api.auth import Principal, key_id
 from serving.api.errors import ApiError

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from adapters.cli import app
+from adapters.cli.commands import app
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, serve
 
 runner = CliRunner()

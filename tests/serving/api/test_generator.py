@@ -9,8 +9,8 @@ import time
 import pytest
 
 from serving.api.generator import LocalGenerator, QueueFull
-from serving.engine.figures import EngineFigures, engine_figures
 from serving.engine.request import GenerateRequest, SamplingParams
+from serving.engine.snapshot import EngineSnapshot, engine_snapshot
 from tests.serving.api.served import build_engine
 
 
@@ -93,7 +93,7 @@ def test_max_queue_must_be_positive(world):
 def test_figures_are_plain_and_picklable(generator, world):
     asyncio.run(collect(generator, request("f", 3, world.versions["mlp"])))
     (figures,) = asyncio.run(generator.figures())
-    assert isinstance(figures, EngineFigures) and figures.replica == "local"
+    assert isinstance(figures, EngineSnapshot) and figures.replica == "local"
     assert figures.prefix_queried_tokens >= 4 and figures.num_running == 0
     # num_slots=4 adapters of max_rank 16: eight pages of 8 rows, a slot per page
     assert figures.slab["loads"] == 1 and figures.slab["num_slots"] == figures.slab["pages"] == 8
@@ -114,7 +114,7 @@ def test_figures_carry_speculation_per_adapter(world):
     )
     engine.submit(salted, lambda out: None)
     engine.run_until_idle()
-    figures = engine_figures(engine, "r1")
+    figures = engine_snapshot(engine, "r1")
     assert set(figures.spec) == {"upper"}
     counts = figures.spec["upper"]
     assert set(counts) == {"proposed", "accepted", "emitted", "steps"}

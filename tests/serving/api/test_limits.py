@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from adapters.base_model import BaseModelSpec
+from adapters.format.base_model import BaseModelSpec
 from serving.api.limits import BodyLimit
 from serving.api.settings import upload_limit
 

@@ -9,12 +9,12 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.format import load_adapter
+from adapters.format.adapter import load_adapter
 from serving.api import create_app
 from serving.api.batch_calls import run_item
 from serving.api.metrics import AdapterLabels, Metrics
 from serving.batch.records import Item
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.api.held import Held
 from tests.serving.api.served import ACME, ADMIN, KEYS, MODEL_ID, serve, stub_settings
@@ -126,7 +126,7 @@ def test_variant_labels_are_bounded_and_summed_over_replicas():
         metrics.count_variants(("lora_bias", "rank_pattern"))
         metrics.count_variants(())
     replicas[1].count_variants(("some_future_variant",))
-    figures = [EngineFigures(f"r{i}", 0, 0, 0.0, 0.0, 0, 0, 0, api=m.samples())
+    figures = [EngineSnapshot(f"r{i}", 0, 0, 0.0, 0.0, 0, 0, 0, api=m.samples())
                for i, m in enumerate(replicas)]  # fmt: skip
     samples = samples_of(Metrics().render(figures).decode())
     counts = {v: value(samples, VARIANT_REQUESTS, variant=v) for v in
@@ -146,10 +146,10 @@ def test_adapter_labels_are_bounded():
     ]
 
 
-def test_engine_figures_render_per_replica_and_adapter():
+def test_engine_snapshot_render_per_replica_and_adapter():
     metrics = Metrics()
     figures = [
-        EngineFigures(
+        EngineSnapshot(
             replica=f"r{i}",
             num_running=i,
             num_waiting=2,
@@ -183,9 +183,9 @@ def test_adapter_memory_renders_per_replica():
         registry_hits=5, evictions=4, host_evictions=1,
     )  # fmt: skip
     unbudgeted = slab_figures(pages=8, pages_used=2, host_used_bytes=1 << 20, host_entries=1)
-    figures = [EngineFigures("r0", 0, 0, 0.0, 0.0, 0, 0, 0, slab=paged),
-               EngineFigures("r1", 0, 0, 0.0, 0.0, 0, 0, 0, slab=unbudgeted),
-               EngineFigures("r2", 0, 0, 0.0, 0.0, 0, 0, 0)]  # fmt: skip
+    figures = [EngineSnapshot("r0", 0, 0, 0.0, 0.0, 0, 0, 0, slab=paged),
+               EngineSnapshot("r1", 0, 0, 0.0, 0.0, 0, 0, 0, slab=unbudgeted),
+               EngineSnapshot("r2", 0, 0, 0.0, 0.0, 0, 0, 0)]  # fmt: skip
     samples = samples_of(Metrics().render(figures).decode())
     expected = {
         "loraserve_adapter_slab_bytes": 64 << 20,
@@ -234,7 +234,7 @@ def test_adapter_names_need_an_admin_key(served):
 
 def test_pseudonyms_depend_on_the_keys():
     figures = [
-        EngineFigures("r0", 0, 0, 0.0, 0.0, 0, 0, 0, spec={"upper": dict.fromkeys(
+        EngineSnapshot("r0", 0, 0, 0.0, 0.0, 0, 0, 0, spec={"upper": dict.fromkeys(
             ("proposed", "accepted", "emitted", "steps"), 1)})
     ]  # fmt: skip
     one, other = Metrics(pseudonym_key=b"one"), Metrics(pseudonym_key=b"two")

@@ -8,8 +8,8 @@ import pytest
 from safetensors.torch import save
 from typer.testing import CliRunner
 
-from adapters.base_model import BaseModelSpec
-from adapters.cli import app
+from adapters.cli.commands import app
+from adapters.format.base_model import BaseModelSpec
 from tests.adapters.factory import TINY_SPEC, peft_adapter_files, peft_config, peft_tensors
 from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from adapters.names import OPERATOR
+from adapters.registry.names import OPERATOR
 from serving.api import create_app
 from serving.api.recent import Recent, percentile, rates
 from serving.api.stats import adapter_figures, replica_figures, summary
 from serving.api.tenancy import LocalTenancy, limits_getter
-from serving.engine.figures import EngineFigures
+from serving.engine.snapshot import EngineSnapshot
 from serving.engine.speculative.config import SpecConfig
 from serving.usage.service import Tenancy
 from serving.usage.store import UsageStore
@@ -229,7 +229,7 @@ def test_speculation_counts_only_the_callers_own_requests(world, tmp_path):
 def test_speculation_of_a_tenant_adds_up_over_replicas():
     counts = {"proposed": 10, "accepted": 4, "emitted": 6, "steps": 3}
     figures = [
-        EngineFigures(
+        EngineSnapshot(
             f"r{i}", 0, 0, 0.0, 0.0, 0, 0, 0,
             spec={"operator/pub": {k: 2 * v for k, v in counts.items()}},
             spec_by_tenant={"acme": {"operator/pub": counts},

@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from adapters.names import OPERATOR
+from adapters.registry.names import OPERATOR
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve
 
 PROMPT = "tenant test"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from adapters.names import OPERATOR
+from adapters.registry.names import OPERATOR
 from serving.api import create_app
 from serving.api.batch_client import LocalBatch, memory_batch, store_unreachable
 from serving.api.tenancy import LocalTenancy, limits_getter

@@ -10,7 +10,7 @@ from ray.exceptions import RayError, RayTaskError
 from serving.api.batch_client import BatchClient, LocalBatch, queue_full
 from serving.api.errors import ApiError
 from serving.batch.store import BatchQueueFull
-from serving.deploy.batch import HandleBatch
+from serving.deploy.batch_service import HandleBatch
 
 
 def _calls(cls) -> set[str]:

@@ -20,7 +20,7 @@ from serving.batch.files import CHUNK_BYTES
 from serving.batch.records import OPENAI, WORKERS_AI
 from serving.batch.results import PAGE_ITEMS
 from serving.batch.store import BatchStore
-from serving.deploy.batch import BatchServer, HandleBatch
+from serving.deploy.batch_service import BatchServer, HandleBatch
 from tests.serving.api.held import Held, auth
 from tests.serving.api.served import ACME, MODEL_ID, chat_world, stub_settings
 from tests.serving.batch.finished_rows import finished_job

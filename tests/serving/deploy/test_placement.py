@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from adapters.names import OPERATOR
+from adapters.registry.names import OPERATOR
 from tests.serving.deploy.served import free_port, serving
 from tests.serving.engine.world import ADAPTERS, build_world
 

@@ -104,8 +104,8 @@ def test_openai_chat_and_completions_match_the_engine(served, how):
 
 
 def test_sixteen_concurrent_requests_mixing_adapters(served):
-    from adapters.format import load_adapter
-    from adapters.registry import Registry
+    from adapters.format.adapter import load_adapter
+    from adapters.registry.registry import Registry
 
     registry = Registry(served.registry)
     for name in ("rot13", "mlp"):  # published beside the preload, as `--registry` would
@@ -165,7 +165,7 @@ def test_upload_use_reupload_delete(served):
     assert answer.status_code == 404, answer.text
 
 
-def test_metrics_parse_count_and_carry_engine_figures(served):
+def test_metrics_parse_count_and_carry_engine_snapshot(served):
     def requests_total(families):
         return sum(s.value for s in families["loraserve_requests"] if s.name.endswith("_total"))
 
@@ -184,8 +184,8 @@ def _running(served) -> float:
 
 
 def test_adapter_requests_go_where_it_is_hot(served):
-    from adapters.format import load_adapter
-    from adapters.registry import Registry
+    from adapters.format.adapter import load_adapter
+    from adapters.registry.registry import Registry
 
     Registry(served.registry).publish("down", load_adapter(served.world.root / "down"))
 

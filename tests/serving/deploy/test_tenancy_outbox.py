@@ -13,7 +13,7 @@ import pytest
 from serving.batch.records import Item, ItemResult
 from serving.config import LimitsSection
 from serving.deploy import tenancy as tenancy_module
-from serving.deploy.batch import BatchService
+from serving.deploy.batch_service import BatchService
 from serving.deploy.tenancy import HandleTenancy, TenancyService
 from serving.usage.outbox import OUTBOX_FILE, Outbox
 from serving.usage.store import UsageRecord

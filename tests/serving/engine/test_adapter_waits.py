@@ -4,8 +4,8 @@ in distinct adapters in flight at once all finish, each as it does served alone.
 
 import pytest
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
 from serving.engine.request import GenerateRequest
 from serving.engine.scheduler import SchedulerConfig
 from tests.adapters.factory import peft_adapter_files

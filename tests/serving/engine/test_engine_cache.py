@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from adapters.format import load_adapter
+from adapters.format.adapter import load_adapter
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.engine.scheduler import SchedulerConfig
 from tests.serving.engine.test_engine_peft import Collector, greedy

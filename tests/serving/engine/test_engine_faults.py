@@ -97,7 +97,9 @@ def test_an_adapter_that_does_not_fit_fails_its_requests_as_their_own_fault(worl
     (a 400, not a 500), and a request on another adapter beside it is served."""
     misfit = f"misfit@{'1' * 64}"
 
-    class Registry(dict):  # loads as engine_setup's loader does: checked against the base
+    class Registry(
+        dict
+    ):  # loads as serving.engine.from_config's loader does: checked against the base
         def __getitem__(self, version):
             if version == misfit:
                 raise AdapterError("layer 0 down_proj: shapes lora_A (8, 255) do not fit")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
 from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.engine.world import World, base_model, build_world
 

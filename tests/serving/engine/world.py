@@ -10,9 +10,9 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import Adapter, load_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import Adapter, load_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from serving.engine.engine import Engine, EngineConfig
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config

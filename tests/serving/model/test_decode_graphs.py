@@ -12,18 +12,18 @@ The capture and replay themselves are CUDA-only: tests/serving/model/test_graphs
 import pytest
 import torch
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from kernels import HostIndex
 from kernels.lora_expand_triton import lora_expand_triton
 from kernels.lora_shrink_triton import lora_shrink_triton
 from kernels.paged_attention_triton import paged_attention_triton
 from serving.model.checkpoint import load_state_dict
-from serving.model.decode_batch import Padding, padded_values, static_views
 from serving.model.decode_graphs import DecodeGraphs
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.padded_decode import Padding, padded_values, static_views
 from tests.adapters.peft_models import save_base, save_peft_adapter
 from tests.kernels.attention_oracle import attention_oracle
 from tests.kernels.oracle import expand_oracle, shrink_oracle

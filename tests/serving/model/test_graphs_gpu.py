@@ -10,8 +10,8 @@
 import pytest
 import torch
 
-from adapters.base_model import BaseModelSpec
-from adapters.slab import AdapterSlab
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.model.decode_graphs import DecodeGraphs

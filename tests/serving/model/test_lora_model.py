@@ -5,9 +5,9 @@ import pytest
 import torch
 from peft import PeftModel
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from adapters.base_model import BaseModelSpec
-from adapters.format import load_adapter
-from adapters.slab import AdapterSlab
+from adapters.format.adapter import load_adapter
+from adapters.format.base_model import BaseModelSpec
+from adapters.slab.slab import AdapterSlab
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.scheduler import SchedulerConfig
 from serving.engine.speculative.config import SpecConfig

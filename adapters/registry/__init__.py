@@ -1,0 +1,1 @@
+"""The adapter registry: content-addressed versions, names per tenant, publishing, visibility and collection."""

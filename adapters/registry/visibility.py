@@ -17,17 +17,23 @@ from adapters.registry.names import parse_ref, validate_tenant
 from adapters.registry.registry import Entry, Registry, Version
 
 
+def visible_owner(registry: Registry, tenant: str, name: str) -> str:
+    """Whose adapter name is to a caller of tenant: tenant's own, else the public one's owner."""
+    # exists(), not a listing: a damaged own name is reported, never passed over for the public one.
+    if registry.exists(name, tenant):
+        return tenant
+    owner = registry.public_owner(name)
+    if owner is None:
+        raise UnknownAdapter.for_name(name)
+    return owner
+
+
 def resolve_for(registry: Registry, tenant: str, ref: str) -> Version:
     """'name' or 'name@digest' as a caller of tenant sees it: its own name, else the public one."""
     if not isinstance(ref, str):
         return registry.resolve(ref, tenant)  # which refuses it, naming the problem
     name, _ = parse_ref(ref)
-    if registry.exists(name, tenant):
-        return registry.resolve(ref, tenant)
-    owner = registry.public_owner(name)
-    if owner is None:
-        raise UnknownAdapter.for_name(name)
-    return registry.resolve(ref, owner)
+    return registry.resolve(ref, visible_owner(registry, tenant, name))
 
 
 def visible_entry(
@@ -40,13 +46,7 @@ def visible_entry(
         return registry.show(name, validate_tenant(owner))
     if owner not in (None, tenant):
         raise UnknownAdapter.for_name(name)
-    # exists(), as resolve_for asks it: a damaged own name is reported, never passed over.
-    if registry.exists(name, tenant):
-        return registry.show(name, tenant)
-    public_owner = registry.public_owner(name)
-    if public_owner is None:
-        raise UnknownAdapter.for_name(name)
-    return registry.show(name, public_owner)
+    return registry.show(name, visible_owner(registry, tenant, name))
 
 
 def manageable(

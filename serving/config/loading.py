@@ -8,7 +8,8 @@ from typing import Any, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from serving.config.sections import ConfigError, ServeConfig
+from serving.config.section import ConfigError
+from serving.config.serve_config import ServeConfig
 
 
 def parse_config(data: dict, base_dir: Path | None = None) -> ServeConfig:

@@ -9,7 +9,7 @@ from adapters.errors import AdapterError
 from adapters.format.adapter import load_adapter
 from adapters.format.base_model import BaseModelSpec
 from adapters.slab.slab import AdapterSlab
-from serving.config.sections import LoraSection
+from serving.config import LoraSection
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel

@@ -173,7 +173,7 @@ def lora_apply_planned(
     if _native_ran(x, lora_a, lora_b, y, segments, scales):
         return
     if not x.is_cuda and plan is not None and plan.all_padded:
-        from kernels.lora_torch import lora_apply_padded_torch
+        from kernels.lora_padded_torch import lora_apply_padded_torch
 
         lora_apply_padded_torch(x, lora_a, lora_b, y, segments, scales, host_scales)
         return

@@ -15,8 +15,8 @@ from kernels import (
 )
 from kernels.fp8 import _scaled_mm_linear, dequantize_fp8
 from kernels.lora_expand_triton import lora_expand_triton
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from kernels.lora_shrink_triton import lora_shrink_parts
-from tests.kernels.oracle import expand_oracle, shrink_oracle
 
 RANK = 16
 NUM_SLOTS = 64

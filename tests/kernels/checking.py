@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from kernels import build_segments
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from tests.kernels.cases import TOLERANCE, Case, make_inputs
-from tests.kernels.oracle import expand_oracle, shrink_oracle
 
 POISON = -7777.0
 

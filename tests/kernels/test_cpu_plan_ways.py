@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from kernels import build_segments, lora_apply_planned
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from kernels.lora_torch import lora_expand_torch, lora_shrink_torch
 from tests.kernels.cases import TOLERANCE
-from tests.kernels.oracle import expand_oracle, shrink_oracle
 
 # (slot per token, rank per slot): decode with one token per adapter, four per adapter,
 # uneven buckets (padding rows), two rank groups side by side, and longer runs of one slot

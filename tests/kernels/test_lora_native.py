@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from kernels import build_segments, lora_apply_planned, lora_native, native_build
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from tests.kernels.cases import TOLERANCE
-from tests.kernels.oracle import expand_oracle, shrink_oracle
 from tests.kernels.test_cpu_plan_ways import LAYOUTS, make
 
 # The kernel is built only where a C compiler is (CI and the image have gcc); without one the

@@ -23,8 +23,8 @@ from kernels import (
     lora_native,
     lora_shrink,
 )
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from tests.kernels.cases import TOLERANCE
-from tests.kernels.oracle import expand_oracle, shrink_oracle
 from tests.kernels.paged import Paged
 
 HIDDEN, WIDTHS = 40, (40, 12, 12)  # a fused q|k|v: one A per B slice

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import lora_apply_planned, lora_native, native_build
-from tests.kernels.oracle import expand_oracle, shrink_oracle
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from tests.kernels.test_cpu_plan_ways import make
 from tests.kernels.test_lora_native import needs_compiler, spy
 

@@ -17,6 +17,7 @@ from adapters.format.base_model import BaseModelSpec
 from adapters.slab.slab import AdapterSlab
 from kernels import HostIndex
 from kernels.lora_expand_triton import lora_expand_triton
+from kernels.lora_reference import expand_oracle, shrink_oracle
 from kernels.lora_shrink_triton import lora_shrink_triton
 from kernels.paged_attention_triton import paged_attention_triton
 from serving.model.checkpoint import load_state_dict
@@ -26,7 +27,6 @@ from serving.model.llama import LlamaModel
 from serving.model.padded_decode import Padding, padded_values, static_views
 from tests.adapters.peft_models import save_base, save_peft_adapter
 from tests.kernels.attention_oracle import attention_oracle
-from tests.kernels.oracle import expand_oracle, shrink_oracle
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
 BLOCK, BLOCKS = 4, 64  # block BLOCKS is the scratch block

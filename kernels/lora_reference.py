@@ -1,7 +1,8 @@
-"""A deliberately simple float64 reference for the LoRA ops.
+"""A deliberately simple float64 reference for the LoRA ops: what every path must compute.
 
 No segments, no sorting: every token gathers its own adapter's matrices and
-multiplies them in float64. Entries an op must leave alone come back NaN.
+multiplies them in float64. Entries an op must leave alone come back NaN. The tests check
+each path against it, and bench/gpu_checks.py the Triton path on a GPU; nothing serves with it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from adapters.errors import AdapterError
-from adapters.format.adapter import LoraModule
+from adapters.format.lora_modules import LoraModule
 from adapters.slab.slab import SlabFull
 from kernels import build_segments, lora_expand, lora_shrink
 from tests.adapters.factory import TINY_SPEC

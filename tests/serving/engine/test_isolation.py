@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from adapters.format.adapter import LoraModule
+from adapters.format.lora_modules import LoraModule
 from serving.engine.request import GenerateRequest, SamplingParams
 from tests.serving.engine.speculative.spec_world import spec_engine
 from tests.serving.engine.test_engine_peft import Collector, greedy

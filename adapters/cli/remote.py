@@ -16,7 +16,7 @@ from urllib.parse import quote
 from adapters.cli.http_json import RemoteError, call_json, open_client, server_url
 from adapters.format.adapter import Adapter
 from adapters.format.sources import CONFIG, WEIGHTS
-from adapters.registry.registry import Entry
+from adapters.registry.records import Entry
 
 
 class RemoteCatalogue:

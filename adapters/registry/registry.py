@@ -35,68 +35,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from adapters.errors import AdapterError, UnknownAdapter
 from adapters.format.adapter import Adapter
 from adapters.format.base_model import BaseModelSpec
 from adapters.registry import gc, public_index, publishing
 from adapters.registry.catalogue import Catalogue, log
-from adapters.registry.layout import LATEST, META_KEYS, Pointer, legacy_dir, meta_variants
+from adapters.registry.layout import LATEST, Pointer, legacy_dir
 from adapters.registry.names import (
     DIGEST_RE,
     parse_ref,
     parse_version,
-    qualified,
     validate_name,
     validate_tenant,
 )
+from adapters.registry.records import Entry, Version, entry_record, version_record
 from adapters.registry.store import Store
 from adapters.registry.version_files import load_version
-
-
-@dataclass(frozen=True)
-class Version:
-    """One complete, immutable version of a tenant's named adapter."""
-
-    name: str
-    digest: str  # sha256 hex of the adapter's content
-    owner: str  # the tenant whose name this is
-    rank: int
-    alpha: float
-    scale: float
-    target_modules: tuple[str, ...]
-    num_bytes: int
-    has_draft: bool
-    created: str  # ISO 8601 UTC time this content was first stored
-    public: bool = False  # whether owner's name is the public adapter of that name
-    variants: tuple[str, ...] = ()  # Adapter.variants; () if stored before they were recorded
-
-    @property
-    def ref(self) -> str:
-        """The pinned reference a user sees, 'name@digest'."""
-        return f"{self.name}@{self.digest}"
-
-    @property
-    def qualified(self) -> str:
-        """The version's identity across tenants, 'owner/name@digest'."""
-        return qualified(self.owner, self.name, self.digest)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A tenant's name in the catalogue and the version it points to."""
-
-    name: str
-    digest: str
-    owner: str
-    updated: str  # ISO 8601 UTC time the name last moved
-    rank: int
-    target_modules: tuple[str, ...]
-    num_bytes: int
-    history: tuple[str, ...] = ()  # show() only: digests the name pointed to, newest first
-    public: bool = False
-    variants: tuple[str, ...] = ()  # as Version.variants
 
 
 class Registry:
@@ -208,7 +163,7 @@ class Registry:
         meta = self._cat.meta(pointer.digest)
         if meta is None:  # the pointer is written only after meta.json
             raise UnknownAdapter(f"adapter {name!r} points to a missing version")
-        return _entry(pointer, meta, self._cat.indexed_owner(name) == owner, tuple(history))
+        return entry_record(pointer, meta, self._cat.indexed_owner(name) == owner, tuple(history))
 
     def delete(self, name: str, owner: str = "default") -> None:
         """Remove owner's name: its public index entry, pointer and history, in both layouts;
@@ -268,33 +223,14 @@ class Registry:
         )
 
     def _version(self, name: str, owner: str, meta: dict) -> Version:
-        fields = {key: meta[key] for key in META_KEYS}  # Version's fields besides name and owner
-        fields["target_modules"] = tuple(fields["target_modules"])
-        public = self._cat.indexed_owner(name) == owner
-        variants = meta_variants(meta)
-        return Version(name=name, owner=owner, public=public, variants=variants, **fields)
+        return version_record(name, owner, meta, public=self._cat.indexed_owner(name) == owner)
 
     def _entry_or_skip(self, pointer: Pointer, public: bool) -> Entry | None:
         """pointer's entry; None, counted as skipped, when its version is missing or corrupted."""
         meta = self._cat.listed_meta(pointer, self._skip)
-        return None if meta is None else _entry(pointer, meta, public, ())
+        return None if meta is None else entry_record(pointer, meta, public, ())
 
     def _skip(self, folder: str, reason: Exception) -> None:
         log.warning("registry %s: skipped %s: %s", self.uri, folder, reason)
         with self._skipped_lock:
             self.skipped += 1
-
-
-def _entry(pointer: Pointer, meta: dict, public: bool, history: tuple[str, ...]) -> Entry:
-    return Entry(
-        name=pointer.name,
-        digest=pointer.digest,
-        owner=pointer.owner,
-        updated=pointer.updated,
-        rank=meta["rank"],
-        target_modules=tuple(meta["target_modules"]),
-        num_bytes=meta["num_bytes"],
-        history=history,
-        public=public,
-        variants=meta_variants(meta),
-    )

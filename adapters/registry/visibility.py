@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from adapters.errors import AdapterError, NotOwner, UnknownAdapter
 from adapters.registry.names import parse_ref, validate_tenant
-from adapters.registry.registry import Entry, Registry, Version
+from adapters.registry.records import Entry, Version
+from adapters.registry.registry import Registry
 
 
 def visible_owner(registry: Registry, tenant: str, name: str) -> str:

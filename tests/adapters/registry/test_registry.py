@@ -11,7 +11,8 @@ from fsspec.core import url_to_fs
 
 from adapters.errors import AdapterError, NameConflict, UnknownAdapter
 from adapters.format.adapter import parse_adapter
-from adapters.registry.registry import Entry, Registry, Version
+from adapters.registry.records import Entry, Version
+from adapters.registry.registry import Registry
 from tests.adapters.factory import peft_adapter_files
 from tests.adapters.registry.helpers import (
     assert_same_adapter,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from serving.config.locations import LocalPath, ModelLocation, RegistryURI
-from serving.config.section import MODEL_ID_RE, MODEL_ID_RULE, Limit, Section, auto_or_positive
+from serving.config.section import MODEL_ID_RE, MODEL_ID_RULE, AutoOrPositive, Limit, Section
 
 Quant = Literal["auto", "fp8", "none"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -67,14 +67,14 @@ class DraftSection(Section):
 class LoraSection(Section):
     """LoRA adapters: their device and host memory, where they are published, which load."""
 
-    slab_mb: int | Literal["auto"] = Field(
+    slab_mb: AutoOrPositive = Field(
         "auto",
         description="Device memory for adapters, in MiB, per replica (a draft model's slab "
         "holds as many adapters again); auto = 10% of the GPU memory free once the model is "
         "loaded, or on a CPU 5% of the RAM available, at most 256 MiB. A rank-r adapter takes "
         "ceil(r / 8) pages of 8 rank rows.",
     )
-    host_mb: int | Literal["auto"] = Field(
+    host_mb: AutoOrPositive = Field(
         "auto",
         description="Host memory for adapters evicted from the device, in MiB, per replica; "
         "auto = 25% of the machine's physical memory (or its container's limit). The least "
@@ -98,14 +98,15 @@ class LoraSection(Section):
         ge=0,
         description="Token rows of its own an adapter may bring (trainable_token_indices).",
     )
-    registry: RegistryURI = Field("file://./registry", description="An fsspec URL or a folder.")
+    registry: RegistryURI = Field(
+        "file://./registry",
+        description="Where adapters are published: an fsspec URL (s3://...) or a folder; every "
+        "replica must reach it.",
+    )
     # Names are checked where they are published, at start-up: config imports nothing of ours.
-    preload: dict[str, LocalPath] = Field({}, description="Loaded at start: {name: path}.")
-
-    @field_validator("slab_mb", "host_mb", mode="before")
-    @classmethod
-    def _check_mb(cls, value: Any) -> Any:
-        return auto_or_positive(value)
+    preload: dict[str, LocalPath] = Field(
+        {}, description="Published at start, public, owned by the tenant operator: {name: path}."
+    )
 
     @model_validator(mode="after")
     def _check_slab_size(self) -> LoraSection:
@@ -121,13 +122,8 @@ class CacheSection(Section):
     """The paged KV cache."""
 
     block_size: int = Field(16, gt=0, description="Tokens per KV block.")
-    num_blocks: int | Literal["auto"] = Field("auto", description="auto = what free memory holds.")
+    num_blocks: AutoOrPositive = Field("auto", description="auto = what free memory holds.")
     prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes.")
-
-    @field_validator("num_blocks", mode="before")
-    @classmethod
-    def _check_num_blocks(cls, value: Any) -> Any:
-        return auto_or_positive(value)
 
 
 class SchedulerSection(Section):

@@ -7,9 +7,9 @@ Paths and URLs resolve once, at load time (serving/config/locations.py).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 MODEL_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODEL_ID_RULE = "use 1-64 of A-Z, a-z, 0-9, '.', '_', '-', starting with a letter or digit (no ':')"
@@ -22,11 +22,19 @@ class ConfigError(ValueError):
 Limit = Annotated[int | None, Field(gt=0)]  # null = no limit
 
 
-def auto_or_positive(value: Any) -> Any:
+def _auto_or_positive(value: Any) -> Any:
     """'auto' or a positive integer, else one message (pydantic gives one per union member)."""
     if value == "auto" or (type(value) is int and value > 0):
         return value
     raise ValueError(f"Input should be 'auto' or a positive integer (got {value!r})")
+
+
+# The JSON schema states the positive bound too, which the validator alone would not show.
+AutoOrPositive = Annotated[
+    int | Literal["auto"],
+    BeforeValidator(_auto_or_positive),
+    WithJsonSchema({"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"const": "auto"}]}),
+]
 
 
 class Section(BaseModel):

@@ -13,7 +13,11 @@ class ServerSection(Section):
 
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on.")
-    api_keys_file: LocalPath | None = Field(None, description="API keys, one a line; null = open.")
+    api_keys_file: LocalPath | None = Field(
+        None,
+        description="API keys, one a line: `KEY TENANT SCOPE`, scope user or admin (besides "
+        "LORASERVE_API_KEYS); with neither, every caller is an admin.",
+    )
     insecure: bool = Field(
         False, description="Serve beyond loopback even with no API keys (every caller is admin)."
     )
@@ -41,16 +45,27 @@ class DeploySection(Section):
     """Replicas behind one endpoint (Ray Serve)."""
 
     num_replicas: int = Field(1, gt=0, description="Engine replicas.")
-    ray_address: str | None = Field(None, description="auto, ray://host:port; null = local.")
+    ray_address: str | None = Field(
+        None,
+        description="A Ray cluster to run on: auto, HOST:PORT or ray://host:port; null = a "
+        "private local Ray, stopped on exit.",
+    )
     resources: ResourcesSection = Field({}, description="Ray resources per replica.")
 
 
 class BatchSection(Section):
     """The batch API: jobs of many requests, stored until done, run in idle capacity."""
 
-    store: SqliteURI = Field("sqlite:///./loraserve-batch.db", description="Job database URL.")
+    store: SqliteURI = Field(
+        "sqlite:///./loraserve-batch.db", description="Job database URL (SQLite, WAL)."
+    )
     max_payload_mb: int = Field(10, gt=0, description="Largest batch submission or file, in MiB.")
-    ttl_hours: float = Field(72, gt=0, description="Finished jobs' results are kept this long.")
+    ttl_hours: float = Field(
+        72,
+        gt=0,
+        description="Finished jobs, and uploaded files no unfinished job reads, are deleted "
+        "this long after; a file's expires_at is this long after it was made.",
+    )
     # Per replica: the store, not the engine's queue, holds the rest of the backlog.
     max_in_flight: int = Field(8, gt=0, description="Batch items running at once, per replica.")
     # Kept free for what already-accepted batches still write (results, the WAL's checkpoint)

@@ -1,7 +1,8 @@
 """What the model runtime reads from the slab, per layer and module: stacks, ranks, vectors.
 
 A mixin of AdapterSlab (adapters/slab/slab.py), which sets `stacks` (adapters/slab/stacks.py)
-and `vectors` (adapters/slab/vectors.py); the slab's pinning and loading live there.
+and `vectors` (adapters/slab/vectors.py); the slab's pinning lives there, its loading in
+adapters/slab/loading.py.
 """
 
 from __future__ import annotations

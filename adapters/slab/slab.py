@@ -19,14 +19,13 @@ Adapters move registry (the `loader`) -> host tier (an LRU in CPU memory) -> pag
 unpinned adapters are evicted: a load takes the lowest free run of its pages, else the run
 whose most recently used occupant is least recent (adapters/slab/alloc.py). One lock guards
 the bookkeeping; registry fetches and tensor copies run outside it, into pages reserved for
-that load, which no reader touches until the load marks them resident.
+that load, which no reader touches until the load marks them resident (the load itself:
+adapters/slab/loading.py).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,18 +35,17 @@ import torch
 
 from adapters.format.adapter import Adapter
 from adapters.format.base_model import BaseModelSpec
-from adapters.slab.alloc import PageMap, Place
+from adapters.slab.alloc import PageMap
 from adapters.slab.host_cache import HostCache, check_fits
+from adapters.slab.loading import SlabLoads
 from adapters.slab.pages import count_pages, page_costs
 from adapters.slab.reads import SlabReads
 from adapters.slab.slots import SlotContents
 from adapters.slab.stats import COUNTED, SlabFull, SlabStats
 from adapters.slab.vectors import BaseWeight
 
-log = logging.getLogger("loraserve.adapters")
 
-
-class AdapterSlab(SlabReads):
+class AdapterSlab(SlabReads, SlabLoads):
     """Device pages of LoRA weights for one model replica, filled on demand."""
 
     def __init__(
@@ -226,87 +224,6 @@ class AdapterSlab(SlabReads):
         with self._lock:
             self._closed = True
         self._executor.shutdown(wait=True)
-
-    # -- page bookkeeping (under the lock) -----------------------------------------------
-
-    def _join_or_start(self, version: str) -> tuple[Future[int], bool]:
-        """(load, started): the running load of `version`, or a new one.
-
-        SlabFull at once where not even one page could be had (every page pinned or
-        loading): then the registry is not asked for an adapter with nowhere to go. Its
-        pages are claimed once it is fetched and its rank known (`_place`).
-        """
-        if version in self._loading:
-            return self._loading[version], False
-        if self._closed:
-            raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
-        if not self._pages.has_room(1, self._evictable()):
-            raise SlabFull(
-                f"cannot load {version!r}: all {self.num_pages} adapter pages are held by "
-                "pinned or loading adapters; release one first"
-            )
-        load: Future[int] = Future()
-        load.set_running_or_notify_cancel()  # shared by every waiter: nobody may cancel it
-        self._loading[version] = load
-        return load, True
-
-    def _evictable(self) -> dict[str, int]:
-        """The resident, unpinned versions, each with its place in the LRU order."""
-        return {v: i for i, v in enumerate(self._resident) if self._pins[v] == 0}
-
-    def _place(self, version: str, adapter: Adapter) -> Place:
-        """Reserve the pages (and token slot) `adapter` needs, evicting what must go."""
-        if self._closed:
-            raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
-        pages, tokens = self.costs.pages_of(adapter.rank), self.tokens.wants(adapter)
-        place, going = self._pages.plan(version, pages, tokens, self._evictable())
-        for victim in going:
-            del self._resident[victim]
-            self._counts["evictions"] += 1
-            self._free(victim)
-        self._pages.take(version, place)
-        return place
-
-    def _free(self, version: str) -> None:
-        """Give back version's pages and token slot, emptied; its pins go with them."""
-        self._pins.pop(version, None)
-        place = self._pages.give_back(version)
-        if place is not None:  # else it failed before it was placed
-            self.contents.clear(place.slot, place.token_slot)
-
-    # -- one load (fetched and written outside the lock, into its reserved pages) --------
-
-    def _load(self, version: str, load: Future[int]) -> None:
-        """Fetch `version`, place it and fill its pages; settle `load` with the slot or the error."""
-        start = time.perf_counter()
-        try:
-            if self._closed:
-                raise RuntimeError(f"cannot load {version!r}: the adapter slab is closed")
-            adapter, tier = self._host.fetch(version)
-            self.contents.check(version, adapter)
-            with self._lock:
-                place = self._place(version, adapter)
-            self.contents.write(place.slot, adapter, place.token_slot)
-            with self._lock:
-                self.contents.publish(place.slot, adapter, place.token_slot)
-                del self._loading[version]
-                self._resident[version] = place.slot
-                self._counts["loads"] += 1
-                self._counts[f"{tier}_hits"] += 1
-                self._load_seconds += time.perf_counter() - start
-        except BaseException as exc:  # every waiter must wake, whatever went wrong
-            try:
-                with self._lock:
-                    self._loading.pop(version, None)
-                    if not isinstance(exc, SlabFull):  # refused for room, not broken
-                        self._counts["failed_loads"] += 1
-                    self._free(version)
-            except Exception:  # the waiters still wake, with the load's own error
-                log.exception("the pages of %r could not be cleared after it failed", version)
-            finally:
-                load.set_exception(exc)
-            return
-        load.set_result(place.slot)
 
 
 def _settled(*, result: int | None = None, error: BaseException | None = None) -> Future[int]:

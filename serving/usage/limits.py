@@ -21,7 +21,7 @@ restarted (a new instance) never finishes a request of the new one.
 A refusal raises RateLimited carrying the soonest moment the refusing limit could admit the
 request (the longest such wait when several refuse). Answers carry OpenAI's x-ratelimit-*
 headers for the limits that are set; a reset is the time until the window frees its next
-unit. One lock guards every tenant's state and the clock is read under it, once per call, so
+unit (serving.usage.ratelimit_headers). One lock guards every tenant's state and the clock is read under it, once per call, so
 concurrent callers are ordered exactly as their admission times. A tenant with no limit
 skips all of it: no lock, no state, empty headers. A tenant's state is bounded by its
 limits, and dropped once no request runs (finished or past the TTL) and its window is empty.
@@ -34,16 +34,14 @@ import math
 import secrets
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-WINDOW_S = 60.0
+from serving.usage.ratelimit_headers import Headers, ratelimit_headers
+from serving.usage.tenant_window import WINDOW_S, Charge, TenantWindow, Ticket, tokens_free_at
+
 CONCURRENT_RETRY_S = 1.0  # when a running request ends cannot be foreseen: ask again soon
 RUNNING_TTL_S = 3600.0  # longer than any request should run, short enough to heal a leak
-
-Headers = tuple[tuple[str, str], ...]
-Ticket = tuple[int, int]  # (the admitting Limiter's random epoch, its count of admissions)
 
 
 @dataclass(frozen=True)
@@ -92,43 +90,6 @@ class RateLimited(Exception):
         return type(self), (self.limit, self.message, self.retry_after_s, self.headers)
 
 
-class _Charge:
-    """Tokens charged to the window at an admission's time: the reservation, then the use."""
-
-    __slots__ = ("time", "tokens")
-
-    def __init__(self, time: float, tokens: int) -> None:
-        self.time, self.tokens = time, tokens
-
-
-class _Tenant:
-    """One tenant's window and running requests."""
-
-    __slots__ = ("admitted", "charged", "charges", "running")
-
-    def __init__(self) -> None:
-        self.admitted: deque[float] = deque()  # admission times in the window, oldest first
-        self.charges: deque[_Charge] = deque()  # token charges in the window, oldest first
-        self.charged = 0  # the sum of charges' tokens
-        # Unfinished tickets -> (admission time, charge), oldest first: admissions are made
-        # under the lock in clock order, so the front is always the next to outlive the TTL.
-        self.running: OrderedDict[Ticket, tuple[float, _Charge | None]] = OrderedDict()
-
-    def expire(self, now: float, running_ttl_s: float) -> None:
-        """Forget what left the window (t - 60, t], and running tickets admitted TTL ago."""
-        edge = now - WINDOW_S
-        while self.admitted and self.admitted[0] <= edge:
-            self.admitted.popleft()
-        while self.charges and self.charges[0].time <= edge:
-            self.charged -= self.charges.popleft().tokens
-        born = now - running_ttl_s
-        while self.running and next(iter(self.running.values()))[0] <= born:
-            self.running.popitem(last=False)  # its charge stays, dated at its admission
-
-    def idle(self) -> bool:
-        return not (self.admitted or self.charges or self.running)
-
-
 class Limiter:
     """Admits or refuses requests under each tenant's Limits; thread-safe."""
 
@@ -142,7 +103,7 @@ class Limiter:
             raise ValueError(f"running_ttl_s must be > 0 seconds, got {running_ttl_s!r}")
         self.limits_of, self.clock, self.running_ttl_s = limits_of, clock, running_ttl_s
         self._lock = threading.Lock()
-        self._tenants: dict[str, _Tenant] = {}
+        self._tenants: dict[str, TenantWindow] = {}
         self._epoch = secrets.randbits(64)  # another instance's tickets never match ours
         self._counts = itertools.count(1)  # next() on a count is atomic: no lock needed
 
@@ -158,12 +119,12 @@ class Limiter:
             return Admission(self._ticket(), tenant, tokens)
         with self._lock:
             now = self.clock()
-            state = self._tenants.get(tenant) or self._tenants.setdefault(tenant, _Tenant())
+            state = self._tenants.get(tenant) or self._tenants.setdefault(tenant, TenantWindow())
             state.expire(now, self.running_ttl_s)
             refusals = _refusals(limits, state, tokens, now)
             if refusals:
                 limit, message, wait = max(refusals, key=lambda refusal: refusal[2])
-                headers = _headers(limits, state, now)
+                headers = ratelimit_headers(limits, state, now)
                 if math.isfinite(wait):  # none for a request no wait lets in
                     headers = (*headers, ("Retry-After", str(max(1, math.ceil(wait - 1e-9)))))
                 raise RateLimited(limit, message, wait, headers)
@@ -171,11 +132,11 @@ class Limiter:
             if limits.requests_per_minute is not None:
                 state.admitted.append(now)
             if limits.tokens_per_minute is not None:
-                charge = _Charge(now, tokens)
+                charge = Charge(now, tokens)
                 state.charges.append(charge)
                 state.charged += tokens
             state.running[ticket] = (now, charge)
-            return Admission(ticket, tenant, tokens, _headers(limits, state, now))
+            return Admission(ticket, tenant, tokens, ratelimit_headers(limits, state, now))
 
     def finish(self, admission: Admission, tokens_used: int) -> None:
         """End an admitted request: free its place, charge `tokens_used`.
@@ -217,7 +178,7 @@ class Limiter:
         "running" as in_flight(). The same figures admit() holds the limits to."""
         limits = self.limits_of(tenant)
         with self._lock:
-            state = self._tenants.get(tenant) or _Tenant()
+            state = self._tenants.get(tenant) or TenantWindow()
             state.expire(self.clock(), self.running_ttl_s)
             if tenant in self._tenants and state.idle():
                 del self._tenants[tenant]
@@ -228,7 +189,7 @@ class Limiter:
             }
 
 
-def _refusals(limits: Limits, state: _Tenant, tokens: int, now: float) -> list:
+def _refusals(limits: Limits, state: TenantWindow, tokens: int, now: float) -> list:
     """(limit, message, seconds until it could admit) for each limit refusing the request."""
     found = []
     most, running = limits.concurrent_requests, len(state.running)
@@ -253,44 +214,5 @@ def _refusals(limits: Limits, state: _Tenant, tokens: int, now: float) -> list:
             f"rate limit reached: {most} tokens per minute; {state.charged} used or reserved "
             f"in the last minute, this request reserves {tokens}"
         )
-        found.append(("tokens", message, _tokens_free_at(state, most - tokens) - now))
+        found.append(("tokens", message, tokens_free_at(state, most - tokens) - now))
     return found
-
-
-def _tokens_free_at(state: _Tenant, budget: int) -> float:
-    """When the window's charges first fall to `budget` or less (the oldest leave first)."""
-    left = state.charged
-    for charge in state.charges:
-        left -= charge.tokens
-        if left <= budget:
-            return charge.time + WINDOW_S
-    return state.charges[-1].time + WINDOW_S  # not reached: all gone leaves 0 <= budget
-
-
-def _headers(limits: Limits, state: _Tenant, now: float) -> Headers:
-    """OpenAI's x-ratelimit-* headers for the limits that are set, in OpenAI's order."""
-    requests, tokens = limits.requests_per_minute, limits.tokens_per_minute
-    limit, remaining, reset = [], [], []
-    if requests is not None:
-        oldest = state.admitted[0] if state.admitted else now - WINDOW_S
-        limit.append(("x-ratelimit-limit-requests", str(requests)))
-        remaining.append(
-            ("x-ratelimit-remaining-requests", str(max(0, requests - len(state.admitted))))
-        )
-        reset.append(("x-ratelimit-reset-requests", duration(oldest + WINDOW_S - now)))
-    if tokens is not None:
-        oldest = state.charges[0].time if state.charges else now - WINDOW_S
-        limit.append(("x-ratelimit-limit-tokens", str(tokens)))
-        remaining.append(("x-ratelimit-remaining-tokens", str(max(0, tokens - state.charged))))
-        reset.append(("x-ratelimit-reset-tokens", duration(oldest + WINDOW_S - now)))
-    return (*limit, *remaining, *reset)
-
-
-def duration(seconds: float) -> str:
-    """A wait in Go's duration style, as OpenAI writes resets: "0s", "250ms", "1.5s", "6m0s"."""
-    ms = max(0, math.ceil(seconds * 1000 - 1e-6))  # rounded up: waiting that long suffices
-    if ms < 1000:
-        return f"{ms}ms" if ms else "0s"
-    minutes, ms = divmod(ms, 60_000)
-    text = f"{ms // 1000}" + (f".{ms % 1000:03d}".rstrip("0") if ms % 1000 else "")
-    return f"{minutes}m{text}s" if minutes else f"{text}s"

@@ -1,12 +1,13 @@
-"""serving.usage.limits: the headers of admissions and refusals, OpenAI's duration format,
-and a refusal that crosses processes intact."""
+"""serving.usage.limits with serving.usage.ratelimit_headers: the headers of admissions and
+refusals, OpenAI's duration format, and a refusal that crosses processes intact."""
 
 import pickle
 import re
 
 import pytest
 
-from serving.usage.limits import RateLimited, duration
+from serving.usage.limits import RateLimited
+from serving.usage.ratelimit_headers import duration
 from tests.serving.usage.fakes import FakeClock
 from tests.serving.usage.fakes import limiter as _limiter
 from tests.serving.usage.fakes import refused as _refused

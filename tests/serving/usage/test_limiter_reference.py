@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from serving.usage.limits import Limiter, Limits, RateLimited, duration
+from serving.usage.limits import Limiter, Limits, RateLimited
+from serving.usage.ratelimit_headers import duration
 from tests.serving.usage.fakes import FakeClock
 
 WINDOW = 60.0

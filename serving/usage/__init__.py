@@ -1,8 +1,9 @@
 """Tenants' usage and limits: metering in SQLite, exact per-minute rate limits, one facade."""
 
 from serving.usage.limits import Admission, Limiter, Limits, RateLimited
+from serving.usage.record import UsageRecord
 from serving.usage.service import Tenancy, limits_from_config
-from serving.usage.store import UsageRecord, UsageStore, UsageStoreError
+from serving.usage.store import UsageStore, UsageStoreError
 
 __all__ = [
     "Admission",

@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from serving.usage.record import UsageRecord
 from serving.usage.spool import Row, Spool, read_lines
-from serving.usage.store import UsageRecord
 
 log = logging.getLogger("loraserve.usage")
 OUTBOX_FILE = "loraserve-usage-outbox.jsonl"

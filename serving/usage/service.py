@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 
 from serving.config import LimitsSection
 from serving.usage.limits import RATE_LIMITS, RUNNING_TTL_S, Admission, Limiter, Limits
-from serving.usage.store import UsageRecord, UsageStore
+from serving.usage.record import UsageRecord
+from serving.usage.store import UsageStore
 
 
 class Tenancy:

@@ -25,12 +25,11 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from serving.private_sqlite import connect_private
+from serving.usage.record import COUNTS, KINDS, UsageRecord, empty_counts, minute_of
 from serving.usage.spool import Row, Spool
 
-KINDS = ("interactive", "batch")
 # group_by -> (the group's key in a row, its SQL); day is the UTC date of the minute.
 GROUPS = {
     "adapter": ("adapter", "adapter"),
@@ -38,7 +37,6 @@ GROUPS = {
     "day": ("day", "strftime('%Y-%m-%d', minute, 'unixepoch')"),
     "tenant": (None, "''"),
 }
-COUNTS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
 BUSY_TIMEOUT_MS = 30_000  # writers wait this long for another process's transaction
 # How long a delivered record's id is kept to count it once: a replica sends a record again
 # within seconds or minutes (its outbox's replays); one sent again later than this, after a
@@ -78,36 +76,6 @@ ON CONFLICT (minute, tenant, key_id, adapter, kind) DO UPDATE SET
 
 class UsageStoreError(RuntimeError):
     """A usage database that cannot be opened or used; the message names its path."""
-
-
-@dataclass(frozen=True)
-class UsageRecord:
-    """What one request (or several, with requests > 1) used, ended at `time`."""
-
-    tenant: str
-    key_id: str  # a key's public id, never the key itself
-    adapter: str  # "base" or the adapter's label "tenant/name"
-    kind: str  # "interactive" | "batch"
-    prompt_tokens: int  # cached_tokens included, as in OpenAI's usage
-    cached_tokens: int
-    completion_tokens: int
-    time: float  # epoch seconds when the request ended
-    requests: int = 1
-    # Set where it may be sent twice (a replica's outbox): the store counts it once per id.
-    id: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"usage kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        for name in COUNTS:
-            value = getattr(self, name)
-            if type(value) is not int or value < 0:
-                raise ValueError(f"usage {name} must be an integer >= 0, got {value!r}")
-
-
-def empty_counts() -> dict[str, int]:
-    """Zero requests and tokens: the counts of one kind in a usage row."""
-    return dict.fromkeys(COUNTS, 0)
 
 
 class UsageStore:
@@ -272,11 +240,6 @@ class UsageStore:
             yield
         except (OSError, sqlite3.Error) as exc:
             raise UsageStoreError(f"usage store {self.path}: cannot {action} it: {exc}") from exc
-
-
-def minute_of(seconds: float) -> int:
-    """The start (epoch seconds) of the minute that holds `seconds`: its usage row's minute."""
-    return int(seconds // 60) * 60
 
 
 def _where(start: float | None, end: float | None, tenant: str | None) -> tuple[str, list]:

@@ -16,7 +16,7 @@ from serving.deploy import tenancy as tenancy_module
 from serving.deploy.batch_service import BatchService
 from serving.deploy.tenancy import HandleTenancy, TenancyService
 from serving.usage.outbox import OUTBOX_FILE, Outbox
-from serving.usage.store import UsageRecord
+from serving.usage.record import UsageRecord
 
 
 class Method:

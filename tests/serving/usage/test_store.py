@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from serving.usage.store import COUNTS, KINDS, UsageRecord, UsageStore, UsageStoreError
+from serving.usage.record import COUNTS, KINDS, UsageRecord
+from serving.usage.store import UsageStore, UsageStoreError
 
 T0 = datetime(2024, 3, 1, 23, 58, tzinfo=timezone.utc).timestamp()  # two minutes to midnight
 MINUTE = int(T0 // 60 * 60)

@@ -3,7 +3,8 @@
 import multiprocessing
 import threading
 
-from serving.usage.store import UsageRecord, UsageStore
+from serving.usage.record import UsageRecord
+from serving.usage.store import UsageStore
 
 WRITES = 200
 T0 = 1_700_000_000.0

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import get_args, get_origin
 
 import fsspec
+import jsonschema
 import pytest
 from pydantic import BaseModel
 
 from serving.api.auth import load_keys
-from serving.config import ServeConfig, parse_config
+from serving.config import ConfigError, ServeConfig, parse_config
 from serving.deploy.exposure import check_open_server
 from serving.model.checkpoint import resolve_model_path
 from tests.helm.render import (
@@ -139,11 +141,14 @@ def test_weights_only_where_they_are_read():
     }
 
 
+# One path per config key; "*" stands for any tenant's name under limits.tenants.
 def _schema_paths(schema: dict, prefix: tuple = ()) -> set[tuple]:
     paths = set()
     for key, sub in schema.get("properties", {}).items():
         paths.add((*prefix, key))
         paths |= _schema_paths(sub, (*prefix, key))
+    if isinstance(schema.get("additionalProperties"), dict):
+        paths |= _schema_paths(schema["additionalProperties"], (*prefix, "*"))
     return paths
 
 
@@ -151,15 +156,83 @@ def _model_paths(model: type[BaseModel], prefix: tuple = ()) -> set[tuple]:
     paths = set()
     for key, field in model.model_fields.items():
         paths.add((*prefix, key))
-        kind = field.annotation
+        kind, inner = field.annotation, (*prefix, key)
+        if get_origin(kind) is dict and isinstance(get_args(kind)[1], type):
+            kind, inner = get_args(kind)[1], (*inner, "*")
         if isinstance(kind, type) and issubclass(kind, BaseModel):
-            paths |= _model_paths(kind, (*prefix, key))
+            paths |= _model_paths(kind, inner)
     return paths
 
 
-def test_values_config_schema_is_a_part_of_serve_config():
-    schema = json.loads((CHART / "values.schema.json").read_text())
-    allowed = _schema_paths(schema["properties"]["config"])
+def _config_schema() -> dict:
+    return json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]
+
+
+def _settable() -> set[tuple]:
+    """The config keys a chart user may set: every one the models have, less the chart's."""
+    owned = lambda path: any(path[: len(o)] == o for o in CHART_OWNED)  # noqa: E731
+    return {path for path in _model_paths(ServeConfig) if not owned(path)}
+
+
+def test_values_config_schema_is_serve_config_less_the_chart_owned_keys():
+    allowed = _schema_paths(_config_schema())
     assert allowed <= _model_paths(ServeConfig), allowed - _model_paths(ServeConfig)
     for owned in CHART_OWNED:
         assert owned not in allowed, owned
+    assert allowed == _settable(), f"values.schema.json lacks {_settable() - allowed}"
+
+
+# Values tried on every key: each JSON kind, the edges of the numbers and names the models use.
+PROBES = (None, True, False, 0, 1, -1, 2, 0.5, 1.5, 16, 17, 64, 65535, 65536, 100_000, "auto",
+          "", "x", "fp8", "int4", "bfloat16", "ngram", "a" * 64, "a" * 65, "-x", "a:b", {}, [])  # fmt: skip
+
+
+def _nest(path: tuple, value) -> dict:
+    for part in reversed(path):
+        value = {"acme" if part == "*" else part: value}
+    return value
+
+
+def _kind(value) -> str:
+    return {bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _leaves() -> list[tuple]:
+    """The settable keys that hold a value rather than a section."""
+    keys = _settable()
+    return sorted(p for p in keys if not any(q[: len(p)] == p and q != p for q in keys))
+
+
+@pytest.mark.parametrize("path", _leaves(), ids=".".join)
+def test_values_config_schema_takes_what_loraserve_takes(path):
+    """The schema refuses no value the server takes as written (a typed YAML value), and lets
+    through no value the server refuses for that key; rules across keys are the server's."""
+    validator = jsonschema.Draft7Validator(_config_schema())
+    where = tuple("acme" if p == "*" else p for p in path)
+    for value in PROBES:
+        data = _nest(path, value)
+        try:
+            dumped = parse_config(data).model_dump(mode="json")
+            for part in where:
+                dumped = dumped[part]
+            taken, as_written = True, _kind(dumped) == _kind(value) and dumped == value
+        except ConfigError as exc:
+            taken = f"{'.'.join(where)}:" not in str(exc)  # refused for another key's sake
+            as_written = False
+        valid = validator.is_valid(data)
+        assert not valid or taken, f"the chart lets {'.'.join(where)}: {value!r} through"
+        assert valid or not as_written, f"the chart refuses {'.'.join(where)}: {value!r}"
+
+
+def test_values_config_schema_checks_tenant_names_as_loraserve_does():
+    validator = jsonschema.Draft7Validator(_config_schema())
+    for name in ("acme", "a.b_c-d", "a" * 64, "a" * 65, "-x", "a:b", ""):
+        data = {"limits": {"tenants": {name: {}}}}
+        try:
+            parse_config(data)
+            taken = True
+        except ConfigError:
+            taken = False
+        assert validator.is_valid(data) is taken, name

@@ -9,7 +9,6 @@ exits with status 1; a file with a malformed line sends nothing.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,21 +29,12 @@ from adapters.cli.http_json import (
     call_json,
     server_url,
 )
+from serving.batch.request_file import RequestFileError, read_requests, with_line_numbers
 
 POLL_S = 0.5
 # OpenAI batch statuses after which nothing changes any more.
 FINISHED = ("completed", "cancelled", "failed", "expired")
 WORKERS_ENDPOINT = "/ai/run"
-_JSON_KINDS = {
-    list: "array",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    type(None): "null",
-}
-MAX_LINE_ERRORS = 20  # a wholly wrong file names its first lines, not thousands
-
 app = typer.Typer(
     help="Submit Workers-AI requests as one batch, follow it, and fetch its results.",
     no_args_is_help=True,
@@ -99,68 +89,6 @@ def _model_path(model: str) -> str:
     return f"/ai/run/{quote(model, safe='/@:')}"  # model ids such as @cf/meta/x keep their "/"
 
 
-def _read_requests(path: Path) -> tuple[list[dict], list[int]]:
-    """The JSON objects of path's non-blank lines and their line numbers; fails naming
-    every malformed line."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"cannot read {path}: {exc}")
-    requests, numbers, problems = [], [], []
-    # Not splitlines(): JSON strings may hold U+2028 and other separators it would cut at.
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        parsed = _parse_line(line)
-        if isinstance(parsed, dict):
-            requests.append(parsed)
-            numbers.append(number)
-        else:
-            problems.append(f"line {number}: {parsed}")
-    if problems:
-        for problem in problems[:MAX_LINE_ERRORS]:
-            err.print(f"[red]error:[/red] {escape(problem)}", highlight=False, soft_wrap=True)
-        more = len(problems) - MAX_LINE_ERRORS
-        _fail(
-            f"{path}: {len(problems)} malformed line(s)"
-            + (f" ({more} more not shown)" if more > 0 else "")
-            + "; nothing was sent"
-        )
-    if not requests:
-        _fail(f"{path} has no requests (one Workers-AI JSON body per line)")
-    return requests, numbers
-
-
-def _parse_line(line: str) -> dict | str:
-    """A line's Workers-AI body, or why it cannot be one."""
-    try:
-        body = json.loads(line)
-    except ValueError as exc:
-        return f"not valid JSON ({exc})"
-    if not isinstance(body, dict):
-        kind = _JSON_KINDS.get(type(body), "value")
-        return f"not a JSON object (a JSON {kind}); each line is one request body"
-    if {"custom_id", "url", "body"} <= body.keys():
-        return "an OpenAI batch line; this command takes Workers-AI bodies (prompt or messages)"
-    if body.get("stream"):
-        return "stream must be absent or false in a batch"
-    return body
-
-
-def _with_line_numbers(message: str, numbers: list[int]) -> str:
-    """The server's message with each item it names (requests[i] or requests.i, then any
-    field path) shown as that item's line of the file."""
-
-    def line(match: re.Match) -> str:
-        index = int(match.group(1) or match.group(2))
-        if index >= len(numbers):
-            return match.group(0)
-        field = match.group(3).lstrip(".")
-        return f"line {numbers[index]}" + (f", {field}" if field else "")
-
-    return re.sub(r"\brequests(?:\[(\d+)\]|\.(\d+))((?:\.\w+|\[\d+\])*)", line, message)
-
-
 @app.command()
 def submit(
     file: Annotated[Path, typer.Argument(help="JSONL: one Workers-AI body per line.")],
@@ -168,12 +96,17 @@ def submit(
     server: ServerOption = DEFAULT_SERVER,
 ) -> None:
     """Check every line, then submit them as one batch; prints the batch's id."""
-    requests, numbers = _read_requests(file)
+    try:
+        requests, numbers = read_requests(file)
+    except RequestFileError as exc:
+        for problem in exc.problems:
+            err.print(f"[red]error:[/red] {escape(problem)}", highlight=False, soft_wrap=True)
+        _fail(str(exc))
     api = _Server(server)
     answer = api.call(
         "POST",
         _model_path(model),
-        explain=lambda message: _with_line_numbers(message, numbers),
+        explain=lambda message: with_line_numbers(message, numbers),
         params={"queueRequest": "true"},
         json={"requests": requests},
     )

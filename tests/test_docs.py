@@ -5,13 +5,20 @@ serves, and the README's links lead to files and headings that exist."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
+import pytest
+
+from adapters.registry.registry import Registry
+from serving.api import AppSettings, create_app
 from serving.config.reference import ENVIRONMENT, REGENERATE, render
 
 ROOT = Path(__file__).resolve().parents[1]
 # os.environ.get("NAME") / env.get("NAME"), and every LORASERVE_ name, however it is read.
 ENV_READ = re.compile(r"""environ\.get\(\s*["']([A-Z_][A-Z0-9_]*)["']|\b(LORASERVE_[A-Z0-9_]+)""")
+ROUTE_ROW = re.compile(r"^\| ([A-Z, ]+) \| `(/[^`]*)` \|", re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def test_config_reference_is_current():
@@ -47,3 +54,80 @@ def test_every_environment_variable_read_is_documented():
 def test_the_environment_scan_finds_a_new_variable():
     sample = 'flag = os.environ.get("LORASERVE_NEW_SWITCH", "0")\nhome = os.environ.get("HOME")'
     assert {m[1] or m[2] for m in ENV_READ.finditer(sample)} == {"LORASERVE_NEW_SWITCH", "HOME"}
+
+
+def _walk(routes, prefix: str = "") -> set[tuple[str, str]]:
+    """(method, path) of every route, included routers opened; path converters dropped."""
+    found = set()
+    for route in routes:
+        if hasattr(route, "methods") and hasattr(route, "path"):
+            path = re.sub(r":\w+}", "}", prefix + route.path)  # {model:path} -> {model}
+            found |= {(method, path) for method in route.methods}
+        elif hasattr(route, "original_router"):  # FastAPI's router included as it is
+            found |= _walk(route.original_router.routes, prefix + route.include_context.prefix)
+        else:  # a Mount
+            found |= _walk(getattr(route, "routes", []), prefix + getattr(route, "path", ""))
+    return found
+
+
+def _served(tmp_path: Path) -> set[tuple[str, str]]:
+    """The routes of the app as `loraserve serve` builds it (no model is needed to list them)."""
+    settings = AppSettings(model_id="demo", max_model_len=64, tokenizer=None,
+                           registry=Registry(str(tmp_path / "reg")), base_spec=None)  # fmt: skip
+    app = create_app(None, settings)
+    served = _walk(app.routes)
+    with warnings.catch_warnings():  # HEAD beside GET repeats an operation id; harmless here
+        warnings.simplefilter("ignore")
+        described = {
+            (method.upper(), path)
+            for path, operations in app.openapi()["paths"].items()
+            for method in operations
+        }
+    assert described <= served, f"routes the walk missed: {described - served}"
+    return served
+
+
+def _readme_routes(text: str) -> set[tuple[str, str]]:
+    section = text.split("\n## Routes\n", 1)[1].split("\n## ", 1)[0]
+    return {
+        (method.strip(), path)
+        for methods, path in ROUTE_ROW.findall(section)
+        for method in methods.split(",")
+    }
+
+
+def test_readme_routes_table_is_the_apps_routes(tmp_path):
+    listed = _readme_routes((ROOT / "README.md").read_text(encoding="utf-8"))
+    served = _served(tmp_path)
+    assert not served - listed, f"add to README's Routes table: {sorted(served - listed)}"
+    assert not listed - served, (
+        f"README's Routes table lists what is not served: {sorted(listed - served)}"
+    )
+
+
+def test_the_routes_table_reader_sees_a_row_go():
+    text = "\n## Routes\n\n| method | path |\n| --- | --- |\n| GET, HEAD | `/healthz` | x |\n"
+    assert _readme_routes(text) == {("GET", "/healthz"), ("HEAD", "/healthz")}
+    assert _readme_routes(text.replace("| GET, HEAD |", "| GET |")) == {("GET", "/healthz")}
+
+
+def _anchors(text: str) -> set[str]:
+    """The fragments a Markdown viewer gives the headings of text (GitHub's rule)."""
+    headings = re.findall(r"^#{1,6} (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
+)
+def test_links_lead_somewhere(page):
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    text = path.read_text(encoding="utf-8")
+    for link in LINK.findall(text):
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, fragment = link.partition("#")
+        file = (path.parent / target).resolve() if target else path
+        assert file.exists(), f"{page}: {link} leads to no file"
+        if fragment and file.suffix == ".md":
+            assert fragment in _anchors(file.read_text(encoding="utf-8")), f"{page}: {link}"

@@ -17,8 +17,8 @@ import argparse
 import uvicorn
 
 from serving.api import LocalGenerator, create_app, settings_from_config
-from serving.api.batch_client import LocalBatch
-from serving.api.tenancy import LocalTenancy
+from serving.api.core.batch_store import LocalBatch
+from serving.api.core.tenancy import LocalTenancy
 from serving.batch.store import BatchStore
 from serving.config import load_config
 from serving.deploy.app import publish_preloads

@@ -1,8 +1,8 @@
 """The HTTP layer: OpenAI and Workers-AI routes, adapter management, auth, metrics."""
 
 from serving.api.app import create_app
-from serving.api.generator import Generator, LocalGenerator, QueueFull
-from serving.api.settings import AppSettings, settings_from_config
+from serving.api.core.generator import Generator, LocalGenerator, QueueFull
+from serving.api.core.settings import AppSettings, settings_from_config
 
 __all__ = [
     "AppSettings",

@@ -11,30 +11,30 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from serving.api import (
+from serving.api.admin import (
     routes_adapters,
-    routes_batch,
     routes_dashboard,
-    routes_openai,
     routes_ops,
-    routes_responses,
     routes_stats,
     routes_usage,
-    routes_workers_ai,
 )
-from serving.api.auth import KeyRing
-from serving.api.batch_calls import run_item
-from serving.api.batch_client import BatchClient, LocalBatch, memory_batch
-from serving.api.context import ApiContext
-from serving.api.errors import install_error_handlers
-from serving.api.gate import Gate
-from serving.api.generator import Generator
-from serving.api.limits import BodyLimit
-from serving.api.metrics import Metrics
-from serving.api.request_id import RequestId
-from serving.api.settings import AppSettings, settings_from_config
-from serving.api.tenancy import TenancyClient, memory_tenancy
-from serving.api.workers_body import WorkersJsonBody
+from serving.api.batch import routes as routes_batch
+from serving.api.batch.items import run_item
+from serving.api.core.batch_store import BatchClient, LocalBatch, memory_batch
+from serving.api.core.context import ApiContext
+from serving.api.core.errors import install_error_handlers
+from serving.api.core.generator import Generator
+from serving.api.core.metrics import Metrics
+from serving.api.core.settings import AppSettings, settings_from_config
+from serving.api.core.tenancy import TenancyClient, memory_tenancy
+from serving.api.edge.body_limits import BodyLimit
+from serving.api.edge.gate import Gate
+from serving.api.edge.keys import KeyRing
+from serving.api.edge.request_id import RequestId
+from serving.api.openai import routes as routes_openai
+from serving.api.openai import routes_responses
+from serving.api.workers_ai import routes as routes_workers_ai
+from serving.api.workers_ai.json_body import WorkersJsonBody
 
 __all__ = ["AppSettings", "create_app", "settings_from_config"]
 

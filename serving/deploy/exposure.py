@@ -22,8 +22,8 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from adapters.registry.names import OPERATOR
-from serving.api.auth import ENV_VAR, Principal, load_keys
-from serving.api.gate import is_loopback as gate_is_loopback
+from serving.api.edge.gate import is_loopback as gate_is_loopback
+from serving.api.edge.keys import ENV_VAR, Principal, load_keys
 from serving.config import ServeConfig
 
 log = logging.getLogger("loraserve")

@@ -16,7 +16,7 @@ from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import BackPressureError, RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from serving.api.generator import QueueFull
+from serving.api.core.generator import QueueFull
 from serving.deploy.routing import routing_id
 from serving.engine.request import GenerateRequest, Priority, RequestOutput
 from serving.engine.snapshot import EngineSnapshot

@@ -20,7 +20,7 @@ from pathlib import Path
 import ray
 from ray import serve
 
-from serving.api.settings import settings_from_config
+from serving.api.core.settings import settings_from_config
 from serving.config import ServeConfig
 from serving.deploy.app import APP_NAME, bind, publish_preloads
 from serving.deploy.console import new_log_path, quiet_console

@@ -1,13 +1,13 @@
 """Middlewares for Ray Serve's HTTP proxy: an answer cut short by a dying replica ends cleanly,
 /readyz says "starting" before any replica serves the app, and a client's x-request-id
 reaches the proxy's own request naming (which echoes it) only where the app's rule
-(serving.api.request_id) would echo it.
+(serving.api.edge.request_id) would echo it.
 
 The HTTP app runs on the replicas. When one dies while streaming, Ray's proxy has already
 sent the status line and part of the body; it drops the replica's exception and returns
 without ending the body, so the client sees a broken connection. This middleware, run in
 the proxy, ends such an answer itself: a server-sent event stream gets a last error event
-in the style of the route (serving.api.errors), then the body is closed.
+in the style of the route (serving.api.core.errors), then the body is closed.
 
 Ray Serve takes proxy middlewares only from a callback named in the proxy's environment
 (PROXY_ENV): set it where Ray starts, before ray.init for a local Ray, in each node's
@@ -21,8 +21,8 @@ import json
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.api.errors import error_body
-from serving.api.request_id import SaneIncomingId
+from serving.api.core.errors import error_body
+from serving.api.edge.request_id import SaneIncomingId
 
 CUT_MESSAGE = "the model replica serving this request failed; retry the request"
 # The environment that has Ray Serve's proxies run EndCutStreams.
@@ -67,7 +67,7 @@ class StartingProbe:
 
     The HTTP app runs on the replicas, so until one is up Ray's proxy knows no route and
     answers 404 (as after the last replica died): to a probe that is "not ready yet", the
-    same answer the app gives while it loads (serving.api.routes_ops).
+    same answer the app gives while it loads (serving.api.admin.routes_ops).
     """
 
     def __init__(self, app: ASGIApp) -> None:

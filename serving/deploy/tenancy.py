@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Sequence
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from serving.api.metering import TENANCY_TIMEOUT_S
+from serving.api.core.metering import TENANCY_TIMEOUT_S
 from serving.config import LimitsSection
 from serving.usage.limits import Admission, RateLimited
 from serving.usage.outbox import Outbox, with_id

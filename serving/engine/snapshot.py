@@ -36,10 +36,10 @@ class EngineSnapshot:
     # adapter label -> {resident, missing}: requests whose adapter was (not) in a slot on
     # arrival, counted by a Ray replica (serving.deploy.arrivals); empty elsewhere
     arrivals: dict[str, dict[str, int]] = field(default_factory=dict)
-    # the replica's HTTP app's request metrics (serving.api.metrics.Metrics.samples), where
+    # the replica's HTTP app's request metrics (serving.api.core.metrics.Metrics.samples), where
     # every replica serves HTTP; empty elsewhere
     api: tuple = ()
-    # the requests the replica's HTTP app saw end lately (serving.api.recent.Recent.events)
+    # the requests the replica's HTTP app saw end lately (serving.api.core.recent.Recent.events)
     recent: tuple = ()
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from serving.api.batch_calls import answer_result
+from serving.api.batch.items import answer_result
 from serving.usage.store import UsageRecord
 
 ANSWERS = {

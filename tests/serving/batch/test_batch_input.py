@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from serving.api.batch_input import (
+from serving.api.batch.input import (
     MAX_CUSTOM_ID,
     MAX_LINE_DEPTH,
     MAX_REPORTED,
     InputLine,
     parse_input,
 )
-from serving.api.errors import ApiError
+from serving.api.core.errors import ApiError
 
 CHAT = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 TEXT = {"model": "demo", "prompt": "hi"}

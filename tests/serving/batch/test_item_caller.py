@@ -1,7 +1,7 @@
 """Who a batch item runs as: the submitting key's holder as the keys stand when it runs."""
 
-from serving.api.auth import KeyRing, Principal, key_id
-from serving.api.batch_calls import item_caller
+from serving.api.batch.items import item_caller
+from serving.api.edge.keys import KeyRing, Principal, key_id
 from serving.batch.records import Item
 
 ACME_USER, ACME_ADMIN = (

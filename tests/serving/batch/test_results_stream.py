@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.api.batch_client import LocalBatch
-from serving.api.batch_format import file_lines, workers_responses, workers_status
+from serving.api.batch.format import file_lines, workers_responses, workers_status
+from serving.api.core.batch_store import LocalBatch
 from serving.batch.files import CHUNK_BYTES
 from serving.batch.records import WORKERS_AI
 from serving.batch.results import PAGE_BYTES, PAGE_ITEMS

@@ -7,8 +7,8 @@ import inspect
 import pytest
 from ray.exceptions import RayError, RayTaskError
 
-from serving.api.batch_client import BatchClient, LocalBatch, queue_full
-from serving.api.errors import ApiError
+from serving.api.core.batch_store import BatchClient, LocalBatch, queue_full
+from serving.api.core.errors import ApiError
 from serving.batch.store import BatchQueueFull
 from serving.deploy.batch_service import HandleBatch
 

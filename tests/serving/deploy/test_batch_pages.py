@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.api.batch_format import (
+from serving.api.batch.format import (
     file_lines,
     output_file_ids,
     workers_responses,

@@ -10,7 +10,7 @@ import pytest
 from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from serving.api.generator import QueueFull
+from serving.api.core.generator import QueueFull
 from serving.deploy.ingress import PeerReplicas
 from serving.engine.request import GenerateRequest, RequestOutput, SamplingParams
 

@@ -1,0 +1,262 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+The adapter is chosen by `model` ("<adapter>", "<model.id>:<adapter>"; model.id alone is
+the base model) or by the extra `lora` field (see resolve). Streams are server-sent events
+of chunks ending with `data: [DONE]`; errors are OpenAI's {"error": {...}}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from adapters.errors import RegistryUnavailable, quoted
+from adapters.registry.registry import Version
+from serving.api.batch.items import batch_call
+from serving.api.core.choices import collect_all, merged, start_all
+from serving.api.core.context import ApiContext, api_context
+from serving.api.core.errors import ApiError
+from serving.api.core.generation import Generation, answer, cache_salt, start, stream_error
+from serving.api.core.metering import PromptBill, check_choices_fit, fitted_to_token_limit
+from serving.api.core.prompts import chat_ids, given_ids, sampling, text_ids
+from serving.api.core.resolve import (
+    UNAVAILABLE,
+    adapter_from_lora,
+    adapter_from_model,
+    pick_adapter,
+    resolve_version,
+)
+from serving.api.core.response_format import engine_format
+from serving.api.core.sse import event_stream
+from serving.api.edge.keys import Principal, authenticate
+from serving.api.openai import format as fmt
+from serving.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from serving.engine.request import GenerateRequest, RequestOutput
+
+router = APIRouter(tags=["OpenAI"])
+Ctx = Annotated[ApiContext, Depends(api_context)]
+Caller = Annotated[Principal, Depends(authenticate)]
+SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
+
+
+@router.post("/v1/chat/completions", summary="Chat completion")
+async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: Ctx, caller: Caller):
+    t0, s = time.perf_counter(), ctx.settings
+    version = await version_for(ctx, caller, body)
+    params = sampling_for(body, s)
+    rid = fmt.new_id("chatcmpl")
+    _one_per_batch_line(request, 1, body.n)
+    ids = await chat_ids(s, body.messages)
+    if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
+        params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=body.n)
+    gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
+    if body.stream:
+        return event_stream(gens, _chat_events(ctx, gens, rid, body), s.send_timeout_s)
+    outcomes = await collect_all(gens, request)
+    logprobs = [
+        fmt.chat_logprobs(s.tokenizer, o.logprobs) if body.logprobs else None for o in outcomes
+    ]
+    return answer(gens[-1], fmt.chat_completion(rid, body.model, outcomes, logprobs, body.n))
+
+
+@router.post("/v1/completions", summary="Text completion")
+async def completions(body: CompletionRequest, request: Request, ctx: Ctx, caller: Caller):
+    t0, s = time.perf_counter(), ctx.settings
+    version = await version_for(ctx, caller, body)
+    params = sampling_for(body, s)
+    rid, prompts = fmt.new_id("cmpl"), body.prompts()
+    _one_per_batch_line(request, len(prompts), body.n)
+    ids = [await text_ids(s, p) if isinstance(p, str) else given_ids(s, p) for p in prompts]
+    gens = await start_choices(ctx, caller, request, body, rid, ids, params, version, t0)
+    if body.stream:
+        return event_stream(gens, _completion_events(ctx, gens, rid, body), s.send_timeout_s)
+    outcomes = await collect_all(gens, request)
+    logprobs = [
+        fmt.completion_logprobs(s.tokenizer, o.logprobs) if body.logprobs is not None else None
+        for o in outcomes
+    ]
+    return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs, body.n))
+
+
+def _one_per_batch_line(request: Request, prompts: int, n: int) -> None:
+    # A batch item's answer is metered as one record; its sender splits the rest into lines.
+    if (prompts > 1 or n > 1) and batch_call(request) is not None:
+        raise ApiError(400, "a batch line asks for one choice: one prompt, n 1; give each "
+                            "its own line")  # fmt: skip
+
+
+async def start_choices(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
+    """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
+    with seed + j when a seed is given, so the choices differ yet repeat. A prompt is
+    billed once, with its first choice."""
+    salt, who, n = cache_salt(ctx, caller), _who(request, t0, version), body.n
+    requests = []
+    for p, ids in enumerate(prompts):
+        for j in range(n):
+            rid_ = rid if len(prompts) * n == 1 else f"{rid}-{p * n + j}"
+            seeded = (
+                params if params.seed is None else replace(params, seed=(params.seed + j) % 2**63)
+            )
+            requests.append(_request(rid_, ids, seeded, version, salt, body))
+    check_choices_fit(ctx, caller, requests)
+    bills = [PromptBill() if n > 1 else None for _ in prompts]
+    return await start_all([
+        start(ctx, r, caller=caller, prompt_bill=bills[k // n], first_choice=k % n == 0, **who)
+        for k, r in enumerate(requests)
+    ])  # fmt: skip
+
+
+@router.get("/v1/models", summary="The base model and the adapters this key may use")
+async def models(ctx: Ctx, caller: Caller):
+    # What `model` may name: the caller's tenant's adapters and the public ones, for admin
+    # keys too (GET /v1/adapters lists every tenant's to them).
+    s = ctx.settings
+    try:
+        entries = await run_in_threadpool(s.registry.list_visible, caller.tenant)
+    except RegistryUnavailable:
+        raise ApiError(503, UNAVAILABLE) from None
+    base = _card(s.model_id, 0, s.owned_by, None, s.model_id)
+    adapters = [
+        _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id, s.model_id)
+        for e in entries
+    ]
+    return {"object": "list", "data": [base, *adapters]}
+
+
+@router.get("/v1/models/{model:path}", summary="One model the key may use, as /v1/models lists it")
+async def model_card(model: str, ctx: Ctx, caller: Caller):
+    s = ctx.settings
+    if model == s.model_id:
+        return _card(s.model_id, 0, s.owned_by, None, s.model_id)
+    name = adapter_from_model(s, model)  # 404 for another base or a malformed name
+    try:
+        entries = await run_in_threadpool(s.registry.list_visible, caller.tenant)
+    except RegistryUnavailable:
+        raise ApiError(503, UNAVAILABLE) from None
+    for e in entries:
+        if e.name == name:
+            return _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id,
+                         s.model_id)  # fmt: skip
+    raise ApiError(404, f"the model {quoted(model)} does not exist", code="model_not_found")
+
+
+def sampling_for(body, settings):
+    """SamplingParams of a chat or text completion body (OpenAI's default temperature 1)."""
+    return sampling(
+        body,
+        settings,
+        max_tokens=body.output_limit(),
+        default_temperature=1.0,
+        stop=body.stop_strings(),
+        logprobs=body.num_logprobs(),
+    )
+
+
+def _request(rid, ids, params, version: Version | None, salt: str | None, body) -> GenerateRequest:
+    return GenerateRequest(
+        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
+        response_format=engine_format(body.response_format),
+    )  # fmt: skip
+
+
+async def version_for(ctx: ApiContext, caller: Principal, body) -> Version | None:
+    s = ctx.settings
+    from_lora = adapter_from_lora(s, body.lora) if body.lora is not None else None
+    ref = pick_adapter(adapter_from_model(s, body.model), from_lora)
+    return await resolve_version(s, caller, ref)
+
+
+def _who(request: Request, t0: float, version: Version | None) -> dict:
+    return {
+        "session": request.headers.get(SESSION_HEADER),
+        "t0": t0,
+        "batch": batch_call(request),
+        "variants": version.variants if version else (),
+    }
+
+
+async def _chat_events(
+    ctx: ApiContext, gens: list[Generation], rid: str, body: ChatCompletionRequest
+) -> AsyncIterator[str]:
+    created, tokenizer = fmt.now(), ctx.settings.tokenizer
+    extra = {"usage": None} if body.include_usage() else {}
+    last: dict[int, RequestOutput] = {}
+
+    def chunk(k: int, delta: dict, reason: str | None = None, logprobs=None) -> str:
+        choice = {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return json.dumps(fmt.chat_chunk(rid, created, body.model, [choice], **extra))
+
+    for k in range(len(gens)):  # each choice opens with its role, as OpenAI's stream does
+        yield chunk(k, {"role": "assistant", "content": ""})
+    async with contextlib.aclosing(merged(gens)) as outputs:  # closed when the stream is
+        async for k, out in outputs:
+            if out.finish_reason == "error":
+                yield stream_error("/v1", out)
+                return
+            if out.new_text or (body.logprobs and out.logprobs):
+                lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
+                yield chunk(k, {"content": out.new_text}, logprobs=lp)
+            if out.finished:
+                last[k] = out
+                yield chunk(k, {}, fmt.finish_reason(out.finish_reason))
+    if body.include_usage():
+        usage = fmt.summed_usage(last, body.n)
+        yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
+    yield "[DONE]"
+
+
+async def _completion_events(
+    ctx: ApiContext, gens: list[Generation], rid: str, body: CompletionRequest
+) -> AsyncIterator[str]:
+    created, tokenizer = fmt.now(), ctx.settings.tokenizer
+    offsets = [fmt.TextOffsets() for _ in gens]  # each choice's own
+    extra = {"usage": None} if body.include_usage() else {}
+    last: dict[int, RequestOutput] = {}
+
+    def chunk(k: int, text: str, reason: str | None = None, logprobs=None) -> str:
+        choice = {"index": k, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        return json.dumps(fmt.completion_chunk(rid, created, body.model, [choice], **extra))
+
+    async with contextlib.aclosing(merged(gens)) as outputs:
+        async for k, out in outputs:
+            if out.finish_reason == "error":
+                yield stream_error("/v1", out)
+                return
+            if out.new_text or (body.logprobs is not None and out.logprobs):
+                lp = None
+                if body.logprobs is not None:
+                    lp = fmt.completion_logprobs(tokenizer, out.logprobs, offsets[k])
+                yield chunk(k, out.new_text, logprobs=lp)
+            if out.finished:
+                last[k] = out
+                yield chunk(k, "", fmt.finish_reason(out.finish_reason))
+    if body.include_usage():
+        usage = fmt.summed_usage(last, body.n)
+        yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
+    yield "[DONE]"
+
+
+def _card(model: str, created: int, owned_by: str, parent: str | None, root: str) -> dict:
+    return {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": owned_by,
+        "root": root,
+        "parent": parent,
+    }
+
+
+def _epoch(iso: str) -> int:
+    try:
+        return int(datetime.fromisoformat(iso).timestamp())
+    except ValueError:
+        return 0

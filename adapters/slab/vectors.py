@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 import torch
 
 from adapters.errors import AdapterError
-from adapters.format.adapter import Adapter, LoraModule
+from adapters.format.adapter import Adapter
+from adapters.format.lora_modules import LoraModule
 
 Key = tuple[int, str]  # (layer, module)
 BaseWeight = Callable[[int, str], torch.Tensor]  # (layer, module) -> W [out, in] as served

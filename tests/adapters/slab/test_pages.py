@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from adapters.slab.pages import page_costs
-from adapters.slab.slab import SlabFull
+from adapters.slab.stats import SlabFull
 from kernels import (
     build_segments,
     cpu_plan,

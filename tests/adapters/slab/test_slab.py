@@ -12,7 +12,7 @@ import torch
 
 from adapters.errors import AdapterError
 from adapters.format.lora_modules import LoraModule
-from adapters.slab.slab import SlabFull
+from adapters.slab.stats import SlabFull
 from kernels import build_segments, lora_expand, lora_shrink
 from tests.adapters.factory import TINY_SPEC
 from tests.adapters.slab.helpers import (

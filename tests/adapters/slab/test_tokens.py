@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from adapters.format.trainable_tokens import TrainableTokens
-from adapters.slab.slab import SlabFull
+from adapters.slab.stats import SlabFull
 from adapters.slab.tokens import SlabTokens
 from serving.model.adapter_embeddings import own_token_rows
 from tests.adapters.slab.helpers import Registry, make_adapter

@@ -1,10 +1,10 @@
 """The structured-output check of bench/gpu_all.py: constrained decoding on the GPU.
 
-The demo kit's base (FP8 where the device has it) serves a batch of 32 under bench/structured's
-RECORD schema and free, alternated (bench.structured.decode_row): the masks are filled on
-the host and applied to logits on the device (xgrammar's CUDA kernel). Rows: constrained
-tokens/s against the matched free run (target >= 0.9x at batch 32), and every constrained
-output validating against its schema (jsonschema).
+The demo kit's base (FP8 where the device has it) serves a batch of 32 under the RECORD
+schema (bench/structured_workload.py) and free, alternated (bench.structured.decode_row): the
+masks are filled on the host and applied to logits on the device (xgrammar's CUDA kernel).
+Rows: constrained tokens/s against the matched free run (target >= 0.9x at batch 32), and
+every constrained output validating against its schema (jsonschema).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import jsonschema
 
-from bench.structured import RECORD, TimedModel, decode_row, prompts, response_format, serve
+from bench.structured import TimedModel, decode_row, serve
+from bench.structured_workload import RECORD, prompts, response_format
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.scheduler import SchedulerConfig
 from serving.model.loader import load_model

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bench.structured import NESTED, SCHEMAS, response_format
+from bench.structured_workload import NESTED, SCHEMAS, response_format
 from serving.engine.grammar.compiler import JSON_OBJECT, GrammarCompiler
 from serving.engine.grammar.masks import TokenMasks, allocate, grammar_masks
 from serving.engine.grammar.matcher import RowGrammar

@@ -147,7 +147,7 @@ def test_a_schema_too_costly_to_compile_is_refused_at_once(schema, pointer, monk
 
 def test_realistic_schemas_are_within_the_budget():
     """Tool calls, a 50-property object and the bench's schemas pass the estimate."""
-    from bench.structured import SCHEMAS
+    from bench.structured_workload import SCHEMAS
 
     fifty = {"type": "object", "properties": {f"property_{i}": {"type": "string"} for i in range(50)}}  # fmt: skip
     tool = {"type": "object", "properties": {

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from bench.engine_runs import side_by_side, tok_s, workload
 from bench.peers.tiny_world import build
 from bench.timing import median_seconds
 
@@ -32,8 +33,6 @@ SHAPES = {
 def share_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = False) -> list[str]:
     """tok/s of each adapter count against base-only, the counts' runs taken in turns
     (quick: the tiny model's 0 and 4 adapters, one round)."""
-    from bench.engine import side_by_side, tok_s, workload
-
     shapes = {"tiny (hidden 256)": ({}, (0, 4))} if quick else SHAPES
     rounds = 1 if quick else rounds
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from bench.engine_runs import loraserve_run, tok_s, workload
+from bench.peers.tiny_world import build
+
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VARIANTS = {  # name: LoraConfig fields besides target_modules
     "dora": {"r": 8, "lora_alpha": 16, "use_dora": True},
@@ -49,9 +52,6 @@ def save_variants(world: dict) -> None:
 
 def variant_rows(tmp: Path, num_prompts: int = 32) -> list[str]:
     """The mixed-variant batch against the plain batch: tok/s of each and their ratio."""
-    from bench.engine import loraserve_run, tok_s, workload
-    from bench.peers.tiny_world import build
-
     world = build(tmp / "variants", num_adapters=6, rank=8)
     save_variants(world)
     plain = [f"adapter{i}" for i in range(6)] + [None]

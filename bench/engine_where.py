@@ -25,6 +25,7 @@ from unittest.mock import patch
 
 import serving.model.linear as linear_module
 import serving.model.llama as llama_module
+from bench.engine_runs import loraserve_run, side_by_side, workload
 from bench.engine_share import SHAPES, linear_bytes
 from bench.peers.tiny_world import build
 from bench.timing import copier, median_seconds
@@ -85,8 +86,6 @@ def clocked(num_tokens: int) -> Iterator[list[tuple[float, ...]]]:
 def where_rows(tmp: Path, num_prompts: int = 32, rounds: int = 5, quick: bool = False) -> list[str]:
     """Per-step milliseconds of each adapter count, the counts' runs taken in turns (quick:
     the tiny model's 0 and 4 adapters, one round)."""
-    from bench.engine import loraserve_run, side_by_side, workload
-
     counts = {"tiny (hidden 256)": (0, 4)} if quick else COUNTS
     rounds = 1 if quick else rounds
     copy, copy_bytes = copier()

@@ -1,5 +1,6 @@
 """The benchmark scripts run: the CUDA one in its CPU dry run, the CPU one on its smallest case."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,51 @@ def _run(*args):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
+
+
+def test_no_bench_module_imports_its_importer():
+    # Every import counts, those inside functions too: a helper that imports back the script
+    # that imports it is a cycle, however late it runs.
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for p in sorted((ROOT / "bench").rglob("*.py"))
+        if p.name != "__init__.py"
+    }
+    graph = {name: _bench_imports(path, modules) for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            pytest.fail("import cycle: " + " -> ".join([*trail[trail.index(name) :], name]))
+        if name not in done:
+            for dep in sorted(graph[name]):
+                visit(dep, [*trail, name])
+            done.add(name)
+
+    for name in graph:
+        visit(name, [])
+
+
+def _bench_imports(path: Path, modules: dict) -> set[str]:
+    """The bench modules path imports anywhere in it (`from bench import m` counts as m)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            found |= names & modules.keys()
+    return found
+
+
+def test_bench_does_not_import_the_tests():
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            assert not any(n.split(".")[0] == "tests" for n in names), path.relative_to(ROOT)
 
 
 def test_gpu_all_dry_run_checks_the_triton_kernels():
@@ -218,7 +264,7 @@ def test_engine_where_bench_quick():
 
 
 def test_engine_where_clocks_nest_inside_the_step_and_are_removed(tmp_path):
-    from bench.engine import loraserve_run, workload
+    from bench.engine_runs import loraserve_run, workload
     from bench.engine_where import clocked
     from bench.peers.tiny_world import build
     from serving.engine.engine import Engine

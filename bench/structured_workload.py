@@ -3,7 +3,7 @@ the engine, and the chat prompts (bench/structured.py, structured_libraries.py, 
 
 from __future__ import annotations
 
-from serving.api.schema_rules import canonical, check_schema
+from serving.api.core.schema_rules import canonical, check_schema
 from serving.engine.request import ResponseFormat
 
 

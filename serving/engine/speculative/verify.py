@@ -26,16 +26,15 @@ from dataclasses import dataclass
 import torch
 
 from serving.engine.grammar.masks import TokenMasks
+from serving.engine.logits_processors import apply_penalties, sampling_probs
 from serving.engine.request import TokenLogprob
 from serving.engine.sampler import (
     DEAD_END,
     NON_FINITE,
     RowFault,
     SamplingState,
-    apply_penalties,
     draw,
     keyed,
-    sampling_probs,
     token_logprobs,
     without_dead_ends,
 )
@@ -72,7 +71,6 @@ def verify(
     drafts: list[int],
     draft_probs: torch.Tensor | None,
     *,
-    default_generator: torch.Generator | None = None,
     masks: TokenMasks | None = None,
 ) -> Verified:
     """Accept a prefix of drafts against the target's logits [k + 1, V] (see module doc).
@@ -104,7 +102,7 @@ def verify(
             a += 1
         tokens = [*drafts[:a], target[a]]
     else:
-        a, tokens = _speculative_sample(penalized, states, drafts, draft_probs, default_generator)
+        a, tokens = _speculative_sample(penalized, states, drafts, draft_probs)
     if any(dead[: len(tokens)]):  # now, or after an accepted draft, the grammar allows nothing
         raise RowFault(DEAD_END)
     return Verified(
@@ -112,7 +110,7 @@ def verify(
     )
 
 
-def _speculative_sample(penalized, states, drafts, draft_probs, default_generator):
+def _speculative_sample(penalized, states, drafts, draft_probs):
     p = sampling_probs(penalized, [s.params for s in states])  # [k + 1, V]
     if states[0].generator is not None:  # seeded: each position's own draw (module doc)
         for j, d in enumerate(drafts):
@@ -120,11 +118,10 @@ def _speculative_sample(penalized, states, drafts, draft_probs, default_generato
             if token != d:
                 return j, [*drafts[:j], token]
         return len(drafts), [*drafts, draw(p[len(drafts)], keyed(states[-1]))]
-    gen = default_generator
-    for j, d in enumerate(drafts):
+    for j, d in enumerate(drafts):  # unseeded: torch's global generator, as sample's rows
         q_d = float(draft_probs[j, d]) if draft_probs is not None else 1.0
         p_d = float(p[j, d])
-        u = float(torch.rand((), generator=gen))
+        u = float(torch.rand(()))
         if q_d > 0 and u * q_d < p_d:  # u < p/q without dividing
             continue
         if draft_probs is not None:
@@ -132,7 +129,7 @@ def _speculative_sample(penalized, states, drafts, draft_probs, default_generato
         else:
             q = torch.zeros_like(p[j])
             q[d] = 1.0
-        token = draw(residual(p[j], q), gen)
+        token = draw(residual(p[j], q), None)
         return j, [*drafts[:j], token]
-    token = draw(p[len(drafts)], gen)
+    token = draw(p[len(drafts)], None)
     return len(drafts), [*drafts, token]

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from serving.engine.grammar.masks import TokenMasks, allocate
+from serving.engine.logits_processors import apply_penalties
 from serving.engine.request import SamplingParams
-from serving.engine.sampler import DEAD_END, SamplingState, apply_penalties, sample
+from serving.engine.sampler import DEAD_END, SamplingState, sample
 
 DRAWS = 20_000
 
@@ -23,8 +24,9 @@ def _states(n: int, **params) -> list[SamplingState]:
 def _frequencies(logits: torch.Tensor, **params) -> torch.Tensor:
     """Empirical distribution of DRAWS draws from one row of logits, unseeded rows."""
     states = _states(DRAWS, **params)
-    gen = torch.Generator().manual_seed(1234)
-    result = sample(logits.expand(DRAWS, -1), states, default_generator=gen)
+    with torch.random.fork_rng():  # unseeded rows draw from torch's global generator
+        torch.manual_seed(1234)
+        result = sample(logits.expand(DRAWS, -1), states)
     counts = torch.bincount(torch.tensor(result.token_ids), minlength=logits.shape[-1])
     return counts.float() / DRAWS
 
@@ -48,7 +50,7 @@ def test_greedy_rows_in_a_mixed_batch_are_argmax():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     states = [SamplingState.make(SamplingParams(temperature=0.0 if i % 2 else 1.0), [])
               for i in range(6)]  # fmt: skip
-    result = sample(logits, states, default_generator=torch.Generator().manual_seed(0))
+    result = sample(logits, states)
     assert result.token_ids[1::2] == logits[1::2].argmax(-1).tolist()
 
 
@@ -101,12 +103,13 @@ def test_temperature_top_k_top_p_together():
 def _run(states: list[SamplingState], steps: int, vocab: int = 32) -> list[list[int]]:
     """Sample `steps` tokens for every state from per-step random logits; tokens per row."""
     logit_gen = torch.Generator().manual_seed(99)
-    default = torch.Generator().manual_seed(7)
-    for _ in range(steps):
-        base = torch.randn(vocab, generator=logit_gen)
-        result = sample(base.expand(len(states), -1).clone(), states, default_generator=default)
-        for s, t in zip(states, result.token_ids):
-            s.output_ids.append(t)
+    with torch.random.fork_rng():  # unseeded rows draw from torch's global generator
+        torch.manual_seed(7)
+        for _ in range(steps):
+            base = torch.randn(vocab, generator=logit_gen)
+            result = sample(base.expand(len(states), -1).clone(), states)
+            for s, t in zip(states, result.token_ids):
+                s.output_ids.append(t)
     return [s.output_ids for s in states]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from unittest.mock import patch
 
 import serving.model.linear as linear_module
-import serving.model.llama as llama_module
+import serving.model.step_plan as step_plan_module
 from bench.engine_runs import loraserve_run, side_by_side, workload
 from bench.engine_share import SHAPES, linear_bytes
 from bench.peers.tiny_world import build
@@ -43,7 +43,7 @@ CLOCKED = (
     (linear_module, "lora_apply_planned", "lora"),
     (linear_module, "lora_shrink", "lora"),
     (linear_module, "lora_expand", "lora"),
-    (llama_module, "step_lora", "plan"),
+    (step_plan_module, "step_lora", "plan"),
 )
 
 

@@ -18,7 +18,7 @@ from adapters.format.adapter import parse_adapter
 from adapters.format.base_model import BaseModelSpec
 from adapters.slab.slab import AdapterSlab
 from bench.adapters import adapter_files
-from bench.model import BLOCK, planned_decode
+from bench.model import BLOCK, eager_forward, planned_decode
 from bench.model_shapes import SHAPES, config_for, random_state
 from bench.timing import interleaved_seconds
 from serving.model.decode_graphs import DecodeGraphs
@@ -48,7 +48,7 @@ def graph_rows(device: str, dry_run: bool):
             assert graphs.covers(step)
             s = interleaved_seconds({
                 "graphs": partial(graphs.forward, step),
-                "eager": partial(model.forward, step, kv, slab),
+                "eager": partial(eager_forward, model, step, kv, slab),
             }, rounds=1 if dry_run else 3)  # fmt: skip
             rows.append(_row("decode step graphs / eager", f"{shape}, batch {batch}, "
                              f"{min(batch, len(slots))} adapters", s["graphs"], s["eager"], None,

@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from bench.model import BLOCK, decode_step, planned_decode
+from bench.model import BLOCK, decode_step, eager_forward, planned_decode
 from bench.model_shapes import config_for, random_state
 from bench.timing import interleaved_seconds
 from serving.model.decode_graphs import DecodeGraphs
@@ -38,7 +38,7 @@ def model_rows(device: str, dry_run: bool):
         step = _to(decode_step(batch, CONTEXT, config.vocab_size), device)
         planned = planned_decode(batch, CONTEXT, config.vocab_size, [-1])
         s = interleaved_seconds({
-            **{name: partial(m.forward, step, kv[name]) for name, m in models.items()},
+            **{name: partial(eager_forward, m, step, kv[name]) for name, m in models.items()},
             **{f"{name} graphs": partial(g.forward, planned) for name, g in graphs.items()},
         }, rounds=3)  # fmt: skip
         for how, suffix in (("eager", ""), ("graphs", " graphs")):

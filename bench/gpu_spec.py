@@ -9,13 +9,16 @@ figures are what the engine's adaptive k and its max_batch_size rest on.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from bench.gpu_model import _to
-from bench.model import BLOCK, decode_step
+from bench.model import BLOCK, decode_step, eager_forward
 from bench.model_shapes import config_for, random_state
 from bench.timing import interleaved_seconds
-from serving.model.llama import LlamaModel, StepInputs
+from serving.model.llama import LlamaModel
+from serving.model.step_plan import StepInputs
 
 CONTEXT, K = 512, 4
 
@@ -54,9 +57,9 @@ def spec_rows(device: str, dry_run: bool):
         ver = _to(verify_step(batch, CONTEXT, K, tc.vocab_size), device)
         s = interleaved_seconds(
             {
-                "decode": lambda dec=dec: target.forward(dec, kv_t),
-                "verify": lambda ver=ver: target.forward(ver, kv_t),
-                "draft": lambda dec=dec: draft.forward(dec, kv_d),
+                "decode": partial(eager_forward, target, dec, kv_t),
+                "verify": partial(eager_forward, target, ver, kv_t),
+                "draft": partial(eager_forward, draft, dec, kv_d),
             },
             rounds=3,
         )

@@ -16,10 +16,15 @@ import torch
 
 from bench.model_shapes import SHAPES, config_for, random_state, weight_bytes
 from bench.timing import interleaved_seconds, machine
-from serving.engine.step_plan import StepSeq, build_step
-from serving.model.llama import LlamaModel, StepInputs
+from serving.model.llama import LlamaModel
+from serving.model.step_plan import StepInputs, StepSeq, build_step, plan_step
 
 BLOCK = 16
+
+
+def eager_forward(model: LlamaModel, step: StepInputs, kv, slab=None) -> torch.Tensor:
+    """One forward of step as the engine runs it eagerly: planned (plan_step), then run."""
+    return model.forward(plan_step(step, kv, slab))
 
 
 def planned_decode(batch: int, context: int, vocab: int, slots: list[int]) -> StepInputs:
@@ -81,8 +86,8 @@ def main() -> None:
     kv = {name: models[name].allocate_kv(64, BLOCK) for name in ("fp32", "fp8 emulation")}
     fns = {}
     for name in ("fp32", "fp8 emulation"):
-        fns[f"{name} decode"] = lambda n=name: models[n].forward(decode, kv[n])
-        fns[f"{name} prefill"] = lambda n=name: models[n].forward(prefill, kv[n])
+        fns[f"{name} decode"] = lambda n=name: eager_forward(models[n], decode, kv[n])
+        fns[f"{name} prefill"] = lambda n=name: eager_forward(models[n], prefill, kv[n])
     s = interleaved_seconds(fns, rounds=3)
 
     params = sum(t.numel() for t in state.values())

@@ -19,9 +19,8 @@ import torch
 
 from kernels import cpu_lora_kernel_ready
 from serving.engine.scheduler import Scheduled
-from serving.engine.step_plan import StepSeq, build_step
 from serving.model.decode_graphs import DecodeGraphs
-from serving.model.llama import StepInputs
+from serving.model.step_plan import StepInputs, StepSeq, build_step, plan_step
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def build_batch(
 
 class Forward:
     """The engine's forward: decode steps by CUDA graph replay where the graphs cover them
-    (on a GPU, with cuda_graphs), every other step eagerly."""
+    (on a GPU, with cuda_graphs), every other step eagerly, planned first (plan_step)."""
 
     def __init__(self, model, num_blocks: int, block_size: int, slab, *, cuda_graphs: bool,
                  max_context: int, max_batch: int) -> None:  # fmt: skip
@@ -80,4 +79,4 @@ class Forward:
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.covers(inputs):
             return self.graphs.forward(inputs)
-        return self.model.forward(inputs, self.kv, self.slab)
+        return self.model.forward(plan_step(inputs, self.kv, self.slab))

@@ -20,7 +20,7 @@ import torch
 
 from kernels import HostIndex
 from serving.model.linear import StepLora
-from serving.model.llama import ATTN_MODULES, MLP_MODULES, LlamaModel, StepInputs
+from serving.model.llama import ATTN_MODULES, MLP_MODULES, LlamaModel
 from serving.model.padded_decode import (
     Padding,
     is_decode,
@@ -28,6 +28,7 @@ from serving.model.padded_decode import (
     padded_values,
     static_views,
 )
+from serving.model.step_plan import StepInputs, StepPlan, plan_step
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -41,7 +42,7 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     buffer: torch.Tensor  # [buffer_len] int64: the step's index values (decode_batch layout)
     logits: torch.Tensor  # [size, vocab] float32: the graph's output, overwritten each replay
-    inputs: tuple  # the StepInputs, StepLora and AttentionPlan the capture ran on
+    plan: StepPlan  # the plan the capture ran on: its inputs are views of `buffer`
 
 
 class DecodeGraphs:
@@ -92,7 +93,8 @@ class DecodeGraphs:
         values = padded_values(self._pad(size), step.token_ids.tolist(), step.positions.tolist(),
                                step.host, ranks)  # fmt: skip
         if not self.capture:
-            return self.model.forward(self._eager_step(values, size), self.kv, self.slab)[:n]
+            plan = plan_step(self._eager_step(values, size), self.kv, self.slab)
+            return self.model.forward(plan)[:n]
         captured = self._graphs[size]
         # One copy from pinned memory; the graph's kernels follow it on the same stream.
         values = torch.tensor(values, dtype=torch.int64).pin_memory()
@@ -115,10 +117,12 @@ class DecodeGraphs:
         if slab is not None:
             segments = views.segments(slab.num_slots, slab.max_rank)
             lora = StepLora(segments, slab.scales, slab.max_rank)
-        plan = views.plan()
+        # Built from the buffer's views, not by plan_step: a replay reads the addresses the
+        # capture read, and the graphs leave LM-head LoRA to the eager forward (covers).
+        plan = StepPlan(step, self.kv, slab, views.attention(), lora)
 
         def run() -> torch.Tensor:
-            return self.model.forward_planned(step, self.kv, slab, lora, plan)
+            return self.model.forward(plan)
 
         # Warm up on a side stream (Triton compiles, constant tables are cached), then capture.
         side = torch.cuda.Stream(device)
@@ -130,7 +134,7 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode(), torch.cuda.graph(graph, pool=pool):
             logits = run()
-        return _Captured(graph, buffer, logits, (step, lora, plan))
+        return _Captured(graph, buffer, logits, plan)
 
     def _eager_step(self, values: list[int], size: int) -> StepInputs:
         """The padded step the graph of `size` would run, as an ordinary step with host lists."""

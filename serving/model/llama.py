@@ -9,61 +9,27 @@ the embedding/LM-head rows are where quantization error shows most in the logits
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from adapters.format.tensor_names import OUTER_LAYER
 from kernels import (
-    AttentionPlan,
-    HostIndex,
     check_paged_attention,
     check_write_kv,
-    checked_plan,
     paged_attention_planned,
-    upload,
     write_kv_planned,
 )
 from serving.model.adapter_embeddings import embedding_lora, own_token_logits, own_token_rows
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig
-from serving.model.linear import (
-    Linear,
-    LinearPart,
-    StepLora,
-    concat_linears,
-    lora_linear,
-    rms_norm,
-)
+from serving.model.linear import Linear, LinearPart, concat_linears, lora_linear, rms_norm
 from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
-from serving.model.step_lora import layer_stacks, step_lora
+from serving.model.step_lora import layer_stacks
+from serving.model.step_plan import StepPlan
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj")
 MLP_MODULES = ("gate_proj", "up_proj")
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    """One forward step: the new tokens of every scheduled sequence, concatenated."""
-
-    token_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64, each token's position in its sequence
-    slot_mapping: torch.Tensor  # [T] int64, KV cache slot (block * block_size + offset)
-    block_tables: torch.Tensor  # [S, max_blocks] int32
-    context_lens: torch.Tensor  # [S] int32, cached + new tokens per sequence
-    query_start_loc: torch.Tensor  # [S + 1] int32, cumulative new-token counts
-    logits_indices: torch.Tensor  # [K] int64, the rows whose logits are wanted
-    adapter_slots: torch.Tensor | None = None  # [T] int32 slab slot per token, -1 = base only
-    host: HostIndex | None = None  # the index tensors' Python lists (serving.engine.step_plan)
-
-    def to(self, device: torch.device) -> StepInputs:
-        """The same step with every tensor on device (built on the CPU, run where the weights are)."""
-        if self.token_ids.device == device:
-            return self
-        moved = {k: upload(v, device) if isinstance(v, torch.Tensor) else v
-                 for k, v in vars(self).items()}  # fmt: skip
-        return StepInputs(**moved)
 
 
 @dataclass(frozen=True)
@@ -134,28 +100,14 @@ class LlamaModel:
             ),
         )
 
-    def forward(self, step: StepInputs, kv_caches, slab=None) -> torch.Tensor:
-        """logits [K, vocab] float32 of step.logits_indices; writes the step's K/V into the cache.
+    def forward(self, plan: StepPlan) -> torch.Tensor:
+        """logits [K, vocab] float32 of the step's logits rows; writes its K/V into plan's caches.
 
-        kv_caches: per layer (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
-        slab: the adapter slab (lora_a/lora_b/scales/ranks), when any token has an adapter.
+        plan: the step, checked, with its attention metadata and LoRA segments derived once
+        (serving.model.step_plan.plan_step). Nothing is derived or read back from the device
+        here, so a CUDA graph can capture it.
         """
-        step = step.to(self.embed.device)
-        checks = os.environ.get("LORASERVE_CHECKS") == "1"
-        lora = self._step_lora(step, slab, checks)
-        # The step's batch is checked once and its attention metadata derived once, not in
-        # every layer (each check reads index tensors back from the device).
-        plan = checked_plan(kv_caches[0][0], step.block_tables, step.context_lens,
-                            step.query_start_loc, step.slot_mapping, step.host)  # fmt: skip
-        return self.forward_planned(step, kv_caches, slab, lora, plan, checks=checks)
-
-    def forward_planned(
-        self, step: StepInputs, kv_caches, slab, lora: StepLora | None, plan: AttentionPlan,
-        *, checks: bool = False,
-    ) -> torch.Tensor:  # fmt: skip
-        """forward with the step's LoRA segments and attention plan given, already checked:
-        it reads nothing back from the device, so a CUDA graph can capture it."""
-        c = self.config
+        c, step, slab, lora = self.config, plan.inputs, plan.slab, plan.lora
         h = self.embed[step.token_ids]  # [T, hidden]
         if lora is not None and slab.serves_outer("embed_tokens"):
             embedding_lora(h, step.token_ids, slab, lora)
@@ -171,13 +123,15 @@ class LlamaModel:
             q = apply_rope(q.reshape(-1, c.num_heads, c.head_dim), cos, sin)
             k = apply_rope(k.reshape(-1, c.num_kv_heads, c.head_dim), cos, sin)
             v = v.reshape(-1, c.num_kv_heads, c.head_dim)
-            k_cache, v_cache = kv_caches[i]
-            if checks:  # LORASERVE_CHECKS=1: every layer checks its arguments too
+            k_cache, v_cache = plan.kv_caches[i]
+            if plan.checks:  # LORASERVE_CHECKS=1: every layer checks its arguments too
                 check_write_kv(k, v, k_cache, v_cache, step.slot_mapping)
                 check_paged_attention(q, k_cache, v_cache, step.block_tables,
                                       step.context_lens, step.query_start_loc, self.scale)  # fmt: skip
-            write_kv_planned(k, v, k_cache, v_cache, plan.writes)
-            attn = paged_attention_planned(q, k_cache, v_cache, plan, self.scale)  # [T, H, D]
+            write_kv_planned(k, v, k_cache, v_cache, plan.attention.writes)
+            attn = paged_attention_planned(  # [T, H, D]
+                q, k_cache, v_cache, plan.attention, self.scale
+            )
             o = lora_linear(
                 attn.reshape(-1, q_size), layer.o, layer_stacks(slab, i, ("o_proj",), lora), lora
             )
@@ -188,10 +142,9 @@ class LlamaModel:
             act = torch.nn.functional.silu(gate) * up
             h = h + lora_linear(act, layer.down, layer_stacks(slab, i, ("down_proj",), lora), lora)
         out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)  # [K, hidden]
-        if lora is not None and slab.serves_outer("lm_head"):
-            head = self._head_lora(step, slab, lora.checked)
-            stacks = layer_stacks(slab, OUTER_LAYER, ("lm_head",), head)
-            logits = lora_linear(out, self._head, stacks, head)
+        if plan.head_lora is not None:
+            stacks = layer_stacks(slab, OUTER_LAYER, ("lm_head",), plan.head_lora)
+            logits = lora_linear(out, self._head, stacks, plan.head_lora)
         else:
             logits = self._head(out)  # [K, vocab]
         if lora is not None and slab.tokens.count and self.lm_head is self.embed:
@@ -211,20 +164,6 @@ class LlamaModel:
             )
             for _ in self.layers
         ]
-
-    def _step_lora(self, step: StepInputs, slab, checked: bool) -> StepLora | None:
-        if slab is None or step.adapter_slots is None:
-            return None
-        host = step.host.adapter_slots if step.host is not None else None
-        return step_lora(step.adapter_slots, slab, host, checked)
-
-    def _head_lora(self, step: StepInputs, slab, checked: bool) -> StepLora:
-        """The LoRA segments of the logits rows alone, which are all the LM head sees."""
-        slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
-        host = step.host
-        listed = host is not None and None not in (host.adapter_slots, host.logits_rows)
-        host_slots = [host.adapter_slots[r] for r in host.logits_rows] if listed else None
-        return step_lora(slots, slab, host_slots, checked)
 
     def served_weight(self, layer: int, module: str) -> torch.Tensor:
         """W [out, in] of (layer, module) as this model computes with it (FP8 dequantized)."""

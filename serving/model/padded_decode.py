@@ -116,7 +116,7 @@ class StaticViews:
     block_tables: torch.Tensor  # [size, width]
     logits_indices: torch.Tensor  # [size] arange: every row's logits
 
-    def plan(self) -> AttentionPlan:
+    def attention(self) -> AttentionPlan:
         """The attention plan of any decode step held in the buffer (CUDA: the Triton kernel
         reads the tables on the device; one query per sequence)."""
         f = self.fields

@@ -16,7 +16,6 @@ grammar advanced along the drafts so far, and the grammar is rolled back once pr
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -24,17 +23,10 @@ import torch
 from adapters.slab.slab import SlabFull
 from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
-from serving.engine.sampler import (
-    RowFault,
-    SamplingState,
-    apply_penalties,
-    draw,
-    keyed,
-    sampling_probs,
-)
+from serving.engine.logits_processors import apply_penalties, sampling_probs
+from serving.engine.sampler import RowFault, SamplingState, draw, keyed
 from serving.engine.sequence import Sequence
-from serving.engine.step_plan import StepSeq, build_step
-from serving.model.llama import StepInputs
+from serving.model.step_plan import StepPlan, StepSeq, build_step, plan_step
 
 
 @dataclass
@@ -55,7 +47,6 @@ class DraftModelProposer:
         self.kv = model.allocate_kv(num_blocks, block_size)
         self._cached: dict[int, int] = {}  # seq_id -> leading tokens with draft KV
         self._no_companion: set[str] = set()  # versions whose adapter has no draft companion
-        self.seconds = 0.0
 
     def forget(self, seq: Sequence) -> None:
         """seq's blocks are gone (finished or preempted): its draft KV starts again from 0."""
@@ -67,13 +58,12 @@ class DraftModelProposer:
 
     def propose(self, requests: list[DraftRequest]) -> None:
         """Fill each request's tokens (and probs when sampled) with k drafts."""
-        start = time.perf_counter()
         slots, pinned = self._companion_slots(requests)
         try:
             active = [r for r in requests if r.k > 0]
             rnd = 0
             while active:
-                logits = self.model.forward(self._inputs(active, rnd, slots), self.kv, self.slab)
+                logits = self.model.forward(self._plan(active, rnd, slots))
                 self._choose(active, logits)
                 rnd += 1
                 active = [r for r in active if len(r.tokens) < r.k]
@@ -85,9 +75,8 @@ class DraftModelProposer:
                     r.grammar.rollback(len(r.tokens))
         for r in requests:  # the committed tokens; `accepted` adds the kept drafts
             self._cached[r.seq.seq_id] = r.seq.num_tokens
-        self.seconds += time.perf_counter() - start
 
-    def _inputs(self, active: list[DraftRequest], rnd: int, slots: dict[int, int]) -> StepInputs:
+    def _plan(self, active: list[DraftRequest], rnd: int, slots: dict[int, int]) -> StepPlan:
         """Round 0: every token from the draft's cached count to the last one; then one draft."""
         seqs = []
         for r in active:
@@ -98,7 +87,8 @@ class DraftModelProposer:
             else:
                 toks, start = [r.tokens[-1]], seq.num_tokens + rnd - 1
             seqs.append(StepSeq(toks, start, seq.block_table, slots.get(seq.seq_id, -1)))
-        return build_step(seqs, self.block_size, adapters=self.slab is not None)
+        inputs = build_step(seqs, self.block_size, adapters=self.slab is not None)
+        return plan_step(inputs, self.kv, self.slab)
 
     def _choose(self, active: list[DraftRequest], logits: torch.Tensor) -> None:
         """Each request's next draft: the penalized argmax, or a draw from its own sampling

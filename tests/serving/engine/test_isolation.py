@@ -114,8 +114,9 @@ def test_non_finite_logits_in_a_later_step_fail_that_request_only(world, mode, m
     forward = engine.model.forward
     seen_rows = []
 
-    def nan_after_prefill(inputs, *args, **kwargs):
-        logits = forward(inputs, *args, **kwargs)
+    def nan_after_prefill(plan):
+        logits = forward(plan)
+        inputs = plan.inputs
         rows = inputs.logits_indices
         hit = (inputs.adapter_slots[rows] == slot["bad"]) & (inputs.positions[rows] >= 6)
         if bool(hit.any()):
@@ -170,10 +171,10 @@ def test_a_forward_that_raises_on_one_row_fails_that_request_only(world, monkeyp
     forward = engine.model.forward
     poison = 411
 
-    def flaky(inputs, *args, **kwargs):
-        if bool((inputs.token_ids == poison).any()):
+    def flaky(plan):
+        if bool((plan.inputs.token_ids == poison).any()):
             raise IndexError("row fault")
-        return forward(inputs, *args, **kwargs)
+        return forward(plan)
 
     monkeypatch.setattr(engine.model, "forward", flaky)
     c = run(engine, [INNOCENT, ("poisoned", [1, poison, 2], greedy(4), "mlp"),

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.engine.step_plan import StepSeq, build_step
-from serving.model.llama import StepInputs
+from serving.model.step_plan import StepInputs, StepSeq, build_step
 
 
 @dataclass

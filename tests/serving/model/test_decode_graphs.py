@@ -25,6 +25,7 @@ from serving.model.decode_graphs import DecodeGraphs
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
 from serving.model.padded_decode import Padding, padded_values, static_views
+from serving.model.step_plan import plan_step
 from tests.adapters.peft_models import save_base, save_peft_adapter
 from tests.kernels.attention_oracle import attention_oracle
 from tests.serving.model.steps import BlockPool, Seq, step_for
@@ -74,8 +75,8 @@ def test_a_padded_decode_step_gives_the_unpadded_step(setup):
     assert graphs.sizes == (1, 2, 4, 8, 16, 32, 64)
     with torch.inference_mode():
         for kv in (kv_eager, kv_graphs):
-            model.forward(prefill, kv, slab)
-        want = model.forward(decode, kv_eager, slab)
+            model.forward(plan_step(prefill, kv, slab))
+        want = model.forward(plan_step(decode, kv_eager, slab))
         assert graphs.covers(decode) and not graphs.covers(prefill)
         got = graphs.forward(decode)  # 3 sequences, run as a batch of 4
     assert got.shape == want.shape == (3, model.config.vocab_size)

@@ -16,6 +16,7 @@ from serving.engine.engine import Engine, EngineConfig
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.model.decode_graphs import DecodeGraphs
 from serving.model.loader import load_model
+from serving.model.step_plan import plan_step
 from tests.serving.engine.world import build_world
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -47,7 +48,7 @@ def test_a_decode_step_does_not_sync(world, monkeypatch):
     kv = model.allocate_kv(BLOCKS + 1, BLOCK)
     graphs = DecodeGraphs(model, kv, slab, scratch_block=BLOCKS, block_size=BLOCK, max_context=64)
     with torch.inference_mode():
-        model.forward(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab)
+        model.forward(plan_step(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab))
         for round_ in range(3):
             for s in seqs:
                 s.tokens.append(round_ + 1)
@@ -56,7 +57,11 @@ def test_a_decode_step_does_not_sync(world, monkeypatch):
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
             try:  # round 0 eager, then replays
-                out = model.forward(step, kv, slab) if round_ == 0 else graphs.forward(step)
+                out = (
+                    model.forward(plan_step(step, kv, slab))
+                    if round_ == 0
+                    else graphs.forward(step)
+                )
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             assert out.shape == (9, model.config.vocab_size)

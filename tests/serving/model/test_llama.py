@@ -7,6 +7,7 @@ import torch
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.step_plan import plan_step
 from tests.serving.model.hf_models import CONFIGS, save_tiny
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -37,7 +38,7 @@ def test_prefill_then_decode_match_transformers(tmp_path, kind):
     kv = model.allocate_kv(num_blocks=64, block_size=BLOCK)
     pool = BlockPool(64)
     seqs = [Seq(p) for p in prompts(4, hf.config.vocab_size)]
-    logits = model.forward(step_for(seqs, BLOCK, pool), kv)
+    logits = model.forward(plan_step(step_for(seqs, BLOCK, pool), kv))
     rows = 0
     for s in seqs:
         want = reference_logits(hf, s.tokens)
@@ -47,7 +48,7 @@ def test_prefill_then_decode_match_transformers(tmp_path, kind):
     for _ in range(3):  # decode: one new token per sequence, all in one step
         for s in seqs:
             s.tokens.append(int(torch.randint(0, hf.config.vocab_size, ())))
-        logits = model.forward(step_for(seqs, BLOCK, pool), kv)
+        logits = model.forward(plan_step(step_for(seqs, BLOCK, pool), kv))
         for i, s in enumerate(seqs):
             torch.testing.assert_close(
                 logits[i].double(), reference_logits(hf, s.tokens)[-1], rtol=1e-4, atol=1e-4
@@ -66,13 +67,13 @@ def test_cached_prefix_equals_recompute(tmp_path):
     kv = model.allocate_kv(num_blocks=64, block_size=BLOCK)
     pool = BlockPool(64)
     first = Seq(prompts(1, 211, seed=3, lengths=(11,))[0])
-    model.forward(step_for([first], BLOCK, pool), kv)
+    model.forward(plan_step(step_for([first], BLOCK, pool), kv))
     # A second sequence shares first's two full blocks (8 tokens) and computes only the rest.
     shared = 2 * BLOCK
     second = Seq([*first.tokens[:shared], 5, 6, 7], blocks=first.blocks[:2], cached=shared)
-    got = model.forward(step_for([second], BLOCK, pool), kv)
+    got = model.forward(plan_step(step_for([second], BLOCK, pool), kv))
     recomputed = Seq(list(second.tokens))
-    want = model.forward(step_for([recomputed], BLOCK, pool), kv)[shared:]
+    want = model.forward(plan_step(step_for([recomputed], BLOCK, pool), kv))[shared:]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(
         got.double(), reference_logits(hf, second.tokens)[shared:], rtol=1e-4, atol=1e-4
@@ -86,8 +87,8 @@ def test_fp8_against_fp32(tmp_path):
     assert fp8.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
     seqs = [Seq(p) for p in prompts(8, 211, seed=7, lengths=(16,))]
     seqs8 = [Seq(list(s.tokens)) for s in seqs]
-    a = exact.forward(step_for(seqs, BLOCK, BlockPool(64)), exact.allocate_kv(64, BLOCK))
-    b = fp8.forward(step_for(seqs8, BLOCK, BlockPool(64)), fp8.allocate_kv(64, BLOCK))
+    a = exact.forward(plan_step(step_for(seqs, BLOCK, BlockPool(64)), exact.allocate_kv(64, BLOCK)))
+    b = fp8.forward(plan_step(step_for(seqs8, BLOCK, BlockPool(64)), fp8.allocate_kv(64, BLOCK)))
     rel = float((b - a).norm() / a.norm())
     top1 = float((a.argmax(-1) == b.argmax(-1)).float().mean())
     assert 0.005 < rel < 0.05, rel  # a lower bound too: FP8 that changes nothing is not FP8

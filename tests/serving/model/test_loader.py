@@ -6,6 +6,7 @@ import torch
 
 from serving.model.errors import ModelLoadError
 from serving.model.loader import load_model
+from serving.model.step_plan import plan_step
 from tests.serving.model.hf_folders import save_tokenizer
 from tests.serving.model.hf_models import save_tiny
 from tests.serving.model.steps import BlockPool, Seq, step_for
@@ -21,7 +22,9 @@ def folder(tmp_path):
 def _logits(loaded, text="def f(x): return x"):
     ids = loaded.tokenizer.encode(text)
     model = loaded.model
-    return model.forward(step_for([Seq(ids)], 4, BlockPool(32)), model.allocate_kv(32, 4))
+    return model.forward(
+        plan_step(step_for([Seq(ids)], 4, BlockPool(32)), model.allocate_kv(32, 4))
+    )
 
 
 def test_quantization_modes_on_cpu(folder, tmp_path):

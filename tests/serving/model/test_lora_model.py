@@ -11,6 +11,7 @@ from adapters.slab.slab import AdapterSlab
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.step_plan import plan_step
 from tests.adapters.peft_models import save_base, save_peft_adapter, tiny_llama
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -57,7 +58,7 @@ def test_mixed_batch_matches_peft(setup):
     seqs = [Seq(t.tolist(), slot=slots.get(n, -1)) for t, n in zip(tokens, names)]
     kv = model.allocate_kv(num_blocks=64, block_size=BLOCK)
     got = (
-        model.forward(step_for(seqs, BLOCK, BlockPool(64)), kv, slab)
+        model.forward(plan_step(step_for(seqs, BLOCK, BlockPool(64)), kv, slab))
         .double()
         .view(len(names), 10, -1)
     )
@@ -80,13 +81,15 @@ def test_decode_steps_keep_each_rows_adapter(setup, checks, monkeypatch):
     tokens = torch.randint(0, 100, (3, 6), generator=gen)
     seqs = [Seq(t.tolist(), slot=slots.get(n, -1)) for t, n in zip(tokens, names)]
     kv, pool = model.allocate_kv(num_blocks=64, block_size=BLOCK), BlockPool(64)
-    model.forward(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab)
+    model.forward(plan_step(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab))
     for _ in range(2):
         nxt = torch.randint(0, 100, (3, 1), generator=gen)
         tokens = torch.cat([tokens, nxt], dim=1)
         for s, t in zip(seqs, nxt):
             s.tokens.append(int(t))
-        got = model.forward(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab).double()
+        got = model.forward(
+            plan_step(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab)
+        ).double()
         with torch.no_grad():
             want = peft(tokens, adapter_names=names).logits[:, -1].double()
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -13,6 +13,7 @@ from serving.config import LoraSection
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.step_plan import plan_step
 from tests.adapters.peft_models import save_base, save_peft_adapter, tiny_llama
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -74,7 +75,7 @@ def test_rank_256_matches_peft_beside_base_rows(setup):
             base = peft(tokens).logits.double()
     seqs = [Seq(t.tolist(), slot=slots[n] if n else -1) for t, n in zip(tokens, names)]
     kv = model.allocate_kv(num_blocks=32, block_size=BLOCK)
-    got = model.forward(step_for(seqs, BLOCK, BlockPool(32)), kv, slab).double()
+    got = model.forward(plan_step(step_for(seqs, BLOCK, BlockPool(32)), kv, slab)).double()
     got = got.view(len(names), tokens.shape[1], -1)
     torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-4)
     for i, name in enumerate(names):

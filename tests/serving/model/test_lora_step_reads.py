@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+from serving.model.step_plan import plan_step
 from tests.serving.model.steps import BlockPool, Seq, step_for
 from tests.serving.model.test_lora_variants import build
 from tests.serving.model.test_step_checks import reads_back
@@ -45,7 +46,7 @@ def steps(slots):
 
 def run(model, slab, step, kv):
     with torch.inference_mode():
-        return model.forward(step, kv, slab)
+        return model.forward(plan_step(step, kv, slab))
 
 
 def test_a_lora_step_reads_nothing_back(setup, monkeypatch):

@@ -9,6 +9,7 @@ from serving.cli import app
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.step_plan import plan_step
 from tests.serving.model.hf_models import save_tiny
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -37,7 +38,9 @@ def test_quantized_checkpoint_loads_as_the_same_fp8_model(tmp_path):
     logits = []
     for model in (prequantized, on_the_fly):
         seqs = [Seq([3, 1, 4, 1, 5, 9, 2, 6])]
-        logits.append(model.forward(step_for(seqs, 4, BlockPool(8)), model.allocate_kv(8, 4)))
+        logits.append(
+            model.forward(plan_step(step_for(seqs, 4, BlockPool(8)), model.allocate_kv(8, 4)))
+        )
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
 
 

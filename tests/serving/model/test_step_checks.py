@@ -1,6 +1,6 @@
 """A step is checked once and its attention planned once, from the builder's own lists.
 
-With the host lists a step carries (serving.engine.step_plan), a base-model forward reads
+With the host lists a step carries (serving.model.step_plan), a base-model forward reads
 nothing back from its tensors: on CUDA that is no device sync inside the forward. Counted
 here on the CPU by patching the tensor methods that read back (.tolist, .item, bool(),
 int(), float()): the same forward with LORASERVE_CHECKS=1 reads back in every layer, so the
@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from serving.engine.step_plan import StepSeq, build_step
+from serving.model.step_plan import StepSeq, build_step, plan_step
 from tests.serving.model.hf_models import save_tiny
 from tests.serving.model.test_llama import ours
 
@@ -54,7 +54,7 @@ def reads_back(model, step, kv, slab=None) -> int:
         setattr(torch.Tensor, name, counted(name))
     try:
         with torch.inference_mode():
-            model.forward(step, kv, slab)
+            model.forward(plan_step(step, kv, slab))
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)
@@ -77,7 +77,7 @@ def test_host_lists_give_the_same_logits(model, monkeypatch):
     for s in (step, dataclasses.replace(step, host=None)):
         kv = model.allocate_kv(num_blocks=16, block_size=BLOCK)
         with torch.inference_mode():
-            runs.append(model.forward(s, kv))
+            runs.append(model.forward(plan_step(s, kv)))
     assert torch.equal(runs[0], runs[1])
 
 
@@ -89,4 +89,4 @@ def test_a_block_outside_the_cache_is_refused_by_name(model, monkeypatch, host):
     if not host:
         step = dataclasses.replace(step, host=None)
     with pytest.raises(ValueError, match="block_tables: seq 0 names a block outside"):
-        model.forward(step, kv)
+        model.forward(plan_step(step, kv))

@@ -13,6 +13,7 @@ from adapters.slab.slab import AdapterSlab
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.step_plan import plan_step
 from tests.adapters.peft_models import save_peft_adapter, tiny_llama
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -78,7 +79,7 @@ def test_rows_of_their_own_match_peft(setup):
         base = peft["plain"](tokens).logits.double()
     seqs = [Seq(t.tolist(), slot=slots.get(n, -1)) for t, n in zip(tokens, ROWS)]
     kv = model.allocate_kv(num_blocks=64, block_size=BLOCK)
-    got = model.forward(step_for(seqs, BLOCK, BlockPool(64)), kv, slab).double()
+    got = model.forward(plan_step(step_for(seqs, BLOCK, BlockPool(64)), kv, slab)).double()
     got = got.view(len(ROWS), tokens.shape[1], -1)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for i, n in enumerate(ROWS):

@@ -62,7 +62,6 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._info = None  # xgrammar's TokenizerInfo, built with the first process
         self._tokenizer_digest = hashlib.sha256(tokenizer.to_json().encode()).hexdigest()
-        self.hits = self.misses = 0
 
     def key(self, fmt: ResponseFormat) -> str:
         """The cache key: the tokenizer's content and the format's."""
@@ -92,11 +91,9 @@ class GrammarCompiler:
             job = self._cache.get(key)
             if job is not None:
                 self._cache.move_to_end(key)
-                self.hits += 1
                 job.deadline = max(job.deadline, deadline)  # a queued job waits for this one too
                 job.waiters += 1
                 return job.future
-            self.misses += 1
         try:
             schema, strict = self._schema(fmt)
             job = self._pool.submit(schema, strict, deadline, tenant)

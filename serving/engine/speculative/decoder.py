@@ -135,7 +135,6 @@ class SpecDecoder:
 
     def target_step(self, seconds: float) -> None:
         """The wall time of one verifying forward (for the draft's cost ratio)."""
-        self.stats.target_seconds += seconds
         prev = self._target_step_seconds
         self._target_step_seconds = seconds if prev is None else 0.8 * prev + 0.2 * seconds
 

@@ -55,7 +55,6 @@ class SpecStats:
     # configured keys' few, and the labels as bounded as by_adapter's
     by_tenant: dict[tuple[str | None, str], SpecCounts] = field(default_factory=dict)
     draft_seconds: float = 0.0  # wall time in the proposer
-    target_seconds: float = 0.0  # wall time in verifying forwards
 
     def label(self, adapter_version: str | None) -> str:
         """The metrics label of an adapter version: its name, "base", or "other" past the bound."""

@@ -107,5 +107,5 @@ def test_a_format_compiles_once(world, engines, monkeypatch):
     other = [fmt(PERSON), ResponseFormat("json_schema", same[0].schema, strict=False)]
     requests = [req(world, f"k{i}", (4, 5, i), params(i, 8), None, f) for i, f in enumerate(same + other)]  # fmt: skip
     got = run(engine, requests)
-    assert compiler.misses == len(calls) == 3 and compiler.hits == 2
+    assert len(calls) == 3  # the two repeats of CHOICES took the compiled grammar
     assert all(got.done[r.request_id].finish_reason in ("stop", "length") for r in requests)

@@ -79,7 +79,6 @@ class Engine:
         gate = self.residency if self.residency else NoAdapters()
         self.scheduler = Scheduler(config.scheduler, self.blocks, gate)
         self.spec = SpecDecoder.create(config.speculative, self.blocks, draft_model, draft_slab)
-        self.num_computed_tokens = 0  # prefill + decode tokens run through the model (for tests)
         self._intake = Intake(self._loop.wake)
         self.grammars = PendingGrammars(tokenizer, self.vocab_size, self._loop.wake)
         self.requests = Lifecycle(tokenizer, self.max_model_len, self.scheduler, self.grammars,
@@ -183,7 +182,6 @@ class Engine:
         for item in schedule.scheduled:
             if item.seq.seq_id not in proposals:  # verified sequences are marked once verified
                 self.blocks.mark_computed(item.seq, item.num_new_tokens)
-                self.num_computed_tokens += item.num_new_tokens
         if plain:
             rows = logits if not proposals else logits[[row for _, row in plain]]
             states = [t.sampling for t, _ in plain]
@@ -241,4 +239,3 @@ class Engine:
         # KV is right for the last committed token and the kept proposals; the rest is
         # overwritten later, and only these committed tokens enter the prefix cache.
         self.blocks.mark_computed(seq, v.num_accepted + 1)
-        self.num_computed_tokens += v.num_accepted + 1

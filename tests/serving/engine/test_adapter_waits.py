@@ -10,7 +10,7 @@ from serving.engine.request import GenerateRequest
 from serving.engine.scheduler import SchedulerConfig
 from tests.adapters.factory import peft_adapter_files
 from tests.serving.engine.test_engine_peft import Collector, greedy
-from tests.serving.engine.world import ADAPTERS, build_world
+from tests.serving.engine.world import ADAPTERS, build_world, model_tokens
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,9 @@ class Steps:
     """Drives an engine a model step at a time: `forward()` steps until one step ran the model,
     counting the steps that did not (they wait on adapter loads)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, monkeypatch):
         self.engine, self.got = engine, Collector()
+        self.ran = model_tokens(engine, monkeypatch)
         self.num_forward = self.num_idle = 0
         self.submitted, self.first = {}, {}  # request id -> model step it arrived / got a token
 
@@ -51,10 +52,10 @@ class Steps:
     def forward(self, max_idle: int = 100_000) -> bool:
         """One step that runs the model; False when there is no work left."""
         for _ in range(max_idle):
-            before = self.engine.num_computed_tokens
+            before = len(self.ran)
             if not self.engine.step():
                 return False
-            if self.engine.num_computed_tokens > before:
+            if len(self.ran) > before:
                 self.num_forward += 1
                 return True
             self.num_idle += 1
@@ -73,7 +74,7 @@ BOUND = STARVE + HOT_TOKENS + 2
 
 
 @pytest.mark.slow
-def test_a_flood_of_one_hot_adapter_never_starves_200_cold_ones(world, engines):
+def test_a_flood_of_one_hot_adapter_never_starves_200_cold_ones(world, engines, monkeypatch):
     """A new request of the hot adapter every step; one request of each of 200 cold adapters,
     one every 8 steps. The hot adapter fills the slab (rank 16 of max_rank 16, in one
     adapter's room) and is pinned by a running request at every step, so a cold adapter's
@@ -81,7 +82,7 @@ def test_a_flood_of_one_hot_adapter_never_starves_200_cold_ones(world, engines):
     cold = add_adapters(world, 200, seed=1000)
     engine = engines(num_slots=1, scheduler=SchedulerConfig(starve_steps=STARVE))
     hot = world.versions["mlp"]
-    run = Steps(engine)
+    run = Steps(engine, monkeypatch)
     step = 0
     while step < 8 * len(cold) or len(run.first) < len(run.submitted):
         run.submit(GenerateRequest(f"hot{step}", (1, 2, 3, 4, 5), greedy(HOT_TOKENS), hot))
@@ -100,7 +101,9 @@ def test_a_flood_of_one_hot_adapter_never_starves_200_cold_ones(world, engines):
     assert not over, f"waited more than {BOUND} steps: {over}"
 
 
-def test_ten_times_the_slabs_room_in_distinct_adapters_all_finish_as_alone(world, engines):
+def test_ten_times_the_slabs_room_in_distinct_adapters_all_finish_as_alone(
+    world, engines, monkeypatch
+):
     """Every request at once, each of its own adapter: a full slab (SlabFull) is a wait, never
     an error; every step either runs the model or waits for a load to land; and each output
     is the one its adapter gives alone (transformers + PEFT for the world's adapters, the
@@ -113,7 +116,7 @@ def test_ten_times_the_slabs_room_in_distinct_adapters_all_finish_as_alone(world
         GenerateRequest(f"r{i}", tuple(range(3 + i, 10 + i)), greedy(3 + i % 3), v)
         for i, v in enumerate(versions)
     ]
-    run = Steps(engine)
+    run = Steps(engine, monkeypatch)
     for request in requests:
         run.submit(request)
     while run.forward():
@@ -146,9 +149,9 @@ def test_a_cold_adapters_request_runs_in_the_step_that_first_sees_it(world, engi
     monkeypatch.setattr("serving.engine.engine.LOAD_WAIT_S", 30.0)
     engine = engines(num_slots=2)
     (cold,) = add_adapters(world, 1, seed=9000)
-    run = Steps(engine)
+    run = Steps(engine, monkeypatch)
     run.submit(GenerateRequest("r", (3, 4, 5), greedy(2), cold))
-    assert engine.step() and engine.num_computed_tokens > 0, "the first step did not run it"
+    assert engine.step() and run.ran, "the first step did not run it"
     assert engine.slab.slot_of(cold) is not None
     while run.forward():
         pass

@@ -36,6 +36,16 @@ ADAPTERS = {  # name: rank, target modules, rsLoRA
 }
 
 
+def model_tokens(engine: Engine, monkeypatch) -> list[int]:
+    """From now on, the number of tokens each of engine's model steps runs, in order: what
+    its forward is given (the prompt chunks, decodes and proposals it computes)."""
+    ran: list[int] = []
+    forward = engine.forward
+    monkeypatch.setattr(engine, "forward", lambda inputs: ran.append(len(inputs.token_ids))
+                        or forward(inputs))  # fmt: skip
+    return ran
+
+
 def base_model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     return LlamaForCausalLM(LlamaConfig(**FIELDS)).eval()

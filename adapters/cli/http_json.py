@@ -15,7 +15,7 @@ import httpx
 KEY_VAR = "LORASERVE_API_KEY"
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 TIMEOUT = httpx.Timeout(60.0, write=600.0)  # large adapters and batch files take a while
-# What a server accepts as a key (serving.api.edge.keys): printable ASCII without spaces, which
+# What a server accepts as a key (serving.api.core.keys_file): printable ASCII without spaces, which
 # is also all an HTTP header can carry safely.
 KEY_RE = re.compile(r"^[\x21-\x7e]+\Z")
 URL_FORM = "http://HOST:PORT"

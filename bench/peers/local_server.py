@@ -17,7 +17,7 @@ import argparse
 import uvicorn
 
 from serving.api import LocalGenerator, create_app, settings_from_config
-from serving.api.core.batch_store import LocalBatch
+from serving.api.batch.local_store import LocalBatch
 from serving.api.core.tenancy import LocalTenancy
 from serving.batch.store import BatchStore
 from serving.config import load_config

@@ -19,8 +19,10 @@ from serving.api.admin import (
     routes_usage,
 )
 from serving.api.batch import routes as routes_batch
+from serving.api.batch.input import LineBodies
 from serving.api.batch.items import run_item
-from serving.api.core.batch_store import BatchClient, LocalBatch, memory_batch
+from serving.api.batch.local_store import LocalBatch, memory_batch
+from serving.api.core.batch_store import BatchClient
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import install_error_handlers
 from serving.api.core.generator import Generator
@@ -33,10 +35,20 @@ from serving.api.edge.keys import KeyRing
 from serving.api.edge.request_id import RequestId
 from serving.api.openai import routes as routes_openai
 from serving.api.openai import routes_responses
+from serving.api.openai.responses_schemas import ResponsesRequest
+from serving.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.workers_ai import routes as routes_workers_ai
 from serving.api.workers_ai.json_body import WorkersJsonBody
 
 __all__ = ["AppSettings", "create_app", "settings_from_config"]
+
+# The routes a batch line may name, each with the body its route validates: the batch wing
+# checks an uploaded file's lines with them.
+LINE_BODIES: LineBodies = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/responses": ResponsesRequest,
+}
 
 
 def create_app(
@@ -73,6 +85,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.keys = KeyRing(settings.keys)
+    app.state.line_bodies = LINE_BODIES
     metrics = Metrics(pseudonym_key=app.state.keys.secret)
     metrics.watch_registry(settings.registry)
     tenancy = tenancy if tenancy is not None else memory_tenancy(settings.limits_of)

@@ -26,8 +26,8 @@ from ray.serve.config import RequestRouterConfig
 from adapters.format.adapter import load_adapter
 from adapters.registry.names import OPERATOR
 from adapters.registry.registry import Registry, Version
+from serving.api.core.caller import Principal
 from serving.api.core.settings import served_spec
-from serving.api.edge.keys import Principal
 from serving.config import ServeConfig, load_config
 from serving.deploy.batch_service import BatchServer
 from serving.deploy.exposure import load_checked_keys

@@ -19,7 +19,8 @@ from ray.exceptions import RayError, RayTaskError
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from serving.api.core.batch_store import LocalBatch, store_unreachable
+from serving.api.batch.local_store import LocalBatch
+from serving.api.core.batch_store import store_unreachable
 from serving.api.core.errors import ApiError
 from serving.batch.records import BatchHoldings, Item, ItemRecord, ItemResult, Job, StoredFile
 from serving.batch.store import BatchStore

@@ -22,8 +22,9 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from adapters.registry.names import OPERATOR
+from serving.api.core.caller import Principal
+from serving.api.core.keys_file import ENV_VAR, load_keys
 from serving.api.edge.gate import is_loopback as gate_is_loopback
-from serving.api.edge.keys import ENV_VAR, Principal, load_keys
 from serving.config import ServeConfig
 
 log = logging.getLogger("loraserve")

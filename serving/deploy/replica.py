@@ -28,9 +28,9 @@ from ray.serve.handle import DeploymentHandle
 from adapters.registry.registry import Registry
 from serving.api.app import create_app
 from serving.api.batch.items import run_item
+from serving.api.core.caller import Principal
 from serving.api.core.generator import LocalGenerator
 from serving.api.core.settings import AppSettings, settings_from_config
-from serving.api.edge.keys import Principal
 from serving.batch.records import Item, ItemResult
 from serving.config import ServeConfig
 from serving.deploy.arrivals import Arrivals, is_resident

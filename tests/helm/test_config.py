@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel
 
-from serving.api.auth import load_keys
+from serving.api.core.keys_file import load_keys
 from serving.config import ConfigError, ServeConfig, parse_config
 from serving.deploy.exposure import check_open_server
 from serving.model.checkpoint import resolve_model_path

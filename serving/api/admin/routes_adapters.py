@@ -33,12 +33,12 @@ from adapters.registry.names import validate_name
 from adapters.registry.registry import Entry, Registry, Version
 from adapters.registry.visibility import manageable, visible_entry
 from serving.api.admin.adapter_json import entry_json, version_json
+from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.quotas import check_quota, holdings, tenant_lock
 from serving.api.core.resolve import UNAVAILABLE, damaged
 from serving.api.core.settings import AppSettings
-from serving.api.edge.keys import Principal, authenticate
 
 router = APIRouter(tags=["Adapters"])
 Ctx = Annotated[ApiContext, Depends(api_context)]

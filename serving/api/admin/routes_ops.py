@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from serving.api.core.caller import Principal, caller_if_any
 from serving.api.core.context import ApiContext, api_context
-from serving.api.edge.keys import Principal, caller_if_any
 
 router = APIRouter(tags=["Operations"])
 Ctx = Annotated[ApiContext, Depends(api_context)]

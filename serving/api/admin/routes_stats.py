@@ -30,6 +30,7 @@ from serving.api.admin.stats import (
     summary,
     usage_totals,
 )
+from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.metering import TENANCY_TIMEOUT_S
@@ -37,7 +38,6 @@ from serving.api.core.metrics import BASE
 from serving.api.core.quotas import MB, holdings
 from serving.api.core.recent import WINDOW_S
 from serving.api.core.tenancy import rate_limited
-from serving.api.edge.keys import Principal, authenticate
 from serving.config import TenantLimitsSection
 from serving.usage.store import minute_of
 

@@ -27,11 +27,11 @@ from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError
 from adapters.registry.names import validate_tenant
+from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.metering import TENANCY_TIMEOUT_S
 from serving.api.core.quotas import holdings, quota_figures
-from serving.api.edge.keys import Principal, authenticate
 from serving.usage.store import minute_of
 
 log = logging.getLogger("loraserve.api")

@@ -1,5 +1,5 @@
-"""A stored batch job rendered in each API's shape: Workers AI's poll answer, OpenAI's Batch
-object, and the JSONL lines of OpenAI's output and error files."""
+"""A stored batch job in OpenAI's shape: its Batch object, and the JSONL lines of its output
+and error files (Workers AI's poll answer is serving.api.workers_ai.queued's)."""
 
 from __future__ import annotations
 
@@ -20,39 +20,6 @@ NEVER_RAN = {
               "ran"),
 }  # fmt: skip
 OUTPUT, ERRORS = "-output", "-errors"
-
-
-def workers_status(job: Job, responses: object = None) -> dict:
-    """The `result` of a Workers-AI poll: progress, and once finished `responses` as given
-    (workers_responses' list, or a stand-in for the list sent page by page) and the usage."""
-    result = {
-        "status": job.state, "request_id": job.id, "model": job.model,
-        "total": job.total, "completed": job.completed, "failed": job.failed,
-    }  # fmt: skip
-    if job.finished is None or responses is None:
-        return result
-    result["responses"] = responses
-    result["usage"] = {
-        "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": job.completion_tokens,
-        "total_tokens": job.prompt_tokens + job.completion_tokens,
-    }
-    return result
-
-
-def workers_responses(records: list[ItemRecord]) -> list[dict]:
-    """The poll's `responses` entries of these items: one for each that has a result."""
-    return [_workers_response(r) for r in records if r.result is not None]
-
-
-def _workers_response(record: ItemRecord) -> dict:
-    r = record.result
-    answer = {"id": record.index, "success": r.ok, "external_reference": record.ref}
-    if r.ok:
-        answer["result"] = (r.body or {}).get("result")
-    else:
-        answer.update(result=None, errors=[{"code": r.status, "message": r.error}])
-    return answer
 
 
 def output_file_ids(job: Job) -> tuple[str | None, str | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
@@ -19,14 +20,9 @@ from pydantic import BaseModel, ValidationError
 from serving.api.core.body_fields import MAX_BATCH_ITEMS
 from serving.api.core.errors import ApiError, describe_validation
 from serving.api.core.text import nesting, unicode
-from serving.api.openai.responses_schemas import ResponsesRequest
-from serving.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 
-BODIES: dict[str, type[BaseModel]] = {
-    "/v1/chat/completions": ChatCompletionRequest,
-    "/v1/completions": CompletionRequest,
-    "/v1/responses": ResponsesRequest,
-}
+# url -> the body model its route validates with, each with num_choices() (app.py's LINE_BODIES)
+LineBodies = Mapping[str, type[BaseModel]]
 MAX_REPORTED = 10
 MAX_CUSTOM_ID = 512
 # Storing, reading back and running a line recurse through it, each from a deeper stack than
@@ -43,8 +39,9 @@ class InputLine:
     line: int = 0  # its line number in the file, from 1
 
 
-def parse_input(content: bytes) -> list[InputLine]:
-    """The requests of a batch input file; 400 naming each bad line, or an empty file."""
+def parse_input(content: bytes, bodies: LineBodies) -> list[InputLine]:
+    """The requests of a batch input file, each body checked by bodies[url]; 400 naming each
+    bad line, or an empty file."""
     try:
         text = content.decode("utf-8-sig")  # a byte-order mark, as some editors write, is no line
     except UnicodeDecodeError as exc:
@@ -57,7 +54,7 @@ def parse_input(content: bytes) -> list[InputLine]:
         if not raw.strip():
             continue
         try:
-            line = dataclasses.replace(_line(raw), line=number)
+            line = dataclasses.replace(_line(raw, bodies), line=number)
             if line.custom_id in seen:
                 raise ValueError(f"custom_id {line.custom_id!r} is used by an earlier line")
             seen.add(line.custom_id)
@@ -76,7 +73,7 @@ def parse_input(content: bytes) -> list[InputLine]:
     return lines
 
 
-def _line(raw: str) -> InputLine:
+def _line(raw: str, bodies: LineBodies) -> InputLine:
     too_deep = f"the JSON nests more than {MAX_LINE_DEPTH} levels deep"
     try:
         data = json.loads(raw)
@@ -104,21 +101,20 @@ def _line(raw: str) -> InputLine:
         raise ValueError(f"custom_id: {exc}") from None
     if data.get("method") != "POST":
         raise ValueError('method must be "POST"')
-    if url not in BODIES:
-        raise ValueError(f"url must be one of {', '.join(BODIES)}, got {url!r}")
+    if url not in bodies:
+        raise ValueError(f"url must be one of {', '.join(bodies)}, got {url!r}")
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
     if body.get("stream"):
         raise ValueError("body.stream is not supported in a batch")
     try:
-        parsed = BODIES[url].model_validate(body)
+        parsed = bodies[url].model_validate(body)
     except RecursionError:
         raise ValueError("body: the JSON nests too deeply") from None
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
         raise ValueError(f"body: {describe_validation(RequestValidationError(errors))}") from None
-    prompts = len(parsed.prompts()) if isinstance(parsed, CompletionRequest) else 1
-    if prompts > 1 or parsed.n > 1:  # its answer is metered as one record
+    if parsed.num_choices() > 1:  # its answer is metered as one record
         raise ValueError("body: a line asks for one choice (one prompt, n 1); give each "
                          "choice a line of its own")  # fmt: skip
     return InputLine(custom_id, url, body)

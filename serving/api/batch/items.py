@@ -4,38 +4,22 @@ An item is the body of a request to one of the app's own routes (/ai/run/{model}
 /v1/chat/completions, /v1/completions, /v1/responses), so it is served by that route in this process: the
 same validation, adapter resolution, generation and answer as if its tenant had sent it,
 minus the network. The call's ASGI scope carries its principal (which the gate trusts: no
-client can set scope state) and a BatchCall, which tells generation.start to run the request
-at the scheduler's batch priority, without rate-limit admission, and to leave its usage
-record here for the feeder to meter once the result is committed.
+client can set scope state) and a QueuedCall (serving.api.core.queued_call), which runs
+it at the scheduler's batch priority, unadmitted, its usage left for the feeder to meter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 from fastapi import FastAPI
-from starlette.requests import Request
 from starlette.types import Message
 
-from serving.api.edge.keys import PRINCIPAL, KeyRing, Principal
+from serving.api.core.caller import PRINCIPAL, Keys, Principal
+from serving.api.core.queued_call import QUEUED_CALL, QueuedCall
 from serving.batch.records import Item, ItemResult
 from serving.usage.store import UsageRecord
-
-BATCH_CALL = "loraserve.batch_call"  # where a batch item's BatchCall sits in scope["state"]
-
-
-@dataclass
-class BatchCall:
-    """A batch item in flight through the app; the route leaves its usage record here."""
-
-    record: UsageRecord | None = None
-
-
-def batch_call(request: Request) -> BatchCall | None:
-    """The BatchCall of a request that is a batch item, None for a client's own request."""
-    return request.scope.get("state", {}).get(BATCH_CALL)
 
 
 def item_path(item: Item) -> str:
@@ -46,7 +30,7 @@ def item_path(item: Item) -> str:
 REVOKED = "the API key that submitted this batch is no longer valid"
 
 
-def item_caller(ring: KeyRing, item: Item) -> Principal | None:
+def item_caller(ring: Keys, item: Item) -> Principal | None:
     """Who an item runs as: the submitting key's holder as the keys stand now (its scope
     included), None once that key is gone; on a keyless server, its one admin."""
     if ring.open:
@@ -63,7 +47,7 @@ async def run_item(app: FastAPI, item: Item) -> ItemResult:
     if caller is None:  # a revoked key's queued items do not run on
         return ItemResult(401, error=REVOKED)
     body = json.dumps({**item.body, "stream": False}).encode()
-    call = BatchCall()
+    call = QueuedCall()
     path = item_path(item)
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
@@ -71,7 +55,7 @@ async def run_item(app: FastAPI, item: Item) -> ItemResult:
         "root_path": "", "client": None, "server": None,
         "headers": [(b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode())],
-        "state": {PRINCIPAL: caller, BATCH_CALL: call},
+        "state": {PRINCIPAL: caller, QUEUED_CALL: call},
     }  # fmt: skip
     sent = [False]
     status, chunks = [500], []

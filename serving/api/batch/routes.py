@@ -6,25 +6,33 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import quoted
 from serving.api.batch.format import job_of_file, openai_batch, output_file_ids
-from serving.api.batch.input import parse_input
-from serving.api.batch.results import JSONL, file_chunks, output_lines, output_size, streamed
-from serving.api.core.body_fields import Text
+from serving.api.batch.input import LineBodies, parse_input
+from serving.api.batch.results import JSONL, file_chunks, output_lines, output_size
+from serving.api.core.batch_store import streamed
+from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.quotas import file_limits
-from serving.api.core.text import Metadata
-from serving.api.edge.keys import Principal, authenticate
+from serving.api.core.text import Metadata, Text
 from serving.batch.records import OPENAI, NewItem, StoredFile
 
 router = APIRouter(tags=["OpenAI Batch"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
+
+
+def line_bodies(request: Request) -> LineBodies:
+    """The body model of each url a batch line may name, as the app was given them."""
+    return request.app.state.line_bodies
+
+
+Bodies = Annotated[LineBodies, Depends(line_bodies)]
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
 MAX_LISTED_FILES = 10_000  # OpenAI's own bound and default for a page of files
 
@@ -42,14 +50,14 @@ class BatchCreate(BaseModel):
 
 @router.post("/v1/files", summary="Upload a batch input file (JSONL)")
 async def upload_file(
-    ctx: Ctx, caller: Caller, file: Annotated[UploadFile, File()],
+    ctx: Ctx, caller: Caller, bodies: Bodies, file: Annotated[UploadFile, File()],
     purpose: Annotated[str, Form()],
 ):  # fmt: skip
     if purpose != "batch":
         raise ApiError(400, f"purpose {quoted(purpose)} is not supported; only 'batch' is")
     content = await file.read()
     # Refused now, line by line, rather than at batch time; off the event loop (10 MiB).
-    await run_in_threadpool(parse_input, content)
+    await run_in_threadpool(parse_input, content, bodies)
     quota = file_limits(ctx.settings.limits_of(caller.tenant))
     stored = await ctx.batch.add_file(caller.tenant, purpose, file.filename or "batch.jsonl",
                                       content, **quota)  # fmt: skip
@@ -108,11 +116,11 @@ async def delete_file(file_id: str, ctx: Ctx, caller: Caller):
 
 
 @router.post("/v1/batches", summary="Run an uploaded file as a batch")
-async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller):
+async def create_batch(body: BatchCreate, ctx: Ctx, caller: Caller, bodies: Bodies):
     content = await ctx.batch.file_content(caller.tenant, body.input_file_id)
     if content is None:
         raise ApiError(404, f"unknown file {quoted(body.input_file_id)}")
-    lines = await run_in_threadpool(parse_input, content)
+    lines = await run_in_threadpool(parse_input, content, bodies)
     wrong = [line for line in lines if line.url != body.endpoint]
     if wrong:
         raise ApiError(400, f"line {wrong[0].line} of the file is for {wrong[0].url}, "

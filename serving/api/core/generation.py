@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -22,13 +23,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from adapters.registry.names import version_label
-from serving.api.batch.items import BatchCall
+from serving.api.core.caller import Principal
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import ApiError, error_body
 from serving.api.core.generator import QueueFull
 from serving.api.core.metering import RETRY_AFTER_SECONDS, Meter, PromptBill, admit, finish
 from serving.api.core.metrics import BASE
-from serving.api.edge.keys import Principal
+from serving.api.core.queued_call import QueuedCall
 from serving.engine.request import GenerateRequest, Priority, RequestOutput, TokenLogprob
 
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
@@ -137,6 +138,11 @@ class Generation:
             self._ctx.metrics.count_variants(self.meter.variants)
 
 
+def new_id(prefix: str) -> str:
+    """A fresh id for an answer: prefix, "-" and 32 hex digits."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
 async def start(
     ctx: ApiContext,
     request: GenerateRequest,
@@ -144,22 +150,22 @@ async def start(
     caller: Principal,
     session: str | None,
     t0: float,
-    batch: BatchCall | None = None,
+    queued: QueuedCall | None = None,
     variants: tuple[str, ...] = (),
     prompt_bill: PromptBill | None = None,
     first_choice: bool = True,
 ) -> Generation:
     """The request admitted, queued and its first output in hand; 400, 429 or 500 if not.
 
-    A batch item (batch given) runs at batch priority and is not rate limited: the feeder
+    A queued item (queued given) runs at batch priority and is not rate limited: the feeder
     paces batches, and its items only use capacity interactive requests leave. `variants`
     are those of the request's adapter (Version.variants), counted in the metrics.
     prompt_bill: shared by the n choices of one prompt, which bill it once (the first choice,
     unless it fails).
     """
-    if batch is not None:
+    if queued is not None:
         request = dataclasses.replace(request, priority=Priority.BATCH)
-        meter = Meter(caller, request.adapter, "batch", sink=batch, variants=variants)
+        meter = Meter(caller, request.adapter, "batch", sink=queued, variants=variants)
     else:
         admission = await admit(ctx, caller, request)
         meter = Meter(caller, request.adapter, "interactive", admission, variants=variants,

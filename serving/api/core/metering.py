@@ -3,7 +3,7 @@
 A request is admitted (only when a limit applies to its tenant) before it starts, and when it
 ends (finished, or left by its client) its usage is recorded and its admission released,
 charging what it used. A batch item
-is neither admitted nor recorded here: its record is left on its BatchCall, and the feeder
+is neither admitted nor recorded here: its record is left on its QueuedCall, and the feeder
 meters it once the item's result is committed.
 """
 
@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 
 from adapters.registry.names import version_label
-from serving.api.batch.items import BatchCall
+from serving.api.core.caller import Principal
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import ApiError
+from serving.api.core.queued_call import QueuedCall
 from serving.api.core.tenancy import rate_limited
-from serving.api.edge.keys import Principal
 from serving.engine.request import GenerateRequest, RequestOutput, SamplingParams
 from serving.usage.limits import Admission, RateLimited
 from serving.usage.store import UsageRecord
@@ -61,7 +61,7 @@ class Meter:
     kind: str = "interactive"  # | "batch"
     admission: Admission | None = None
     # A batch item's: its record is left here, metered by the feeder after the commit.
-    sink: BatchCall | None = None
+    sink: QueuedCall | None = None
     variants: tuple[str, ...] = ()  # the adapter's LoRA variants (Version.variants)
     # One of a prompt's n choices (n > 1): the prompt is billed once among them.
     prompt_bill: PromptBill | None = None

@@ -29,9 +29,9 @@ from adapters.errors import (
 from adapters.registry.names import parse_ref, split_model
 from adapters.registry.registry import Version
 from adapters.registry.visibility import resolve_for
+from serving.api.core.caller import Principal
 from serving.api.core.errors import ApiError
 from serving.api.core.settings import AppSettings
-from serving.api.edge.keys import Principal
 
 UNAVAILABLE = "the adapter registry cannot be reached; try again"
 log = logging.getLogger("loraserve.api")

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from adapters.format.base_model import BaseModelSpec
 from adapters.registry.registry import Registry
-from serving.api.edge.keys import Principal, load_keys
+from serving.api.core.caller import Principal
+from serving.api.core.keys_file import load_keys
 from serving.config import ServeConfig
 from serving.model.checkpoint import model_folder
 from serving.model.hf_config import load_model_config

@@ -25,8 +25,9 @@ import re
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from adapters.errors import quoted
+from serving.api.core.caller import PRINCIPAL, client_of
 from serving.api.core.errors import ApiError, send_error
-from serving.api.edge.keys import PRINCIPAL, KeyRing, client_of, identify
+from serving.api.edge.keys import KeyRing
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -65,7 +66,7 @@ class Gate:
             await self.app(scope, receive, send)
             return
         if PRINCIPAL in scope.get("state", {}):
-            # A batch item run through the app (batch_calls) arrives with its principal set:
+            # A queued item run through the app (serving.api.batch.items) arrives with its principal set:
             # no client can set scope state, so it was authenticated when it was submitted.
             await self.app(scope, receive, send)
             return
@@ -74,7 +75,7 @@ class Gate:
             if self.ring.open:
                 self._check_browser(method, headers, scope.get("scheme", "http"))
             elif _may_carry_body(method, headers):
-                principal = identify(self.ring, headers.get("authorization"), client_of(scope))
+                principal = self.ring.identify(headers.get("authorization"), client_of(scope))
                 # authenticate() reads it back rather than looking the key up again
                 scope.setdefault("state", {})[PRINCIPAL] = principal
         except ApiError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 
 from serving.api.core.generation import Outcome
@@ -14,10 +13,6 @@ from serving.model.tokenizer import Tokenizer
 # The engine's reasons that OpenAI has no word for: an abort never reaches a client that
 # is still there, and errors are answered as errors.
 FINISH_REASONS = {"stop": "stop", "length": "length"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def now() -> int:

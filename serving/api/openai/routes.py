@@ -1,8 +1,8 @@
 """OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models.
 
 The adapter is chosen by `model` ("<adapter>", "<model.id>:<adapter>"; model.id alone is
-the base model) or by the extra `lora` field (see resolve). Streams are server-sent events
-of chunks ending with `data: [DONE]`; errors are OpenAI's {"error": {...}}.
+the base model) or by the extra `lora` field (serving.api.core.resolve). Streams are
+server-sent events of chunks ending with `data: [DONE]`; errors are OpenAI's {"error": ...}.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import datetime
 from typing import Annotated
 
@@ -19,32 +18,27 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import RegistryUnavailable, quoted
-from adapters.registry.registry import Version
-from serving.api.batch.items import batch_call
-from serving.api.core.choices import collect_all, merged, start_all
+from serving.api.core.caller import Principal, authenticate
+from serving.api.core.choices import collect_all, merged
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.generation import Generation, answer, cache_salt, start, stream_error
-from serving.api.core.metering import PromptBill, check_choices_fit, fitted_to_token_limit
-from serving.api.core.prompts import chat_ids, given_ids, sampling, text_ids
+from serving.api.core.generation import Generation, answer, new_id, stream_error
+from serving.api.core.metering import fitted_to_token_limit
+from serving.api.core.prompts import chat_ids, given_ids, text_ids
+from serving.api.core.queued_call import queued_call
 from serving.api.core.resolve import (
     UNAVAILABLE,
-    adapter_from_lora,
     adapter_from_model,
-    pick_adapter,
-    resolve_version,
 )
-from serving.api.core.response_format import engine_format
 from serving.api.core.sse import event_stream
-from serving.api.edge.keys import Principal, authenticate
 from serving.api.openai import format as fmt
 from serving.api.openai.schemas import ChatCompletionRequest, CompletionRequest
-from serving.engine.request import GenerateRequest, RequestOutput
+from serving.api.openai.start import one_per_queued_item, sampling_for, start_choices, version_for
+from serving.engine.request import RequestOutput
 
 router = APIRouter(tags=["OpenAI"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
-SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
 
 
 @router.post("/v1/chat/completions", summary="Chat completion")
@@ -52,10 +46,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     t0, s = time.perf_counter(), ctx.settings
     version = await version_for(ctx, caller, body)
     params = sampling_for(body, s)
-    rid = fmt.new_id("chatcmpl")
-    _one_per_batch_line(request, 1, body.n)
+    rid = new_id("chatcmpl")
+    one_per_queued_item(request, 1, body.n)
     ids = await chat_ids(s, body.messages)
-    if body.output_limit() is None and batch_call(request) is None:  # (batches: no limits)
+    if body.output_limit() is None and queued_call(request) is None:  # (batches: no limits)
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=body.n)
     gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
     if body.stream:
@@ -72,8 +66,8 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     t0, s = time.perf_counter(), ctx.settings
     version = await version_for(ctx, caller, body)
     params = sampling_for(body, s)
-    rid, prompts = fmt.new_id("cmpl"), body.prompts()
-    _one_per_batch_line(request, len(prompts), body.n)
+    rid, prompts = new_id("cmpl"), body.prompts()
+    one_per_queued_item(request, len(prompts), body.n)
     ids = [await text_ids(s, p) if isinstance(p, str) else given_ids(s, p) for p in prompts]
     gens = await start_choices(ctx, caller, request, body, rid, ids, params, version, t0)
     if body.stream:
@@ -84,34 +78,6 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
         for o in outcomes
     ]
     return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs, body.n))
-
-
-def _one_per_batch_line(request: Request, prompts: int, n: int) -> None:
-    # A batch item's answer is metered as one record; its sender splits the rest into lines.
-    if (prompts > 1 or n > 1) and batch_call(request) is not None:
-        raise ApiError(400, "a batch line asks for one choice: one prompt, n 1; give each "
-                            "its own line")  # fmt: skip
-
-
-async def start_choices(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
-    """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
-    with seed + j when a seed is given, so the choices differ yet repeat. A prompt is
-    billed once, with its first choice."""
-    salt, who, n = cache_salt(ctx, caller), _who(request, t0, version), body.n
-    requests = []
-    for p, ids in enumerate(prompts):
-        for j in range(n):
-            rid_ = rid if len(prompts) * n == 1 else f"{rid}-{p * n + j}"
-            seeded = (
-                params if params.seed is None else replace(params, seed=(params.seed + j) % 2**63)
-            )
-            requests.append(_request(rid_, ids, seeded, version, salt, body))
-    check_choices_fit(ctx, caller, requests)
-    bills = [PromptBill() if n > 1 else None for _ in prompts]
-    return await start_all([
-        start(ctx, r, caller=caller, prompt_bill=bills[k // n], first_choice=k % n == 0, **who)
-        for k, r in enumerate(requests)
-    ])  # fmt: skip
 
 
 @router.get("/v1/models", summary="The base model and the adapters this key may use")
@@ -146,41 +112,6 @@ async def model_card(model: str, ctx: Ctx, caller: Caller):
             return _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id,
                          s.model_id)  # fmt: skip
     raise ApiError(404, f"the model {quoted(model)} does not exist", code="model_not_found")
-
-
-def sampling_for(body, settings):
-    """SamplingParams of a chat or text completion body (OpenAI's default temperature 1)."""
-    return sampling(
-        body,
-        settings,
-        max_tokens=body.output_limit(),
-        default_temperature=1.0,
-        stop=body.stop_strings(),
-        logprobs=body.num_logprobs(),
-    )
-
-
-def _request(rid, ids, params, version: Version | None, salt: str | None, body) -> GenerateRequest:
-    return GenerateRequest(
-        rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
-        response_format=engine_format(body.response_format),
-    )  # fmt: skip
-
-
-async def version_for(ctx: ApiContext, caller: Principal, body) -> Version | None:
-    s = ctx.settings
-    from_lora = adapter_from_lora(s, body.lora) if body.lora is not None else None
-    ref = pick_adapter(adapter_from_model(s, body.model), from_lora)
-    return await resolve_version(s, caller, ref)
-
-
-def _who(request: Request, t0: float, version: Version | None) -> dict:
-    return {
-        "session": request.headers.get(SESSION_HEADER),
-        "t0": t0,
-        "batch": batch_call(request),
-        "variants": version.variants if version else (),
-    }
 
 
 async def _chat_events(

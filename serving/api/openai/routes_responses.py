@@ -15,20 +15,20 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from serving.api.batch.items import batch_call
+from serving.api.core.caller import Principal, authenticate
 from serving.api.core.choices import collect_all, merged
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.generation import Generation, answer, failed
+from serving.api.core.generation import Generation, answer, failed, new_id
 from serving.api.core.metering import fitted_to_token_limit
 from serving.api.core.prompts import chat_ids
+from serving.api.core.queued_call import queued_call
 from serving.api.core.settings import AppSettings
 from serving.api.core.sse import event_stream
-from serving.api.edge.keys import Principal, authenticate
 from serving.api.openai import format as fmt
 from serving.api.openai.responses_format import ResponseView, final_status, response_usage
 from serving.api.openai.responses_schemas import ResponsesRequest
-from serving.api.openai.routes import sampling_for, start_choices, version_for
+from serving.api.openai.start import sampling_for, start_choices, version_for
 
 router = APIRouter(tags=["OpenAI"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -42,12 +42,12 @@ async def responses(body: ResponsesRequest, request: Request, ctx: Ctx, caller: 
     t0, s = time.perf_counter(), ctx.settings
     version = await version_for(ctx, caller, body)
     params = sampling_for(body, s)
-    rid = fmt.new_id("resp").replace("-", "_")
+    rid = new_id("resp").replace("-", "_")
     ids = await _prompt_ids(s, body)
-    if body.output_limit() is None and batch_call(request) is None:
+    if body.output_limit() is None and queued_call(request) is None:
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=1)
     gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
-    view = ResponseView(rid, fmt.new_id("msg").replace("-", "_"), fmt.now(), body)
+    view = ResponseView(rid, new_id("msg").replace("-", "_"), fmt.now(), body)
     if body.stream:
         return event_stream(gens, _events(ctx, gens[0], view), s.send_timeout_s)
     [outcome] = await collect_all(gens, request)

@@ -105,6 +105,10 @@ class OpenAIBody(SamplingFields):
             raise ValueError("stream_options is only allowed with stream: true")
         return self
 
+    def num_choices(self) -> int:
+        """The generations the body asks for: n for each prompt."""
+        return self.n
+
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
@@ -169,6 +173,9 @@ class CompletionRequest(OpenAIBody):
             raise ValueError(f"{len(self.prompts())} prompts x n={self.n} is {count} choices, "
                              f"more than the {MAX_GENERATIONS} one request may ask for")  # fmt: skip
         return self
+
+    def num_choices(self) -> int:
+        return len(self.prompts()) * self.n
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per choice: a lone text or token list is one prompt."""

@@ -17,21 +17,27 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from adapters.errors import quoted
-from serving.api.batch.format import workers_status
-from serving.api.batch.items import batch_call
-from serving.api.batch.results import streamed, workers_poll
-from serving.api.core.body_fields import WorkersAIRequest
+from serving.api.core.batch_store import streamed
+from serving.api.core.caller import Principal, authenticate
 from serving.api.core.choices import collect_all
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.generation import Generation, answer, cache_salt, start, stream_error
+from serving.api.core.generation import (
+    Generation,
+    answer,
+    cache_salt,
+    new_id,
+    start,
+    stream_error,
+)
 from serving.api.core.messages import ChatMessage
 from serving.api.core.prompts import chat_ids, sampling, text_ids
+from serving.api.core.queued_call import queued_call
 from serving.api.core.resolve import adapter_from_lora, resolve_version
 from serving.api.core.response_format import engine_format
 from serving.api.core.sse import event_stream
-from serving.api.edge.keys import Principal, authenticate
-from serving.api.openai.format import new_id
+from serving.api.workers_ai.queued import workers_poll, workers_status
+from serving.api.workers_ai.schemas import WorkersAIRequest
 from serving.batch.records import WORKERS_AI, NewItem
 from serving.engine.request import GenerateRequest, RequestOutput
 
@@ -88,7 +94,7 @@ async def run(
         caller=caller,
         session=request.headers.get(SESSION_HEADER),
         t0=t0,
-        batch=batch_call(request),
+        queued=queued_call(request),
         variants=version.variants if version else (),
     )
     if body.stream:

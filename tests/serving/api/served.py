@@ -19,7 +19,7 @@ from adapters.registry.names import OPERATOR
 from adapters.registry.registry import Registry
 from adapters.slab.slab import AdapterSlab
 from serving.api import AppSettings, LocalGenerator, create_app
-from serving.api.edge.keys import Principal, key_id
+from serving.api.core.caller import Principal, key_id
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.model.checkpoint import load_state_dict

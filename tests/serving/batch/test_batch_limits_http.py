@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from serving.api import create_app
 from serving.api.admin import routes_stats
-from serving.api.core.batch_store import LocalBatch
+from serving.api.batch.local_store import LocalBatch
 from serving.batch.store import BatchStore
 from tests.serving.api.held import Held, auth
 from tests.serving.api.served import ACME, GLOBEX, MODEL_ID, stub_settings

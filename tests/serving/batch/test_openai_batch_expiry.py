@@ -7,7 +7,7 @@ import time
 import pytest
 
 from serving.api.batch.format import openai_batch
-from serving.api.core.batch_store import memory_batch
+from serving.api.batch.local_store import memory_batch
 from serving.batch.records import OPENAI, WORKERS_AI, Job
 from tests.serving.api.served import serve
 from tests.serving.batch.openai_batch import (

@@ -5,7 +5,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.api.core.batch_store import LocalBatch
+from serving.api.batch.local_store import LocalBatch
 from serving.batch.records import NewItem
 from serving.batch.results import PAGE_ITEMS
 from tests.serving.api.held import Held, auth

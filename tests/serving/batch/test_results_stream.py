@@ -10,8 +10,9 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.api.batch.format import file_lines, workers_responses, workers_status
-from serving.api.core.batch_store import LocalBatch
+from serving.api.batch.format import file_lines
+from serving.api.batch.local_store import LocalBatch
+from serving.api.workers_ai.queued import workers_responses, workers_status
 from serving.batch.files import CHUNK_BYTES
 from serving.batch.records import WORKERS_AI
 from serving.batch.results import PAGE_BYTES, PAGE_ITEMS

@@ -11,13 +11,9 @@ import httpx
 import pytest
 from fastapi.responses import JSONResponse
 
-from serving.api.batch.format import (
-    file_lines,
-    output_file_ids,
-    workers_responses,
-    workers_status,
-)
-from serving.api.core.batch_store import LocalBatch
+from serving.api.batch.format import file_lines, output_file_ids
+from serving.api.batch.local_store import LocalBatch
+from serving.api.workers_ai.queued import workers_responses, workers_status
 from serving.batch.records import OPENAI, WORKERS_AI
 from serving.batch.store import BatchStore
 from tests.serving.api.held import auth

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.api.core.batch_store import LocalBatch
+from serving.api.batch.local_store import LocalBatch
 from serving.batch import space
 from serving.batch.store import BatchStore
 from tests.serving.api.held import Held, auth

@@ -7,8 +7,10 @@ import inspect
 import pytest
 from ray.exceptions import RayError, RayTaskError
 
-from serving.api.core.batch_store import BatchClient, LocalBatch, queue_full
+from serving.api.batch.local_store import LocalBatch
+from serving.api.core.batch_store import BatchClient
 from serving.api.core.errors import ApiError
+from serving.api.core.quotas import queue_full
 from serving.batch.store import BatchQueueFull
 from serving.deploy.batch_service import HandleBatch
 

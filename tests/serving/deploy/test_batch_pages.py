@@ -10,12 +10,8 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
-from serving.api.batch.format import (
-    file_lines,
-    output_file_ids,
-    workers_responses,
-    workers_status,
-)
+from serving.api.batch.format import file_lines, output_file_ids
+from serving.api.workers_ai.queued import workers_responses, workers_status
 from serving.batch.files import CHUNK_BYTES
 from serving.batch.records import OPENAI, WORKERS_AI
 from serving.batch.results import PAGE_ITEMS

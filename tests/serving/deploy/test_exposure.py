@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving.api.edge.keys import Principal
+from serving.api.core.caller import Principal
 from serving.config import ConfigError
 from serving.deploy.app import build
 from serving.deploy.exposure import UNKNOWN_HOST, OpenServerError, check_open_server, is_loopback

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from serving.api.edge.keys import key_id
+from serving.api.core.caller import key_id
 from tests.serving.deploy.served import MODEL_ID, free_port, serving, write_config
 from tests.serving.engine.world import build_world
 

@@ -12,9 +12,9 @@ import pytest
 
 from adapters.registry import publishing
 from serving.api.admin import routes_adapters
+from serving.api.core.caller import Principal, key_id
 from serving.api.core.errors import ApiError
 from serving.api.core.quotas import Holdings, check_quota, holdings
-from serving.api.edge.keys import Principal, key_id
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, KEYS, serve
 
 SECOND_ACME = "acme-key-second"

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from adapters.registry.names import OPERATOR
 from serving.api import create_app
-from serving.api.core.batch_store import LocalBatch, memory_batch, store_unreachable
+from serving.api.batch.local_store import LocalBatch, memory_batch
+from serving.api.core.batch_store import store_unreachable
 from serving.api.core.tenancy import LocalTenancy, limits_getter
 from serving.usage.service import Tenancy
 from serving.usage.store import UsageRecord, UsageStore

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from serving.api.core import metering
+from serving.api.core.caller import Principal
 from serving.api.core.errors import ApiError
-from serving.api.edge.keys import Principal
 from serving.engine.request import GenerateRequest, SamplingParams
 from serving.usage.limits import Admission
 

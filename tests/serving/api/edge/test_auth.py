@@ -6,8 +6,10 @@ import httpx
 import pytest
 
 from serving.api import create_app
+from serving.api.core.caller import OPEN, Principal
 from serving.api.core.errors import ApiError
-from serving.api.edge.keys import OPEN, KeyRing, Principal, identify, load_keys
+from serving.api.core.keys_file import load_keys
+from serving.api.edge.keys import KeyRing
 from serving.config import ConfigError
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve, stub_settings
 
@@ -161,18 +163,18 @@ def test_a_client_sending_wrong_keys_is_throttled_before_its_keys_are_compared()
     ring = KeyRing({K1: Principal("acme", "user")})
     for _ in range(20):
         with pytest.raises(ApiError) as info:
-            identify(ring, "Bearer not-a-key-0123456789", "10.0.0.1")
+            ring.identify("Bearer not-a-key-0123456789", "10.0.0.1")
         assert info.value.status == 401
     with pytest.raises(ApiError) as info:
-        identify(ring, f"Bearer {K1}", "10.0.0.1")  # even the right key: it is not compared
+        ring.identify(f"Bearer {K1}", "10.0.0.1")  # even the right key: it is not compared
     assert info.value.status == 429 and info.value.code == "too_many_invalid_keys"
     assert 1 <= int(info.value.headers["Retry-After"]) <= 60
-    assert identify(ring, f"Bearer {K1}", "10.0.0.2") == Principal("acme", "user")
+    assert ring.identify(f"Bearer {K1}", "10.0.0.2") == Principal("acme", "user")
     with pytest.raises(ApiError) as info:  # another client's success reset nothing
-        identify(ring, f"Bearer {K1}", "10.0.0.1")
+        ring.identify(f"Bearer {K1}", "10.0.0.1")
     assert info.value.status == 429
     with pytest.raises(ApiError) as info:  # no key at all is no guess: still 401
-        identify(ring, None, "10.0.0.1")
+        ring.identify(None, "10.0.0.1")
     assert info.value.status == 401
 
 

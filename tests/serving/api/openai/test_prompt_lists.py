@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serving.api import create_app
+from serving.api.app import LINE_BODIES
 from serving.api.batch.input import parse_input
 from serving.api.core.choices import start_all
 from serving.api.core.errors import ApiError
@@ -87,9 +88,9 @@ def test_a_batch_line_holds_one_prompt():
     line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
             "body": {"model": MODEL_ID, "prompt": ["a", "b"]}}  # fmt: skip
     with pytest.raises(ApiError, match="line 1: body: a line asks for one choice"):
-        parse_input(json.dumps(line).encode())
+        parse_input(json.dumps(line).encode(), LINE_BODIES)
     one = {**line, "body": {"model": MODEL_ID, "prompt": ["a"]}}
-    assert parse_input(json.dumps(one).encode())[0].body["prompt"] == ["a"]
+    assert parse_input(json.dumps(one).encode(), LINE_BODIES)[0].body["prompt"] == ["a"]
 
 
 class _Started(Generation):

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from serving.api.app import LINE_BODIES
 from serving.api.batch.input import (
     MAX_CUSTOM_ID,
     MAX_LINE_DEPTH,
@@ -25,7 +26,7 @@ def line(custom_id="a", url="/v1/chat/completions", body=None, **extra) -> str:
 
 def refused(*lines: str, raw: bytes | None = None) -> str:
     with pytest.raises(ApiError) as caught:
-        parse_input(raw if raw is not None else "\n".join(lines).encode())
+        parse_input(raw if raw is not None else "\n".join(lines).encode(), LINE_BODIES)
     assert caught.value.status == 400
     return caught.value.message
 
@@ -34,7 +35,7 @@ def test_good_lines_come_back_in_order_with_their_bodies():
     """Both endpoints' lines parse, each with its line number; blank lines, CRLF endings and
     a byte-order mark are harmless."""
     content = f"\ufeff{line('a')}\r\n\r\n  \n{line('b', '/v1/completions')}\n".encode()
-    assert parse_input(content) == [
+    assert parse_input(content, LINE_BODIES) == [
         InputLine("a", "/v1/chat/completions", CHAT, line=1),
         InputLine("b", "/v1/completions", TEXT, line=4),
     ]
@@ -95,7 +96,7 @@ def test_line_separators_inside_json_strings_do_not_cut_a_line():
     body = {"model": "demo", "messages": [{"role": "user", "content": "a\u2028b\u2029c\x85d"}]}
     text = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": body},
                       ensure_ascii=False)  # fmt: skip
-    (parsed,) = parse_input(text.encode())
+    (parsed,) = parse_input(text.encode(), LINE_BODIES)
     assert parsed.body == body and parsed.line == 1
 
 
@@ -111,7 +112,7 @@ def test_line_separators_inside_json_strings_do_not_cut_a_line():
 )  # fmt: skip
 def test_text_no_store_can_hold_is_refused_as_a_bad_line(raw, message):
     with pytest.raises(ApiError) as caught:
-        parse_input(raw.encode())
+        parse_input(raw.encode(), LINE_BODIES)
     assert caught.value.status == 400 and caught.value.message.startswith(message)
     assert "sys." not in caught.value.message
 
@@ -139,5 +140,5 @@ def test_a_line_nested_past_the_bound_is_refused_at_upload(levels):
 
 
 def test_a_line_at_the_bound_is_accepted():
-    [parsed] = parse_input(_nested(MAX_LINE_DEPTH).encode())
+    [parsed] = parse_input(_nested(MAX_LINE_DEPTH).encode(), LINE_BODIES)
     assert parsed.body["ignored"]["x"]["x"]

@@ -17,8 +17,8 @@ import pydantic
 import pytest
 import torch
 
-from serving.api.schema_patterns import MAX_PATTERN_REPEAT
-from serving.api.schema_rules import check_schema
+from serving.api.core.schema_patterns import MAX_PATTERN_REPEAT
+from serving.api.core.schema_rules import check_schema
 from serving.engine.grammar.compiler import GrammarCompiler, GrammarError
 from serving.engine.grammar.formats import PATTERNS
 from serving.engine.grammar.matcher import RowGrammar
@@ -173,7 +173,7 @@ def test_strict_reaches_the_estimate_from_the_api_and_the_engine(world):
     """300 properties compile in about a second strict, several times that not strict (a
     rule per prefix of the names): the same schema passes with strict, is refused without,
     as OpenAI's wrapper sends it and as the engine takes it."""
-    from serving.api.response_format import OpenAIResponseFormat
+    from serving.api.core.response_format import OpenAIResponseFormat
 
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(300)}}  # fmt: skip
     body = lambda strict: {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": strict}}  # fmt: skip  # noqa: E731

@@ -1,7 +1,8 @@
 """Who a batch item runs as: the submitting key's holder as the keys stand when it runs."""
 
 from serving.api.batch.items import item_caller
-from serving.api.edge.keys import KeyRing, Principal, key_id
+from serving.api.core.caller import Principal, key_id
+from serving.api.edge.keys import KeyRing
 from serving.batch.records import Item
 
 ACME_USER, ACME_ADMIN = (

@@ -19,25 +19,18 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, File, Form, Query, UploadFile
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import (
-    AdapterError,
-    NameConflict,
-    NotOwner,
-    RegistryCorrupt,
-    RegistryUnavailable,
-    UnknownAdapter,
-)
+from adapters.errors import AdapterError
 from adapters.format.adapter import Adapter, parse_adapter
 from adapters.format.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
 from adapters.registry.names import validate_name
 from adapters.registry.registry import Entry, Registry, Version
 from adapters.registry.visibility import manageable, visible_entry
 from serving.api.admin.adapter_json import entry_json, version_json
+from serving.api.core.adapter_errors import adapter_http_error
 from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.quotas import check_quota, holdings, tenant_lock
-from serving.api.core.resolve import UNAVAILABLE, damaged
 from serving.api.core.settings import AppSettings
 
 router = APIRouter(tags=["Adapters"])
@@ -199,18 +192,8 @@ def _set_public(
 async def _registry_call(fn, *args):
     try:
         return await run_in_threadpool(fn, *args)
-    except UnknownAdapter as exc:
-        raise ApiError(404, str(exc), code="adapter_not_found") from None
-    except NotOwner as exc:
-        raise ApiError(403, str(exc), code="permission_denied") from None
-    except NameConflict as exc:
-        raise ApiError(409, str(exc), code="conflict") from None
-    except RegistryUnavailable:
-        raise ApiError(503, UNAVAILABLE) from None
-    except RegistryCorrupt as exc:
-        raise damaged(exc) from None
     except AdapterError as exc:
-        raise ApiError(400, str(exc)) from None
+        raise adapter_http_error(exc, not_found="adapter_not_found") from None
 
 
 def _valid_name(name: str) -> None:

@@ -15,26 +15,16 @@ answers 404 at once. An adapter the caller may not see answers exactly as a miss
 
 from __future__ import annotations
 
-import logging
-
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import (
-    AdapterError,
-    RegistryCorrupt,
-    RegistryUnavailable,
-    UnknownAdapter,
-    quoted,
-)
+from adapters.errors import AdapterError, quoted
 from adapters.registry.names import parse_ref, split_model
 from adapters.registry.registry import Version
 from adapters.registry.visibility import resolve_for
+from serving.api.core.adapter_errors import adapter_http_error
 from serving.api.core.caller import Principal
 from serving.api.core.errors import ApiError
 from serving.api.core.settings import AppSettings
-
-UNAVAILABLE = "the adapter registry cannot be reached; try again"
-log = logging.getLogger("loraserve.api")
 
 
 def adapter_from_model(settings: AppSettings, model: str) -> str | None:
@@ -83,25 +73,9 @@ async def resolve_version(
     if ref is None:
         return None
     try:
-        version = await run_in_threadpool(resolve_for, settings.registry, caller.tenant, ref)
-    except UnknownAdapter as exc:
-        raise ApiError(404, str(exc), code="model_not_found") from None
-    except RegistryUnavailable:
-        raise ApiError(503, UNAVAILABLE) from None
-    except RegistryCorrupt as exc:
-        raise damaged(exc) from None
-    except AdapterError as exc:  # a malformed reference, named by the registry's check
-        raise ApiError(400, str(exc)) from None
-    return version
-
-
-def damaged(exc: RegistryCorrupt) -> ApiError:
-    """The 500 of a damaged registry record: the log gets which one, the client no paths."""
-    log.error("%s", exc)
-    return ApiError(
-        500, "the adapter registry holds a damaged record for this adapter; an operator can "
-        "repair it by uploading the adapter again",
-    )  # fmt: skip
+        return await run_in_threadpool(resolve_for, settings.registry, caller.tenant, ref)
+    except AdapterError as exc:  # a malformed reference is named by the registry's check
+        raise adapter_http_error(exc) from None
 
 
 def _model_not_found(model: str) -> ApiError:

@@ -17,7 +17,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import RegistryUnavailable, quoted
+from adapters.errors import AdapterError, quoted
+from serving.api.core.adapter_errors import adapter_http_error
 from serving.api.core.caller import Principal, authenticate
 from serving.api.core.choices import collect_all, merged
 from serving.api.core.context import ApiContext, api_context
@@ -27,7 +28,6 @@ from serving.api.core.metering import fitted_to_token_limit
 from serving.api.core.prompts import chat_ids, given_ids, text_ids
 from serving.api.core.queued_call import queued_call
 from serving.api.core.resolve import (
-    UNAVAILABLE,
     adapter_from_model,
 )
 from serving.api.core.sse import event_stream
@@ -87,8 +87,8 @@ async def models(ctx: Ctx, caller: Caller):
     s = ctx.settings
     try:
         entries = await run_in_threadpool(s.registry.list_visible, caller.tenant)
-    except RegistryUnavailable:
-        raise ApiError(503, UNAVAILABLE) from None
+    except AdapterError as exc:
+        raise adapter_http_error(exc) from None
     base = _card(s.model_id, 0, s.owned_by, None, s.model_id)
     adapters = [
         _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id, s.model_id)
@@ -105,8 +105,8 @@ async def model_card(model: str, ctx: Ctx, caller: Caller):
     name = adapter_from_model(s, model)  # 404 for another base or a malformed name
     try:
         entries = await run_in_threadpool(s.registry.list_visible, caller.tenant)
-    except RegistryUnavailable:
-        raise ApiError(503, UNAVAILABLE) from None
+    except AdapterError as exc:
+        raise adapter_http_error(exc) from None
     for e in entries:
         if e.name == name:
             return _card(f"{s.model_id}:{e.name}", _epoch(e.updated), e.owner, s.model_id,

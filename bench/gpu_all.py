@@ -108,10 +108,10 @@ def _lora_configs(device: str) -> str:
     """The tuned table the LoRA kernels read here (bench/gpu_lora_tune.py writes it)."""
     if device != "cuda":
         return "defaults (interpreter)"
-    from kernels.lora_tuning import file_for
+    from kernels.lora_tuning import table_path
 
-    path = os.environ.get("LORASERVE_LORA_CONFIGS") or file_for(torch.cuda.get_device_name())
-    return str(path) if os.path.isfile(path) else "defaults (no tuned table for this GPU)"
+    path, _ = table_path()
+    return str(path) if path.is_file() else "defaults (no tuned table for this GPU)"
 
 
 def _pytest_gpu_row() -> tuple[str, ...]:

@@ -108,6 +108,14 @@ def file_for(device_name: str) -> Path:
     return TUNED_DIR / (re.sub(r"[^A-Za-z0-9.-]+", "_", device_name).strip("_") + ".json")
 
 
+def table_path(index: int | None = None) -> tuple[Path, bool]:
+    """The table GPU `index` reads, and whether LORASERVE_LORA_CONFIGS named it."""
+    override = os.environ.get("LORASERVE_LORA_CONFIGS")
+    if override:
+        return Path(override), True  # the GPU is not asked: the named file serves every one
+    return file_for(torch.cuda.get_device_name(index)), False
+
+
 def _lookup(device: torch.device, op: str, num_tokens: int):
     # Once per launch: the defaults are built once, not per call (frozen, so shared).
     if device.type != "cuda":
@@ -120,8 +128,7 @@ def _lookup(device: torch.device, op: str, num_tokens: int):
 def _table(index: int) -> dict[str, dict[str, object]]:
     """{op: {bucket: config}} for GPU `index`; empty when the GPU has no file. A file named
     by LORASERVE_LORA_CONFIGS must exist."""
-    override = os.environ.get("LORASERVE_LORA_CONFIGS")
-    path = Path(override) if override else file_for(torch.cuda.get_device_name(index))
+    path, override = table_path(index)
     if not path.is_file():
         if override:
             raise ValueError(f"LORASERVE_LORA_CONFIGS: {path} is not a file")

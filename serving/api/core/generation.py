@@ -23,13 +23,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from adapters.registry.names import version_label
+from adapters.registry.registry import Version
 from serving.api.core.caller import Principal
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import ApiError, error_body
 from serving.api.core.generator import QueueFull
 from serving.api.core.metering import RETRY_AFTER_SECONDS, Meter, PromptBill, admit, finish
 from serving.api.core.metrics import BASE
-from serving.api.core.queued_call import QueuedCall
+from serving.api.core.queued_call import QueuedCall, queued_call
 from serving.engine.request import GenerateRequest, Priority, RequestOutput, TokenLogprob
 
 CLIENT_CLOSED = 499  # nginx's status for a client that left before the answer
@@ -141,6 +142,20 @@ class Generation:
 def new_id(prefix: str) -> str:
     """A fresh id for an answer: prefix, "-" and 32 hex digits."""
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
+
+
+def start_terms(request: Request, t0: float, version: Version | None) -> dict:
+    """start()'s keyword arguments that the HTTP request and its adapter version give: its
+    session (SESSION_HEADER), arrival t0, QueuedCall if a queued item, and LoRA variants."""
+    return {
+        "session": request.headers.get(SESSION_HEADER),
+        "t0": t0,
+        "queued": queued_call(request),
+        "variants": version.variants if version else (),
+    }
 
 
 async def start(

@@ -12,7 +12,7 @@ from serving.api.core.caller import Principal
 from serving.api.core.choices import start_all
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import ApiError
-from serving.api.core.generation import cache_salt, start
+from serving.api.core.generation import cache_salt, start, start_terms
 from serving.api.core.metering import PromptBill, check_choices_fit
 from serving.api.core.prompts import sampling
 from serving.api.core.queued_call import queued_call
@@ -25,14 +25,12 @@ from serving.api.core.resolve import (
 from serving.api.core.response_format import engine_format
 from serving.engine.request import GenerateRequest
 
-SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
-
 
 async def start_choices(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
     """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
     with seed + j when a seed is given, so the choices differ yet repeat. A prompt is
     billed once, with its first choice."""
-    salt, who, n = cache_salt(ctx, caller), _who(request, t0, version), body.n
+    salt, who, n = cache_salt(ctx, caller), start_terms(request, t0, version), body.n
     requests = []
     for p, ids in enumerate(prompts):
         for j in range(n):
@@ -80,12 +78,3 @@ async def version_for(ctx: ApiContext, caller: Principal, body) -> Version | Non
     from_lora = adapter_from_lora(s, body.lora) if body.lora is not None else None
     ref = pick_adapter(adapter_from_model(s, body.model), from_lora)
     return await resolve_version(s, caller, ref)
-
-
-def _who(request: Request, t0: float, version: Version | None) -> dict:
-    return {
-        "session": request.headers.get(SESSION_HEADER),
-        "t0": t0,
-        "queued": queued_call(request),
-        "variants": version.variants if version else (),
-    }

@@ -28,11 +28,11 @@ from serving.api.core.generation import (
     cache_salt,
     new_id,
     start,
+    start_terms,
     stream_error,
 )
 from serving.api.core.messages import ChatMessage
 from serving.api.core.prompts import chat_ids, sampling, text_ids
-from serving.api.core.queued_call import queued_call
 from serving.api.core.resolve import adapter_from_lora, resolve_version
 from serving.api.core.response_format import engine_format
 from serving.api.core.sse import event_stream
@@ -46,7 +46,6 @@ Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
 DEFAULT_MAX_TOKENS = 256  # Workers AI's default
 DEFAULT_TEMPERATURE = 0.6  # Workers AI's default
-SESSION_HEADER = "x-session-affinity"
 
 
 QueueFlag = Annotated[
@@ -92,10 +91,7 @@ async def run(
             response_format=engine_format(body.response_format),
         ),
         caller=caller,
-        session=request.headers.get(SESSION_HEADER),
-        t0=t0,
-        queued=queued_call(request),
-        variants=version.variants if version else (),
+        **start_terms(request, t0, version),
     )
     if body.stream:
         return event_stream(gen, _events(gen), s.send_timeout_s)

@@ -36,10 +36,6 @@ class Principal:
     def is_admin(self) -> bool:
         return self.scope == "admin"
 
-    def may_manage(self, owner: str) -> bool:
-        """Whether this caller may change or inspect an adapter that owner owns."""
-        return self.is_admin or owner == self.tenant
-
 
 OPEN = Principal(
     tenant="default", scope="admin", key_id="open"

@@ -90,14 +90,18 @@ class Engine:
         """Raise ValueError for a request that can never run."""
         check_request(request, self.max_model_len, self.vocab_size, self.slab is not None)
 
-    def submit(self, request: GenerateRequest, sink: Sink) -> None:
-        """Queue a request; sink(output) is called from the step thread for each increment."""
-        self.validate(request)
+    def submit(self, request: GenerateRequest, sink: Sink, *, validated: bool = False) -> None:
+        """Queue a request; sink(output) is called from the step thread for each increment.
+        validated: the caller ran validate() on it already (the API does, before its queue)."""
+        if not validated:
+            self.validate(request)
         self._intake.put(request, sink)
 
-    def add_request(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    def add_request(
+        self, request: GenerateRequest, *, validated: bool = False
+    ) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they come; leaving the stream early aborts it."""
-        return stream_outputs(self, request)
+        return stream_outputs(self, request, validated=validated)
 
     def abort(self, request_id: str) -> None:
         self._intake.abort(request_id)

@@ -9,8 +9,11 @@ from collections.abc import AsyncIterator
 from serving.engine.request import GenerateRequest, RequestOutput
 
 
-async def stream_outputs(engine, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-    """Submit request to engine; yield its outputs; leaving early aborts it."""
+async def stream_outputs(
+    engine, request: GenerateRequest, *, validated: bool = False
+) -> AsyncIterator[RequestOutput]:
+    """Submit request to engine (validated: engine.validate ran on it); yield its outputs;
+    leaving early aborts it."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -20,7 +23,7 @@ async def stream_outputs(engine, request: GenerateRequest) -> AsyncIterator[Requ
         except RuntimeError:  # the caller's loop has closed: nobody reads this stream
             engine.abort(request.request_id)
 
-    engine.submit(request, sink)
+    engine.submit(request, sink, validated=validated)
     finished = False
     try:
         while not finished:

@@ -60,6 +60,8 @@ class LocalGenerator:
         self, request: GenerateRequest, *, session: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """See Generator.generate; `session` is ignored, there is one replica."""
+        # Checked here, once, so that a request that can never run is refused (ValueError)
+        # before a full queue would refuse it; the engine then does not check it again.
         self.engine.validate(request)
         with self._lock:
             if self._num_waiting >= self.max_queue:
@@ -71,7 +73,7 @@ class LocalGenerator:
         try:
             # aclosing: leaving this generator early must close the engine's stream, whose
             # own cleanup aborts the request; an abandoned stream would run to the end.
-            async with aclosing(self.engine.add_request(request)) as stream:
+            async with aclosing(self.engine.add_request(request, validated=True)) as stream:
                 async for out in stream:
                     if waiting:
                         waiting = False

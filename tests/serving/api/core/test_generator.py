@@ -87,6 +87,15 @@ def test_invalid_request_raises_value_error(generator):
         asyncio.run(collect(generator, request("big", prompt=tuple(range(200)))))
 
 
+def test_a_request_is_checked_once(generator, monkeypatch):
+    """The generator checks a request before its queue; the engine does not check it again."""
+    engine, checks = generator.engine, []
+    check = engine.validate
+    monkeypatch.setattr(engine, "validate", lambda r: (checks.append(r.request_id), check(r)))
+    asyncio.run(collect(generator, request("once", 2)))
+    assert checks == ["once"]
+
+
 def test_max_queue_must_be_positive(world):
     with pytest.raises(ValueError, match="max_queue"):
         LocalGenerator(build_engine(world, world.adapters.__getitem__), max_queue=0)

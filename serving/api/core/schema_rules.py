@@ -2,8 +2,9 @@
 
 A schema is refused unless it is a valid JSON schema (jsonschema's metaschema check), small
 and shallow enough to check and compile at once, and made only of keywords the engine's
-grammar compiler was seen to enforce, each where it enforces it (the table below). Every
-refusal names the keyword and where it is, as a JSON pointer into the schema.
+grammar compiler was seen to enforce, each where it enforces it (the table in
+serving.engine.grammar.enforced). Every refusal names the keyword and where it is, as a
+JSON pointer into the schema.
 """
 
 from __future__ import annotations
@@ -21,69 +22,27 @@ from serving.api.core.schema_patterns import pattern_problem
 from serving.api.core.text import nesting, unicode
 from serving.engine.grammar.cost import cost_problem
 from serving.engine.grammar.cost import pointer as _where
-from serving.engine.grammar.formats import COUNTS, prepared
-from serving.engine.grammar.formats import PATTERNS as DATE_FORMATS
+from serving.engine.grammar.enforced import (
+    ALONE,
+    ANNOTATIONS,
+    DECIMALS,
+    EXACT_FORMATS,
+    FORMATS,
+    KEYWORDS,
+    LENGTHS,
+    MAX_MULTIPLE_OF,
+    NUMBER_ONLY,
+    STRING_ONLY,
+    VALUES,
+    WHY,
+)
+from serving.engine.grammar.formats import COUNTS, SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_ONE, prepared
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
 
-# What xgrammar 0.2.9 enforces, found by compiling a small schema per keyword as the engine
-# does (serving.engine.grammar.compiler) and checking, with jsonschema, the outputs of random
-# walks through its grammar (strict mode on and off):
-#   enforced      type properties required additionalProperties patternProperties
-#                 propertyNames minProperties maxProperties items prefixItems unevaluatedItems
-#                 minItems maxItems enum const anyOf $ref $defs definitions minimum maximum
-#                 exclusiveMinimum exclusiveMaximum minLength maxLength pattern
-#                 format (FORMATS); multipleOf on integers, up to 1024; allOf of one schema
-#   not enforced  uniqueItems contains minContains maxContains not if/then/else
-#                 dependentRequired dependentSchemas unevaluatedProperties (without strict)
-#                 oneOf (overlapping branches become anyOf) allOf of several, $anchor,
-#                 multipleOf on numbers, nullable and unknown keywords: ignored
-#   patterns      lookarounds and anchors inside are dropped (serving.api.core.schema_patterns);
-#                 an optional group with a repeat inside loses its first character unless
-#                 spelt {0,1}, which the engine does (serving.engine.grammar.formats)
-#   broken JSON   a pattern naming ", \ or a control character emits them unescaped
-#                 (minLength/maxLength did too until the engine took control characters
-#                 out of the grammar's negated classes)
-#   conditional   string keywords need `type` string, bounds need integer or number (ignored
-#                 otherwise); enum/const, anyOf, allOf and $ref drop sibling assertions; a
-#                 `required` name that properties lacks is ignored; pattern and format drop
-#                 minLength/maxLength beside them
-#   numbers       written with at most 6 decimals and no exponent: a range holding no such
-#                 number compiles to an empty grammar (an empty answer); integer bounds must
-#                 be whole (a compile error otherwise)
-#   formats       date and date-time allow days a month lacks (02-31), so the engine compiles
-#                 them as exact patterns (serving.engine.grammar.formats); ipv4 allows 01.2.3.4;
-#                 iri, idn-email, idn-hostname, regex ignored; the others not verified
-# Annotations (ANNOTATIONS) are always accepted: they assert nothing.
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
-                         "$comment", "deprecated", "readOnly", "writeOnly"})  # fmt: skip
-KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "patternProperties",
-    "propertyNames", "minProperties", "maxProperties", "items", "prefixItems",
-    "unevaluatedItems", "minItems", "maxItems", "enum", "const", "anyOf", "allOf", "$ref",
-    "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "minLength", "maxLength", "pattern", "format",
-})  # fmt: skip
-FORMATS = frozenset({"time", "duration", "email", "hostname", "ipv6", "uri", "uri-reference",
-                     "uuid", "json-pointer", *DATE_FORMATS})  # fmt: skip
 NOT_ENFORCED = "not enforced by the grammar compiler"
-WHY = {  # refused keywords whose reason says more than NOT_ENFORCED
-    "oneOf": "the grammar compiler treats overlapping branches as anyOf; use anyOf",
-    "nullable": 'not JSON Schema; use "type": [..., "null"]',
-    "unevaluatedProperties": 'not enforced without strict; use "additionalProperties": false',
-}
-STRING_ONLY = frozenset({"minLength", "maxLength", "pattern", "format"})
-NUMBER_ONLY = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-ALONE = ("$ref", "anyOf", "allOf")  # each beside annotations and definitions only
-VALUES = ("const", "enum")  # each beside annotations, definitions and type only
 DEFINITIONS = frozenset({"$defs", "definitions"})
-SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-SCHEMA_LISTS = ("prefixItems", "anyOf", "allOf")
-SCHEMA_ONE = ("additionalProperties", "items", "unevaluatedItems", "propertyNames")
-LENGTHS = ("minLength", "maxLength")
-MAX_MULTIPLE_OF = 1024  # xgrammar drops a larger one (and writes any integer)
-DECIMALS = 6  # the most fraction digits xgrammar writes for a bounded number
 
 
 def check_schema(schema: object, strict: bool = False) -> dict:
@@ -154,7 +113,7 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
     if "multipleOf" in node and node["multipleOf"] > MAX_MULTIPLE_OF:
         why = f"the grammar compiler ignores a multipleOf above {MAX_MULTIPLE_OF}"
         raise _refuse(path, "multipleOf", why)
-    if node.get("format") in DATE_FORMATS and "pattern" in node:
+    if node.get("format") in EXACT_FORMATS and "pattern" in node:
         raise _refuse(path, "format", "it is compiled as a pattern: give format or pattern")
     if "format" in node and node["format"] not in FORMATS:
         why = f"format {node['format']!r} is not enforced; these are: {', '.join(sorted(FORMATS))}"
@@ -195,7 +154,8 @@ def _walk(node: object, path: tuple, root: dict, implied: tuple[str, ...]) -> No
     missing = [n for n in node.get("required", []) if n not in node.get("properties", {})]
     if missing:
         raise _refuse(path, "required", f"{missing[0]!r} is not in properties")
-    for key in SCHEMA_MAPS:
+    # Keywords the compiler ignores were refused above: their schemas are never reached.
+    for key in (*SCHEMA_MAPS, "patternProperties"):
         for name, sub in node.get(key, {}).items():
             _walk(sub, (*path, key, name), root, ())
     for key in SCHEMA_LISTS:

@@ -1,17 +1,18 @@
 """A schema as the grammar compiler is to read it: date formats and patterns it would
-misread, rewritten into equivalents it enforces exactly.
+misread (see enforced, the table of what it enforces), rewritten into equivalents it
+enforces exactly.
 
-- `"format": "date"` / `"date-time"`: xgrammar's own rules allow days a month lacks
-  (02-31), so they are compiled as the patterns below instead: every month its own days,
-  29 February in leap years only, years 0001-9999 (as Python's date reads them), times
-  00:00:00-23:59:59 with up to 6 fraction digits and a Z or +hh:mm offset. What they write
-  is RFC 3339's, in its upper-case spelling.
-- A group made optional with `?`: xgrammar 0.2.9 drops the group's first character when a
-  counted or unbounded repeat follows it inside (`a(-[0-9]{1,3})?` writes `a12`), so `)?`
-  becomes the same `){0,1}`, which it enforces.
+- `"format"` in EXACT_FORMATS (`date`, `date-time`) is compiled as the patterns below:
+  every month its own days, 29 February in leap years only, years 0001-9999 (as Python's
+  date reads them), times 00:00:00-23:59:59 with up to 6 fraction digits and a Z or
+  +hh:mm offset. What they write is RFC 3339's, in its upper-case spelling.
+- A group made optional with `?` loses its first character when a repeat follows it inside
+  (`a(-[0-9]{1,3})?` writes `a12`), so `)?` becomes the same `){0,1}`, which is enforced.
 """
 
 from __future__ import annotations
+
+from serving.engine.grammar.enforced import EXACT_FORMATS
 
 YEAR = "(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
 MONTH_DAY = (
@@ -24,7 +25,7 @@ LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[
 DATE = f"(?:{YEAR}-{MONTH_DAY}|{LEAP_YEAR}-02-29)"
 TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?"
 OFFSET = "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
-PATTERNS = {"date": f"^{DATE}$", "date-time": f"^{DATE}T{TIME}{OFFSET}$"}
+PATTERNS = dict(zip(EXACT_FORMATS, (f"^{DATE}$", f"^{DATE}T{TIME}{OFFSET}$"), strict=True))
 
 
 # Where a schema holds schemas; anything else (const, enum, default, examples) is a value,

@@ -1,9 +1,10 @@
-"""One batch item run through the app itself, as the HTTP request it stands for.
+"""One queued item (an OpenAI batch line, a Workers-AI queued request) run through the app
+itself, as the HTTP request it stands for.
 
 An item is the body of a request to one of the app's own routes (/ai/run/{model},
-/v1/chat/completions, /v1/completions, /v1/responses), so it is served by that route in this process: the
-same validation, adapter resolution, generation and answer as if its tenant had sent it,
-minus the network. The call's ASGI scope carries its principal (which the gate trusts: no
+/v1/chat/completions, /v1/completions, /v1/responses), so it is served by that route in this
+process: the same validation, adapter resolution, generation and answer as if its tenant
+had sent it, minus the network. The call's ASGI scope carries its principal (which the gate trusts: no
 client can set scope state) and a QueuedCall (serving.api.core.queued_call), which runs
 it at the scheduler's batch priority, unadmitted, its usage left for the feeder to meter.
 """

@@ -121,7 +121,7 @@ class Generation:
         out = self._last
         reason = (out.finish_reason or "stop") if out.finished else "abort"
         status = {"abort": CLIENT_CLOSED, "error": failed(out).status}.get(reason, 200)
-        # A batch item's wait is by design; it would only blur the interactive latencies.
+        # A queued item's wait is by design; it would only blur the interactive latencies.
         interactive = self.meter.kind == "interactive"
         ttft = self._ttft if interactive else None
         self._ctx.metrics.observe(

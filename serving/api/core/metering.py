@@ -2,9 +2,8 @@
 
 A request is admitted (only when a limit applies to its tenant) before it starts, and when it
 ends (finished, or left by its client) its usage is recorded and its admission released,
-charging what it used. A batch item
-is neither admitted nor recorded here: its record is left on its QueuedCall, and the feeder
-meters it once the item's result is committed.
+charging what it used. A queued item is neither admitted nor recorded here: its record is
+left on its QueuedCall, and the feeder meters it once the item's result is committed.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class Meter:
     adapter: str | None  # the qualified version, None for the base model
     kind: str = "interactive"  # | "batch"
     admission: Admission | None = None
-    # A batch item's: its record is left here, metered by the feeder after the commit.
+    # A queued item's: its record is left here, metered by the feeder after the commit.
     sink: QueuedCall | None = None
     variants: tuple[str, ...] = ()  # the adapter's LoRA variants (Version.variants)
     # One of a prompt's n choices (n > 1): the prompt is billed once among them.
@@ -203,7 +202,7 @@ async def finish(
     if record is not None:  # the metrics count what the store records
         ctx.metrics.meter(record.tenant, record.kind, record.prompt_tokens,
                           record.cached_tokens, record.completion_tokens)  # fmt: skip
-    if meter.sink is not None:  # a batch item: no admission, metered after its commit
+    if meter.sink is not None:  # a queued item: no admission, metered after its commit
         meter.sink.record = record
         return
     try:

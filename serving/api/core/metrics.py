@@ -146,7 +146,7 @@ class Metrics:
         completion_tokens: int,
     ) -> None:
         """Record one request that reached the engine, when it ends; its latencies (ttft,
-        e2e) only where they are given: a batch item's include its queue's wait, by design,
+        e2e) only where they are given: a queued item's include its queue's wait, by design,
         and would set off latency alerts whenever a large batch runs."""
         self.requests.labels(label, finish_reason, str(status)).inc()
         self.prompt_tokens.labels(label).inc(prompt_tokens)

@@ -27,7 +27,7 @@ class Event(NamedTuple):
     end: float
     tenant: str
     adapter: str  # "tenant/name" or "base"
-    ttft: float | None  # None: kept out of the percentiles (a batch item's)
+    ttft: float | None  # None: kept out of the percentiles (a queued item's)
     tokens: int  # generated
 
 

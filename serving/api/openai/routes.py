@@ -49,7 +49,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     rid = new_id("chatcmpl")
     one_per_queued_item(request, 1, body.n)
     ids = await chat_ids(s, body.messages)
-    if body.output_limit() is None and queued_call(request) is None:  # (batches: no limits)
+    if body.output_limit() is None and queued_call(request) is None:  # (queued items: no limits)
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=body.n)
     gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
     if body.stream:

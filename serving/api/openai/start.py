@@ -48,7 +48,7 @@ async def start_choices(ctx, caller, request, body, rid, prompts, params, versio
 
 
 def one_per_queued_item(request: Request, prompts: int, n: int) -> None:
-    # A batch item's answer is metered as one record; its sender splits the rest into lines.
+    # A queued item's answer is metered as one record; its sender splits the rest into lines.
     if (prompts > 1 or n > 1) and queued_call(request) is not None:
         raise ApiError(400, "a batch line asks for one choice: one prompt, n 1; give each "
                             "its own line")  # fmt: skip

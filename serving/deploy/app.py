@@ -25,7 +25,8 @@ from ray.serve.config import RequestRouterConfig
 
 from adapters.format.adapter import load_adapter
 from adapters.registry.names import OPERATOR
-from adapters.registry.registry import Registry, Version
+from adapters.registry.records import Version
+from adapters.registry.registry import Registry
 from serving.api.core.caller import Principal
 from serving.api.core.settings import served_spec
 from serving.config import ServeConfig, load_config

@@ -27,8 +27,9 @@ from serving.api.core.metering import TENANCY_TIMEOUT_S
 from serving.config import LimitsSection
 from serving.usage.limits import Admission, RateLimited
 from serving.usage.outbox import Outbox, with_id
+from serving.usage.record import UsageRecord
 from serving.usage.service import Tenancy, limits_from_config
-from serving.usage.store import UsageRecord, UsageStore
+from serving.usage.store import UsageStore
 
 HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has
 # Every replica's admissions and records meet here; each call is brief (a lock, a commit).

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
 
-from adapters.slab.slab import SlabFull
+from adapters.slab.stats import SlabFull
 
 
 class Residency:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adapters.registry.registry import Entry, Version
+from adapters.registry.records import Entry, Version
 
 
 def version_json(v: Version) -> dict:

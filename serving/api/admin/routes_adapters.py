@@ -23,7 +23,8 @@ from adapters.errors import AdapterError
 from adapters.format.adapter import Adapter, parse_adapter
 from adapters.format.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
 from adapters.registry.names import validate_name
-from adapters.registry.registry import Entry, Registry, Version
+from adapters.registry.records import Entry, Version
+from adapters.registry.registry import Registry
 from adapters.registry.visibility import manageable, visible_entry
 from serving.api.admin.adapter_json import entry_json, version_json
 from serving.api.core.adapter_errors import adapter_http_error

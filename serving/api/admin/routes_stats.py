@@ -21,7 +21,6 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError
-from adapters.registry.names import validate_tenant
 from serving.api.admin.stats import (
     adapter_figures,
     events_by_replica,
@@ -30,7 +29,7 @@ from serving.api.admin.stats import (
     summary,
     usage_totals,
 )
-from serving.api.core.caller import Principal, authenticate
+from serving.api.core.caller import Principal, authenticate, named_tenant
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.metering import TENANCY_TIMEOUT_S
@@ -39,7 +38,7 @@ from serving.api.core.quotas import MB, holdings
 from serving.api.core.recent import WINDOW_S
 from serving.api.core.tenancy import rate_limited
 from serving.config import TenantLimitsSection
-from serving.usage.store import minute_of
+from serving.usage.record import minute_of
 
 log = logging.getLogger("loraserve.api")
 
@@ -57,18 +56,7 @@ async def stats(
     caller: Caller,
     tenant: Annotated[str | None, Query(description="Admin keys: whose usage.")] = None,
 ):
-    if tenant is None or tenant == caller.tenant:
-        tenant = caller.tenant
-    elif not caller.is_admin:
-        raise ApiError(
-            403, f"this key sees the figures of tenant {caller.tenant!r} only",
-            code="permission_denied",
-        )  # fmt: skip
-    else:
-        try:
-            validate_tenant(tenant)
-        except AdapterError as exc:
-            raise ApiError(400, f"tenant: {exc}") from None
+    tenant = named_tenant(caller, tenant, "figures") or caller.tenant
     now = time.time()
     figures = await ctx.generator.figures()
     # at once, so that the rates' clock reads when the figures came

@@ -26,13 +26,12 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError
-from adapters.registry.names import validate_tenant
-from serving.api.core.caller import Principal, authenticate
+from serving.api.core.caller import Principal, authenticate, named_tenant
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.metering import TENANCY_TIMEOUT_S
 from serving.api.core.quotas import holdings, quota_figures
-from serving.usage.store import minute_of
+from serving.usage.record import minute_of
 
 log = logging.getLogger("loraserve.api")
 
@@ -54,18 +53,9 @@ async def usage(
     group_by: Literal["adapter", "key", "day", "tenant"] = "adapter",
     tenant: Annotated[str | None, Query(description="Admin keys: one tenant.")] = None,
 ):
-    if not caller.is_admin:
-        if tenant not in (None, caller.tenant):
-            raise ApiError(
-                403, f"this key sees the usage of tenant {caller.tenant!r} only",
-                code="permission_denied",
-            )  # fmt: skip
-        tenant = caller.tenant
-    elif tenant is not None:
-        try:  # as /v1/stats answers it: a name no tenant can have is a 400, not an empty list
-            validate_tenant(tenant)
-        except AdapterError as exc:
-            raise ApiError(400, f"tenant: {exc}") from None
+    tenant = named_tenant(caller, tenant, "usage")
+    if tenant is None and not caller.is_admin:
+        tenant = caller.tenant  # an admin naming none sees every tenant's
     since, until = _time("start", start), _time("end", end)
     if since is not None and until is not None and since > until:
         raise ApiError(400, "start: it is after end")

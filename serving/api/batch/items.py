@@ -20,7 +20,7 @@ from starlette.types import Message
 from serving.api.core.caller import PRINCIPAL, Keys, Principal
 from serving.api.core.queued_call import QUEUED_CALL, QueuedCall
 from serving.batch.records import Item, ItemResult
-from serving.usage.store import UsageRecord
+from serving.usage.record import UsageRecord
 
 
 def item_path(item: Item) -> str:

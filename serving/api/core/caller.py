@@ -17,6 +17,8 @@ from typing import Annotated, Protocol
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from adapters.errors import AdapterError
+from adapters.registry.names import validate_tenant
 from serving.api.core.errors import ApiError
 
 PRINCIPAL = "loraserve.principal"  # where serving.api.edge.gate leaves the caller in scope["state"]
@@ -99,3 +101,20 @@ async def caller_if_any(
         return principal_of(request)
     except ApiError:
         return None
+
+
+def named_tenant(caller: Principal, tenant: str | None, what: str) -> str | None:
+    """The tenant a query's ?tenant= names for caller: its own, or any valid one for an admin
+    key (400 for a name no tenant can have, not an empty answer); None when none is named."""
+    if tenant is None or tenant == caller.tenant:
+        return tenant
+    if not caller.is_admin:
+        raise ApiError(
+            403, f"this key sees the {what} of tenant {caller.tenant!r} only",
+            code="permission_denied",
+        )  # fmt: skip
+    try:
+        validate_tenant(tenant)
+    except AdapterError as exc:
+        raise ApiError(400, f"tenant: {exc}") from None
+    return tenant

@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from adapters.registry.names import version_label
-from adapters.registry.registry import Version
+from adapters.registry.records import Version
 from serving.api.core.caller import Principal
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import ApiError, error_body

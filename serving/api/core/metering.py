@@ -22,7 +22,7 @@ from serving.api.core.queued_call import QueuedCall
 from serving.api.core.tenancy import rate_limited
 from serving.engine.request import GenerateRequest, RequestOutput, SamplingParams
 from serving.usage.limits import Admission, RateLimited
-from serving.usage.store import UsageRecord
+from serving.usage.record import UsageRecord
 
 RETRY_AFTER_SECONDS = 1
 # Admission and usage records wait at most this for the tenancy (a Ray deployment may be

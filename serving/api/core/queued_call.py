@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from serving.usage.store import UsageRecord
+from serving.usage.record import UsageRecord
 
 QUEUED_CALL = "loraserve.queued_call"  # where a queued item's QueuedCall sits in scope["state"]
 

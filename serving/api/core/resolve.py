@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError, quoted
 from adapters.registry.names import parse_ref, split_model
-from adapters.registry.registry import Version
+from adapters.registry.records import Version
 from adapters.registry.visibility import resolve_for
 from serving.api.core.adapter_errors import adapter_http_error
 from serving.api.core.caller import Principal

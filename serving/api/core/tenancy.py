@@ -14,8 +14,9 @@ from typing import Protocol
 from starlette.concurrency import run_in_threadpool
 
 from serving.usage.limits import RATE_LIMITS, Admission, Limits
+from serving.usage.record import UsageRecord
 from serving.usage.service import Tenancy
-from serving.usage.store import UsageRecord, UsageStore
+from serving.usage.store import UsageStore
 
 
 class TenancyClient(Protocol):

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from fastapi import Request
 
-from adapters.registry.registry import Version
+from adapters.registry.records import Version
 from serving.api.core.caller import Principal
 from serving.api.core.choices import start_all
 from serving.api.core.context import ApiContext

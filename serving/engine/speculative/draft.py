@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adapters.slab.slab import SlabFull
+from adapters.slab.stats import SlabFull
 from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
 from serving.engine.logits_processors import apply_penalties, sampling_probs

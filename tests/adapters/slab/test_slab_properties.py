@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from adapters.errors import AdapterError
 from adapters.slab.pages import page_costs
-from adapters.slab.slab import AdapterSlab, SlabFull
+from adapters.slab.slab import AdapterSlab
+from adapters.slab.stats import SlabFull
 from tests.adapters.factory import TINY_SPEC
 from tests.adapters.slab.helpers import ALL, ATTN, BAD, Registry, assert_holds, make_adapter
 

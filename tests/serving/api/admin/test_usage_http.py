@@ -16,8 +16,9 @@ from serving.api import create_app
 from serving.api.batch.local_store import LocalBatch, memory_batch
 from serving.api.core.batch_store import store_unreachable
 from serving.api.core.tenancy import LocalTenancy, limits_getter
+from serving.usage.record import UsageRecord
 from serving.usage.service import Tenancy
-from serving.usage.store import UsageRecord, UsageStore
+from serving.usage.store import UsageStore
 from tests.serving.api.held import Held
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, KEYS, MODEL_ID, serve, stub_settings
 

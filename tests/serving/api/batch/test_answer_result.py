@@ -6,7 +6,7 @@ import json
 import pytest
 
 from serving.api.batch.items import answer_result
-from serving.usage.store import UsageRecord
+from serving.usage.record import UsageRecord
 
 ANSWERS = {
     "chat / completions": {"usage": {"prompt_tokens": 7, "completion_tokens": 3,

@@ -1,4 +1,5 @@
-"""The HTTP layer: OpenAI and Workers-AI routes, adapter management, auth, metrics."""
+"""The HTTP layer: one core (core/) with protocol wings (openai/, workers_ai/, batch/, admin/,
+edge/) that never import each other; app.py assembles them."""
 
 from serving.api.app import create_app
 from serving.api.core.generator import Generator, LocalGenerator, QueueFull

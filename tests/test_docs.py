@@ -131,3 +131,45 @@ def test_links_lead_somewhere(page):
         assert file.exists(), f"{page}: {link} leads to no file"
         if fragment and file.suffix == ".md":
             assert fragment in _anchors(file.read_text(encoding="utf-8")), f"{page}: {link}"
+
+
+# serving/api/core/caller.py, `adapters/slab/`, kernels/lora_ops.py:lora_shrink: a path of this
+# tree, in prose, backticks or a drawing (the path ends where a wildcard or placeholder starts).
+TREE_PATH = re.compile(
+    r"(?<![\w./-])((?:kernels|adapters|serving|bench|tests|configs|models|helm|docs)/[\w./-]*)"
+)
+PAGES = [
+    "README.md",
+    "bench/README.md",
+    *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+]
+
+
+def _tree_paths(text: str) -> set[str]:
+    return {m.rstrip(".") for m in TREE_PATH.findall(text)}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_paths_named_in_the_docs_exist(page):
+    missing = [p for p in _tree_paths((ROOT / page).read_text(encoding="utf-8"))
+               if not (ROOT / p).exists()]  # fmt: skip
+    assert not missing, f"{page} names paths that are gone: {sorted(missing)}"
+
+
+def test_the_path_reader_sees_a_moved_file():
+    assert _tree_paths("in `serving/api/core/caller.py`, `adapters/slab/`.") == {
+        "serving/api/core/caller.py", "adapters/slab/",
+    }  # fmt: skip
+    assert not (ROOT / "serving/api/auth.py").exists()  # the kind of path the test catches
+
+
+def test_the_architecture_map_names_every_package():
+    """docs/architecture.md is the living map: a package folder it does not name is a room
+    added without its place on the map."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = sorted(
+        p.parent.relative_to(ROOT).as_posix() + "/"
+        for top in ("kernels", "adapters", "serving")
+        for p in (ROOT / top).rglob("__init__.py")
+    )
+    assert [p for p in packages if f"`{p}" not in text] == []

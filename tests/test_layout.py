@@ -67,6 +67,31 @@ def test_serving_parts_import_only_downward(part):
                 )
 
 
+# adapters' folders, each with the folders of adapters it may import (besides itself): the
+# format is read by all, the registry stores formats, the slab loads registry versions (by
+# their digests), the CLI drives the registry; adapters.errors is everyone's.
+ADAPTERS_ALLOWED = {
+    "adapters.format": {"adapters.errors"},
+    "adapters.registry": {"adapters.errors", "adapters.format"},
+    "adapters.slab": {"adapters.errors", "adapters.format", "adapters.registry"},
+    "adapters.cli": {"adapters.errors", "adapters.format", "adapters.registry"},
+}
+
+
+@pytest.mark.parametrize("part", sorted(ADAPTERS_ALLOWED))
+def test_adapters_folders_import_only_downward(part):
+    for path in sorted((ROOT / part.replace(".", "/")).rglob("*.py")):
+        for name in _imports(path):
+            other = ".".join(name.split(".")[:2])
+            if name.startswith("adapters.") and other != part:
+                assert other in ADAPTERS_ALLOWED[part], f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_every_adapters_folder_has_its_rule():
+    folders = {f"adapters.{p.parent.name}" for p in (ROOT / "adapters").glob("*/__init__.py")}
+    assert folders == ADAPTERS_ALLOWED.keys()
+
+
 def test_no_module_imports_itself_back_at_import_time():
     """No cycle among our modules' top-level imports (imports inside functions are lazy)."""
     modules = {}

@@ -10,20 +10,15 @@ the app sees what any ASGI server would send: the request ends as a disconnect (
 from __future__ import annotations
 
 from ray.exceptions import TaskCancelledError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from serving.api.edge.http_middleware import HttpMiddleware
 
 
-class DisconnectOnCancel:
+class DisconnectOnCancel(HttpMiddleware):
     """ASGI middleware: receive() raising TaskCancelledError -> {"type": "http.disconnect"}."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def receive_or_disconnect() -> Message:
             try:
                 return await receive()

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 
 from starlette.middleware import Middleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from serving.api.core.errors import error_body
+from serving.api.edge.http_middleware import HttpMiddleware
 from serving.api.edge.request_id import SaneIncomingId
 
 CUT_MESSAGE = "the model replica serving this request failed; retry the request"
@@ -31,16 +32,10 @@ PROXY_ENV = {
 }
 
 
-class EndCutStreams:
+class EndCutStreams(HttpMiddleware):
     """Ends an HTTP answer whose app returned after the status line but before the body's end."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = ended = events = False
 
         async def watch(message: Message) -> None:
@@ -62,7 +57,7 @@ class EndCutStreams:
             await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class StartingProbe:
+class StartingProbe(HttpMiddleware):
     """/readyz answers 503 {"status": "starting"} while the app has no replica to answer it.
 
     The HTTP app runs on the replicas, so until one is up Ray's proxy knows no route and
@@ -70,11 +65,8 @@ class StartingProbe:
     same answer the app gives while it loads (serving.api.admin.routes_ops).
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") != "/readyz":
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("path") != "/readyz":
             await self.app(scope, receive, send)
             return
         unrouted = False

@@ -19,11 +19,12 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.core.errors import send_error
+from serving.api.edge.http_middleware import HttpMiddleware
 
 TRUE = frozenset({"1", "true", "on", "yes", "y", "t"})
 
 
-class BodyLimit:
+class BodyLimit(HttpMiddleware):
     """ASGI middleware: HTTP bodies larger than max_body_bytes get a 413 JSON answer."""
 
     def __init__(
@@ -33,14 +34,12 @@ class BodyLimit:
         max_batch_bytes: int | None = None,
         max_upload_bytes: int | None = None,
     ):
-        self.app, self.max_body_bytes = app, max_body_bytes
+        super().__init__(app)
+        self.max_body_bytes = max_body_bytes
         self.max_batch_bytes = max_batch_bytes if max_batch_bytes is not None else max_body_bytes
         self.max_upload_bytes = max_upload_bytes if max_upload_bytes is not None else max_body_bytes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         encoding = _content_encoding(scope)
         if encoding not in ("", "identity"):  # a compressed body would pass the count unread
             text = f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"

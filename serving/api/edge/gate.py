@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from adapters.errors import quoted
 from serving.api.core.caller import PRINCIPAL, client_of
 from serving.api.core.errors import ApiError, send_error
+from serving.api.edge.http_middleware import HttpMiddleware
 from serving.api.edge.keys import KeyRing
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -55,16 +56,14 @@ def loopback_authority(authority: str) -> bool:
     return match is not None and is_loopback(match["v6"] or match["name"])
 
 
-class Gate:
+class Gate(HttpMiddleware):
     """ASGI middleware ahead of the body limit: keys first, or the keyless browser checks."""
 
     def __init__(self, app: ASGIApp, ring: KeyRing, check_host: bool = True) -> None:
-        self.app, self.ring, self.check_host = app, ring, check_host
+        super().__init__(app)
+        self.ring, self.check_host = ring, check_host
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         if PRINCIPAL in scope.get("state", {}):
             # A queued item run through the app (serving.api.batch.items) arrives with its principal set:
             # no client can set scope state, so it was authenticated when it was submitted.

@@ -15,6 +15,8 @@ import secrets
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serving.api.edge.http_middleware import HttpMiddleware
+
 HEADER = "x-request-id"
 SANE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
@@ -42,16 +44,10 @@ class SaneIncomingId:
         await self.app(scope, receive, send)
 
 
-class RequestId:
+class RequestId(HttpMiddleware):
     """ASGI middleware: scope["state"]["request_id"] and the answer's x-request-id header."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         sent = _first(scope).decode("latin-1")
         rid = sent if echoable(sent) else f"req_{secrets.token_hex(16)}"
         scope.setdefault("state", {})["request_id"] = rid

@@ -1,0 +1,27 @@
+"""The shape of our ASGI middlewares: HTTP requests are theirs, every other scope passes by.
+
+A server sends lifespan (and, were a route to take one, websocket) scopes through the same
+stack; none of our middlewares has anything to say about them, so each hands them on as
+they came. The app's (the edge's) and Ray Serve's proxy's (serving.deploy) share it.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+class HttpMiddleware:
+    """ASGI middleware whose handle() sees each HTTP request; any other scope goes to app untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One HTTP request: answer it, or hand it on to self.app."""
+        raise NotImplementedError

@@ -1,7 +1,7 @@
 """One Batch deployment for every replica: the batch store and the feeder that runs its items.
 
-Like the Tenancy, it is a single replica (`num_cpus: 0`) on the head node, where batch.store
-names one SQLite file however often it restarts. Every ModelServer's app reaches the store
+Like the Tenancy, it is a single replica (`num_cpus: 0`) on the head node (head_node), where
+batch.store names one SQLite file however often it restarts. Every ModelServer's app reaches the store
 through HandleBatch (serving.api's BatchClient over the handle): submits, polls, files;
 results and file contents a bounded page per call, so neither side holds a batch whole. The
 feeder runs each item on some ModelServer (run_batch_item), whose app serves it through its
@@ -24,10 +24,9 @@ from serving.api.core.batch_store import store_unreachable
 from serving.api.core.errors import ApiError
 from serving.batch.records import BatchHoldings, Item, ItemRecord, ItemResult, Job, StoredFile
 from serving.batch.store import BatchStore
-from serving.deploy.tenancy import HEAD_NODE, HandleTenancy
+from serving.deploy.head_node import on_head_node
+from serving.deploy.tenancy import HandleTenancy
 from serving.usage.outbox import outbox_for
-
-MAX_ONGOING = 1024  # every replica's batch calls meet here; each is a brief store query
 
 
 class BatchService:
@@ -69,12 +68,7 @@ class BatchService:
             batch.store.close()
 
 
-BatchServer = serve.deployment(
-    name="Batch",
-    num_replicas=1,
-    ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
-    max_ongoing_requests=MAX_ONGOING,
-)(BatchService)
+BatchServer = on_head_node("Batch")(BatchService)
 
 
 class HandleBatch:

@@ -20,20 +20,17 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Sequence
 
-from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from serving.api.core.metering import TENANCY_TIMEOUT_S
 from serving.config import LimitsSection
+from serving.deploy.head_node import on_head_node
 from serving.usage.limits import Admission, RateLimited
 from serving.usage.outbox import Outbox, with_id
 from serving.usage.record import UsageRecord
 from serving.usage.service import Tenancy, limits_from_config
 from serving.usage.store import UsageStore
 
-HEAD_NODE = "node:__internal_head__"  # a resource only Ray's head node has
-# Every replica's admissions and records meet here; each call is brief (a lock, a commit).
-MAX_ONGOING = 1024
 # A record not taken in this long is kept in the outbox: before the app stops waiting for it
 SEND_TIMEOUT_S = TENANCY_TIMEOUT_S / 2
 REPLAY_S = 30.0  # how often the outbox is looked at for records waiting (after the start)
@@ -73,13 +70,7 @@ class TenancyService:
             tenancy.close()
 
 
-TenancyServer = serve.deployment(
-    name="Tenancy",
-    num_replicas=1,
-    # On the head node, so that usage.store names one file however often it restarts.
-    ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001}},
-    max_ongoing_requests=MAX_ONGOING,
-)(TenancyService)
+TenancyServer = on_head_node("Tenancy")(TenancyService)
 
 
 class HandleTenancy:

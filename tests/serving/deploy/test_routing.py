@@ -178,7 +178,7 @@ def test_the_batch_deployment_takes_no_cpu_on_the_head_and_feeds_every_replica()
     """One Batch replica with num_cpus 0 on the head node (where batch.store is one file),
     keeping batch.max_in_flight items running per ModelServer replica."""
     from serving.deploy.app import bind
-    from serving.deploy.tenancy import HEAD_NODE
+    from serving.deploy.head_node import HEAD_NODE
 
     cfg = parse_config({"batch": {"max_in_flight": 3, "ttl_hours": 2},
                         "deploy": {"num_replicas": 2}})  # fmt: skip

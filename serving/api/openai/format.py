@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from serving.api.core.generation import Outcome
 from serving.engine.request import RequestOutput, TokenLogprob
@@ -122,61 +122,56 @@ def chat_completion(
     rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None], n: int
 ) -> dict:
     """One choice per outcome, in order (n per prompt); usage summed over them."""
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": now(),
-        "model": model,
-        "choices": [
-            {
-                "index": k,
-                "message": {"role": "assistant", "content": outcome.text},
-                "finish_reason": finish_reason(outcome.finish_reason),
-                "logprobs": lp,
-            }
-            for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
-        ],
-        "usage": summed_usage(dict(enumerate(outcomes)), n),
-    }
+    return _completed("chat.completion", rid, model, outcomes, logprobs, n, _assistant_message)
 
 
 def text_completion(
     rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None], n: int
 ) -> dict:
     """One choice per outcome, in order (n per prompt); usage summed over them."""
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": now(),
-        "model": model,
-        "choices": [
-            {
-                "index": k,
-                "text": outcome.text,
-                "finish_reason": finish_reason(outcome.finish_reason),
-                "logprobs": lp,
-            }
-            for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
-        ],
-        "usage": summed_usage(dict(enumerate(outcomes)), n),
-    }
+    return _completed("text_completion", rid, model, outcomes, logprobs, n, lambda t: {"text": t})
 
 
 def chat_chunk(rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-        **extra,
-    }
+    return _envelope("chat.completion.chunk", rid, created, model, choices, **extra)
 
 
 def completion_chunk(rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
+    return _envelope("text_completion", rid, created, model, choices, **extra)
+
+
+def _completed(
+    kind: str,
+    rid: str,
+    model: str,
+    outcomes: Sequence[Outcome],
+    logprobs: Sequence[dict | None],
+    n: int,
+    content: Callable[[str], dict],
+) -> dict:
+    """A whole answer: choice k is outcome k, its text as content(text) puts it; usage summed."""
+    choices = [
+        {
+            "index": k,
+            **content(outcome.text),
+            "finish_reason": finish_reason(outcome.finish_reason),
+            "logprobs": lp,
+        }
+        for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
+    ]
+    summed = summed_usage(dict(enumerate(outcomes)), n)
+    return _envelope(kind, rid, now(), model, choices, usage=summed)
+
+
+def _assistant_message(text: str) -> dict:
+    return {"message": {"role": "assistant", "content": text}}
+
+
+def _envelope(kind: str, rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
+    """An OpenAI response object: id, object (kind), created, model, choices, then extra."""
     return {
         "id": rid,
-        "object": "text_completion",
+        "object": kind,
         "created": created,
         "model": model,
         "choices": choices,

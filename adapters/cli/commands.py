@@ -12,6 +12,8 @@ and exits with status 1; nothing is stored unless the adapter validated complete
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -66,6 +68,20 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
+@contextmanager
+def _failing(*, writes: bool = False) -> Iterator[None]:
+    """A catalogue's error ends the command with its message, and, where the command writes,
+    an OSError with "registry write failed"."""
+    try:
+        yield
+    except (AdapterError, RemoteError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        if not writes:
+            raise
+        _fail(f"registry write failed: {exc}")
+
+
 def _catalogue(
     registry: str | None,
     server: str | None,
@@ -82,18 +98,19 @@ def _catalogue(
     """
     if registry is not None and server is not None:
         _fail("give either --registry or --server, not both")
-    try:
-        if name is not None:
-            validate_name(name)
-        if tenant is not None:
-            validate_tenant(tenant)
-        if registry is None:
-            return RemoteCatalogue(server or DEFAULT_SERVER)
-        return Registry(registry, create=create)
-    except (AdapterError, RemoteError) as exc:
-        _fail(str(exc))
-    except (OSError, ValueError, ImportError) as exc:
-        _fail(f"cannot open registry {registry}: {exc}")
+    with _failing():
+        try:
+            if name is not None:
+                validate_name(name)
+            if tenant is not None:
+                validate_tenant(tenant)
+            if registry is None:
+                return RemoteCatalogue(server or DEFAULT_SERVER)
+            return Registry(registry, create=create)
+        except AdapterError:
+            raise  # a ValueError with its own message, as _failing gives it
+        except (OSError, ValueError, ImportError) as exc:
+            _fail(f"cannot open registry {registry}: {exc}")
 
 
 @app.command()
@@ -110,7 +127,7 @@ def upload(
 ) -> None:
     """Validate an adapter locally, then publish it; prints name@digest."""
     catalogue = _catalogue(registry, server, name=name, tenant=tenant, create=True)
-    try:
+    with _failing(writes=True):
         spec = BaseModelSpec.from_dir(base) if base else None
         with _progress() as progress:
             task = progress.add_task("validating", total=None)
@@ -129,10 +146,6 @@ def upload(
                 version = catalogue.publish(name, adapter, tenant or DEFAULT_TENANT)
                 ref, warnings = version.ref, adapter.warnings
             progress.update(task, completed=adapter.num_bytes)
-    except (AdapterError, RemoteError) as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"registry write failed: {exc}")
     for warning in dict.fromkeys(warnings):
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
     out.print(ref, highlight=False)
@@ -149,10 +162,8 @@ def list_(
 ) -> None:
     """List adapters: name, version, owner, public, rank, LoRA variants, modules, size."""
     catalogue = _catalogue(registry, server, tenant=tenant)
-    try:
+    with _failing():
         entries = catalogue.list(tenant)
-    except (AdapterError, RemoteError) as exc:
-        _fail(str(exc))
     table = Table(
         "name", "version", "owner", "public", "rank", "variants", "modules", "bytes", box=None
     )
@@ -179,10 +190,8 @@ def show(
 ) -> None:
     """Show one adapter and its version history."""
     catalogue = _catalogue(registry, server, name=name, tenant=tenant)
-    try:
+    with _failing():
         entry = catalogue.show(name, _owner(catalogue, tenant))
-    except (AdapterError, RemoteError) as exc:
-        _fail(str(exc))
     for label, value in _fields(entry):
         out.print(f"{label:<10} {value}", highlight=False)
 
@@ -196,10 +205,8 @@ def delete(
 ) -> None:
     """Delete a name (its versions stay readable to replicas that loaded them)."""
     catalogue = _catalogue(registry, server, name=name, tenant=tenant)
-    try:
+    with _failing():
         catalogue.delete(name, _owner(catalogue, tenant))
-    except (AdapterError, RemoteError) as exc:
-        _fail(str(exc))
     out.print(f"deleted {name}", highlight=False)
 
 
@@ -213,12 +220,8 @@ def public(
 ) -> None:
     """Mark an adapter public (usable by every tenant), or private with --off (servers: admins)."""
     catalogue = _catalogue(registry, server, name=name, tenant=tenant)
-    try:
+    with _failing(writes=True):
         entry = catalogue.set_public(name, _owner(catalogue, tenant), not off)
-    except (AdapterError, RemoteError) as exc:
-        _fail(str(exc))
-    except OSError as exc:
-        _fail(f"registry write failed: {exc}")
     state = "public" if entry.public else "private"
     out.print(f"{entry.name} is {state} (owner {entry.owner})", highlight=False)
 
@@ -237,10 +240,8 @@ def gc(
 ) -> None:
     """Remove versions no name refers to and no running replica leases."""
     catalogue = _catalogue(registry, None)
-    try:
+    with _failing():  # a registry's: no RemoteError
         digests = catalogue.gc(grace_s=grace_hours * 3600, dry_run=dry_run)
-    except AdapterError as exc:
-        _fail(str(exc))
     verb = "would remove" if dry_run else "removed"
     for digest in digests:
         out.print(f"{verb} {digest}", highlight=False)

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.core.errors import send_error
-from serving.api.edge.http_middleware import HttpMiddleware
+from serving.api.edge.http_middleware import HttpMiddleware, first_headers
 
 TRUE = frozenset({"1", "true", "on", "yes", "y", "t"})
 
@@ -99,20 +99,14 @@ def _is_batch_payload(scope: Scope) -> bool:
 
 
 def _content_encoding(scope: Scope) -> str:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-encoding":
-            return value.decode("latin-1").strip().lower()[:40]
-    return ""
+    return first_headers(scope).get("content-encoding", "").strip().lower()[:40]
 
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None  # the server itself rejects a malformed length
-    return None
+    try:
+        return int(first_headers(scope)["content-length"])
+    except (KeyError, ValueError):
+        return None  # none declared; the server itself rejects a malformed length
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

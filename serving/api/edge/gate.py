@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from adapters.errors import quoted
 from serving.api.core.caller import PRINCIPAL, client_of
 from serving.api.core.errors import ApiError, send_error
-from serving.api.edge.http_middleware import HttpMiddleware
+from serving.api.edge.http_middleware import HttpMiddleware, first_headers
 from serving.api.edge.keys import KeyRing
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -69,7 +69,7 @@ class Gate(HttpMiddleware):
             # no client can set scope state, so it was authenticated when it was submitted.
             await self.app(scope, receive, send)
             return
-        method, headers = scope["method"], _headers(scope)
+        method, headers = scope["method"], first_headers(scope)
         try:
             if self.ring.open:
                 self._check_browser(method, headers, scope.get("scheme", "http"))
@@ -128,11 +128,3 @@ def _may_carry_body(method: str, headers: dict[str, str]) -> bool:
     # A GET may carry a body too; only one that declares none is left to its route.
     declared = headers.get("content-length", "0").strip() != "0"
     return method not in BODYLESS or declared or "transfer-encoding" in headers
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    # The first of each repeated header, as Starlette's Headers.get returns it.
-    found: dict[str, str] = {}
-    for name, value in scope.get("headers", ()):
-        found.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-    return found

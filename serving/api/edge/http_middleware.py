@@ -25,3 +25,12 @@ class HttpMiddleware:
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One HTTP request: answer it, or hand it on to self.app."""
         raise NotImplementedError
+
+
+def first_headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name, the first of each repeated one (as
+    Starlette's Headers.get and Ray's proxy read them)."""
+    found: dict[str, str] = {}
+    for name, value in scope.get("headers") or ():
+        found.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return found

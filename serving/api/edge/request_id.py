@@ -15,7 +15,7 @@ import secrets
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.api.edge.http_middleware import HttpMiddleware
+from serving.api.edge.http_middleware import HttpMiddleware, first_headers
 
 HEADER = "x-request-id"
 SANE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
@@ -36,10 +36,10 @@ class SaneIncomingId:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            sent, name = _first(scope), HEADER.encode()
+            sent, name = first_headers(scope).get(HEADER, ""), HEADER.encode()
             headers = [(n, v) for n, v in scope.get("headers") or () if n.lower() != name]
-            if echoable(sent.decode("latin-1")):
-                headers.append((name, sent))
+            if echoable(sent):
+                headers.append((name, sent.encode("latin-1")))
             scope = {**scope, "headers": headers}
         await self.app(scope, receive, send)
 
@@ -48,7 +48,7 @@ class RequestId(HttpMiddleware):
     """ASGI middleware: scope["state"]["request_id"] and the answer's x-request-id header."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sent = _first(scope).decode("latin-1")
+        sent = first_headers(scope).get(HEADER, "")
         rid = sent if echoable(sent) else f"req_{secrets.token_hex(16)}"
         scope.setdefault("state", {})["request_id"] = rid
 
@@ -58,8 +58,3 @@ class RequestId(HttpMiddleware):
             await send(message)
 
         await self.app(scope, receive, named)
-
-
-def _first(scope: Scope) -> bytes:
-    # The first x-request-id sent, as Starlette's Headers.get and Ray's proxy read it.
-    return next((v for n, v in scope.get("headers") or () if n.lower() == HEADER.encode()), b"")

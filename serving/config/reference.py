@@ -33,7 +33,7 @@ ENVIRONMENT = (
      "instead of `kernels/tuned/<GPU name>.json` (it must exist)."),
     ("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "Set to "
      "`serving.deploy.stream_end.proxy_middlewares` on every node of a Ray cluster, so a stream "
-     "cut by a dying replica ends with an error event; `loraserve serve` sets it for its own "
+     "cut by a dying replica ends with an error event, then [DONE]; `loraserve serve` sets it for its own "
      "local Ray."),
     ("XDG_CACHE_HOME", "Holds `loraserve/ray`, the local Ray's temporary folder, when that path "
      "is short enough for Ray's sockets (else the temp dir); default `~/.cache`."),

@@ -7,7 +7,8 @@ The HTTP app runs on the replicas. When one dies while streaming, Ray's proxy ha
 sent the status line and part of the body; it drops the replica's exception and returns
 without ending the body, so the client sees a broken connection. This middleware, run in
 the proxy, ends such an answer itself: a server-sent event stream gets a last error event
-in the style of the route (serving.api.core.errors), then the body is closed.
+in the style of the route (serving.api.core.errors), then `data: [DONE]` where the route's
+streams end so (all but the Responses API's), then the body is closed.
 
 Ray Serve takes proxy middlewares only from a callback named in the proxy's environment
 (PROXY_ENV): set it where Ray starts, before ray.init for a local Ray, in each node's
@@ -22,10 +23,12 @@ from starlette.middleware import Middleware
 from starlette.types import Message, Receive, Scope, Send
 
 from serving.api.core.errors import error_body
+from serving.api.core.generation import DONE, REPLICA_FAILED
 from serving.api.edge.http_middleware import HttpMiddleware
 from serving.api.edge.request_id import SaneIncomingId
 
-CUT_MESSAGE = "the model replica serving this request failed; retry the request"
+CUT_MESSAGE = REPLICA_FAILED  # as the app ends a stream whose replica broke off
+RESPONSES = "/v1/responses"
 # The environment that has Ray Serve's proxies run EndCutStreams.
 PROXY_ENV = {
     "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serving.deploy.stream_end.proxy_middlewares"
@@ -52,8 +55,11 @@ class EndCutStreams(HttpMiddleware):
         if started and not ended:
             body = b""
             if events:
-                data = json.dumps(error_body(scope.get("path", ""), 500, CUT_MESSAGE))
-                body = f"data: {data}\r\n\r\n".encode()
+                path = scope.get("path", "")
+                data = [json.dumps(error_body(path, 500, CUT_MESSAGE))]
+                if not path.startswith(RESPONSES):  # the Responses API's events end otherwise
+                    data.append(DONE)
+                body = "".join(f"data: {d}\r\n\r\n" for d in data).encode()
             await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -91,7 +91,7 @@ class Generation:
         return RequestOutput(
             self._first.request_id, (), "", finished=True, finish_reason="error",
             prompt_tokens=self._last.prompt_tokens, completion_tokens=self._last.completion_tokens,
-            error="the model replica serving this request failed; retry the request",
+            error=REPLICA_FAILED,
         )  # fmt: skip
 
     async def aclose(self, *, held_too: bool = False) -> None:
@@ -144,6 +144,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+REPLICA_FAILED = "the model replica serving this request failed; retry the request"
 SESSION_HEADER = "x-session-affinity"  # keeps a conversation's prefix cache on one replica
 
 
@@ -234,10 +235,15 @@ def failed(out: RequestOutput) -> ApiError:
     return ApiError(400 if out.own_fault else 500, message)
 
 
-def stream_error(path: str, out: RequestOutput) -> str:
-    """The data of the event that ends a stream whose request failed, in path's style."""
+DONE = "[DONE]"  # the data of the last event of an OpenAI or Workers-AI stream
+
+
+def failed_stream_end(path: str, out: RequestOutput) -> tuple[str, str]:
+    """The data of the events that end a stream whose request failed: its error in path's
+    style, then [DONE], as a stream that ends well does (and vLLM's failed ones do), so a
+    client reads the error and a finished stream, not a cut connection to retry."""
     error = failed(out)
-    return json.dumps(error_body(path, error.status, error.message))
+    return json.dumps(error_body(path, error.status, error.message)), DONE
 
 
 async def drain(gen: Generation) -> Outcome:

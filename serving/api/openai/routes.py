@@ -23,7 +23,7 @@ from serving.api.core.caller import Principal, authenticate
 from serving.api.core.choices import collect_all, merged
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.generation import Generation, answer, new_id, stream_error
+from serving.api.core.generation import DONE, Generation, answer, failed_stream_end, new_id
 from serving.api.core.metering import fitted_to_token_limit
 from serving.api.core.prompts import chat_ids, given_ids, text_ids
 from serving.api.core.queued_call import queued_call
@@ -130,7 +130,8 @@ async def _chat_events(
     async with contextlib.aclosing(merged(gens)) as outputs:  # closed when the stream is
         async for k, out in outputs:
             if out.finish_reason == "error":
-                yield stream_error("/v1", out)
+                for event in failed_stream_end("/v1", out):
+                    yield event
                 return
             if out.new_text or (body.logprobs and out.logprobs):
                 lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
@@ -141,7 +142,7 @@ async def _chat_events(
     if body.include_usage():
         usage = fmt.summed_usage(last, body.n)
         yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
-    yield "[DONE]"
+    yield DONE
 
 
 async def _completion_events(
@@ -159,7 +160,8 @@ async def _completion_events(
     async with contextlib.aclosing(merged(gens)) as outputs:
         async for k, out in outputs:
             if out.finish_reason == "error":
-                yield stream_error("/v1", out)
+                for event in failed_stream_end("/v1", out):
+                    yield event
                 return
             if out.new_text or (body.logprobs is not None and out.logprobs):
                 lp = None
@@ -172,7 +174,7 @@ async def _completion_events(
     if body.include_usage():
         usage = fmt.summed_usage(last, body.n)
         yield json.dumps(fmt.completion_chunk(rid, created, body.model, [], usage=usage))
-    yield "[DONE]"
+    yield DONE
 
 
 def _card(model: str, created: int, owned_by: str, parent: str | None, root: str) -> dict:

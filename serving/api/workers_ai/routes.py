@@ -23,13 +23,14 @@ from serving.api.core.choices import collect_all
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
 from serving.api.core.generation import (
+    DONE,
     Generation,
     answer,
     cache_salt,
+    failed_stream_end,
     new_id,
     start,
     start_terms,
-    stream_error,
 )
 from serving.api.core.messages import ChatMessage
 from serving.api.core.prompts import chat_ids, sampling, text_ids
@@ -143,13 +144,14 @@ async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
 async def _events(gen: Generation) -> AsyncIterator[str]:
     async for out in gen:
         if out.finish_reason == "error":
-            yield stream_error("/ai/run", out)
+            for event in failed_stream_end("/ai/run", out):
+                yield event
             return
         if out.new_text and not out.finished:
             yield json.dumps({"response": out.new_text})
         if out.finished:
             yield json.dumps({"response": out.new_text, "usage": _output_usage(out)})
-    yield "[DONE]"
+    yield DONE
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -1,5 +1,5 @@
 """The proxy middleware: an answer whose app returned mid-body (its replica died) is ended,
-an event stream with an error event in its route's style; finished answers pass untouched;
+an event stream with an error event in its route's style, then [DONE]; finished answers pass untouched;
 a client's x-request-id is echoed by Ray's proxy only where the app would echo it."""
 
 import asyncio
@@ -35,14 +35,17 @@ def app_cut_after(headers, *bodies):
     return app
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/ai/run/demo"])
-def test_a_cut_event_stream_ends_with_an_error_event(path):
+@pytest.mark.parametrize("path", ["/v1/completions", "/ai/run/demo", "/v1/responses"])
+def test_a_cut_event_stream_ends_with_an_error_event_then_done(path):
     sent = run(app_cut_after(SSE, b'data: {"x": 1}\r\n\r\n'), path)
     last = sent[-1]
     assert last["type"] == "http.response.body" and not last["more_body"]
-    event = json.loads(last["body"].decode().removeprefix("data: "))
+    events = [e.removeprefix("data: ") for e in last["body"].decode().split("\r\n\r\n") if e]
+    event = json.loads(events[0])
     message = event["errors"][0]["message"] if path.startswith("/ai") else event["error"]["message"]
     assert message == CUT_MESSAGE
+    # [DONE] where the route's streams end with it; the Responses API's events have no [DONE]
+    assert events[1:] == ([] if path == "/v1/responses" else ["[DONE]"])
 
 
 def test_another_cut_answer_is_ended_without_a_body():

@@ -82,9 +82,11 @@ def test_a_request_failed_by_its_own_data_is_a_400(world, tmp_path, path):
     body = CHAT if path.startswith("/v1") else {"prompt": "hi"}
     r = client.post(path, json=body, headers=AUTH)
     assert r.status_code == 400 and "non-finite probabilities" in r.text
-    # streamed: the status is sent by then, so the last event carries the 400
+    # streamed: the status is sent by then, so the error event carries the 400; [DONE] ends it
     r = client.post(path, json={**body, "stream": True}, headers=AUTH)
-    last = json.loads(next(x for x in reversed(r.text.splitlines()) if x.startswith("data:"))[5:])
+    events = [x[5:].strip() for x in r.text.splitlines() if x.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
     if path.startswith("/ai"):
         assert last["errors"][0]["code"] == 400
     else:

@@ -69,9 +69,11 @@ def test_killed_replica_ends_its_streams_cleanly_and_comes_back(url):
         s.join(STREAM_TIMEOUT_S)
         assert not s.is_alive(), "a stream of the killed replica hangs"
         assert s.failure is None, repr(s.failure)
-        # A clean end: a complete body whose last event is the error, as when a step fails
-        # (the status line went out with the first token); never a cut or a full answer.
-        error = json.loads(s.events[-1])["error"]
+        # A clean end: a complete body whose last events are the error, then [DONE], as when a
+        # step fails (the status line went out with the first token); never a cut or a full
+        # answer.
+        assert s.events[-1] == "[DONE]", s.events[-3:]
+        error = json.loads(s.events[-2])["error"]
         assert error["type"] == "server_error" and "Traceback" not in error["message"], error
         assert len(s.events) < LONG, "the stream ran to its end: the kill came too late"
 

@@ -79,7 +79,8 @@ def test_a_fault_in_one_prompt_ends_the_answer_and_every_request(world, tmp_path
     )
     if stream:
         events = [line[5:].strip() for line in r.text.splitlines() if line.startswith("data:")]
-        assert "replica" in json.loads(events[-1])["error"]["message"]
+        assert events[-1] == "[DONE]"
+        assert "replica" in json.loads(events[-2])["error"]["message"]
     else:
         assert r.status_code == 500 and "retry" in r.json()["error"]["message"]
 
@@ -256,7 +257,8 @@ def test_when_a_streams_first_choice_fails_another_bills_the_prompt(world, tmp_p
     body = {"model": MODEL_ID, "prompt": "a", "max_tokens": 2, "n": 2, "stream": True}
     r = client.post("/v1/completions", json=body, headers=AUTH)
     events = [line.removeprefix("data: ") for line in r.text.splitlines() if line]
-    assert r.status_code == 200 and "replica serving this request failed" in events[-1]
+    assert r.status_code == 200 and "replica serving this request failed" in events[-2]
+    assert events[-1] == "[DONE]"
     usage = client.get("/v1/usage", headers=AUTH).json()["data"]
     billed = [row["interactive"] for row in usage]
     assert sum(b["requests"] for b in billed) == 1  # the failed choice is not metered

@@ -39,6 +39,14 @@ def cli(*args):
     return runner.invoke(app, list(args), catch_exceptions=False)
 
 
+def upload_as_each(folder, reg: str, name: str, tenants) -> None:
+    """folder uploaded as name into reg once for each tenant."""
+    for tenant in tenants:
+        done = cli("adapters", "upload", str(folder), "--name", name, "--registry", reg,
+                   "--tenant", tenant)  # fmt: skip
+        assert done.exit_code == 0, done.output
+
+
 def test_upload_list_show_delete(tmp_path, base_dir):
     reg = f"file://{tmp_path / 'reg'}"
     adapter = write(tmp_path / "a", peft_adapter_files(seed=1))
@@ -181,19 +189,7 @@ def test_a_corrupted_entry_is_left_out_of_the_list_and_shown_in_one_line(tmp_pat
 def test_tenants(tmp_path):
     reg = f"file://{tmp_path / 'reg'}"
     folder = write(tmp_path / "a", peft_adapter_files(seed=3))
-    for tenant in ("acme", "globex"):
-        done = cli(
-            "adapters",
-            "upload",
-            str(folder),
-            "--name",
-            "bot",
-            "--registry",
-            reg,
-            "--tenant",
-            tenant,
-        )
-        assert done.exit_code == 0, done.output
+    upload_as_each(folder, reg, "bot", ("acme", "globex"))
     listed = cli("adapters", "list", "--registry", reg)
     assert "acme" in listed.stdout and "globex" in listed.stdout
     only = cli("adapters", "list", "--registry", reg, "--tenant", "acme")
@@ -213,19 +209,7 @@ def test_tenants(tmp_path):
 def test_public(tmp_path):
     reg = f"file://{tmp_path / 'reg'}"
     folder = write(tmp_path / "a", peft_adapter_files(seed=7))
-    for tenant in ("acme", "globex"):
-        upload = cli(
-            "adapters",
-            "upload",
-            str(folder),
-            "--name",
-            "bot",
-            "--registry",
-            reg,
-            "--tenant",
-            tenant,
-        )
-        assert upload.exit_code == 0, upload.output
+    upload_as_each(folder, reg, "bot", ("acme", "globex"))
     done = cli("adapters", "public", "bot", "--registry", reg, "--tenant", "acme")
     assert done.exit_code == 0 and done.stdout.strip() == "bot is public (owner acme)"
     shown = cli("adapters", "show", "bot", "--registry", reg, "--tenant", "acme")

@@ -40,7 +40,8 @@ class BodyLimit(HttpMiddleware):
         self.max_upload_bytes = max_upload_bytes if max_upload_bytes is not None else max_body_bytes
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        encoding = _content_encoding(scope)
+        headers = first_headers(scope)
+        encoding = headers.get("content-encoding", "").strip().lower()[:40]
         if encoding not in ("", "identity"):  # a compressed body would pass the count unread
             text = f"Content-Encoding {encoding!r} is not supported: send the body uncompressed"
             await send_error(send, scope.get("path", ""), 415, text)
@@ -49,7 +50,7 @@ class BodyLimit(HttpMiddleware):
         limit = {"batch": self.max_batch_bytes, "upload": self.max_upload_bytes}.get(
             kind, self.max_body_bytes
         )
-        declared = _content_length(scope)
+        declared = _content_length(headers)
         if declared is not None and declared > limit:
             await self._refuse(scope, send, limit, kind)
             return
@@ -98,13 +99,9 @@ def _is_batch_payload(scope: Scope) -> bool:
     return any(v.lower() in TRUE for v in query.get("queueRequest", ()))
 
 
-def _content_encoding(scope: Scope) -> str:
-    return first_headers(scope).get("content-encoding", "").strip().lower()[:40]
-
-
-def _content_length(scope: Scope) -> int | None:
+def _content_length(headers: dict[str, str]) -> int | None:
     try:
-        return int(first_headers(scope)["content-length"])
+        return int(headers["content-length"])
     except (KeyError, ValueError):
         return None  # none declared; the server itself rejects a malformed length
 

@@ -4,12 +4,11 @@ With no keys every caller is an admin, so such a server must be unreachable from
 machines unless the operator says otherwise (server.insecure: true, or `--insecure`).
 
 Rule: with no keys and not insecure, every host the app listens on must be loopback
-(127.0.0.0/8, ::1, localhost). Two hosts count: the config's server.host, and the host Ray
-Serve's HTTP proxies listen on. The proxy's host is known only inside the cluster (under
-`serve run` or KubeRay the builder runs before, or apart from, `serve.start`), so the same
-rule is applied three times: by `loraserve serve` before Ray starts, by the builder on
-server.host, and by every ModelServer replica (each serves HTTP) on both hosts, the proxy's read from the Serve
-controller. A proxy host that cannot be read counts as not loopback.
+(127.0.0.0/8, ::1, localhost). The app listens on the config's server.host only: each
+ModelServer replica serves it there itself, and Ray Serve runs no HTTP proxy (a replica
+refuses to start beside one: serving.deploy.listener). The rule is applied three times: by
+`loraserve serve` before Ray starts, by the builder (`serve run`, KubeRay), and by every
+replica before it listens.
 
 Keys are read once, where the app is built (the driver, or the builder's task under
 KubeRay): LORASERVE_API_KEYS there and server.api_keys_file there. The builder passes them
@@ -29,9 +28,6 @@ from serving.config import ServeConfig
 
 log = logging.getLogger("loraserve")
 
-# Stands for the proxy host when the Serve controller cannot be asked: not loopback.
-UNKNOWN_HOST = "<unknown: the Serve controller did not answer>"
-
 
 class OpenServerError(ValueError):
     """A keyless server would listen beyond loopback without server.insecure."""
@@ -47,7 +43,7 @@ def check_open_server(
 ) -> None:
     """OpenServerError unless keys exist, insecure is set, or every host is loopback.
 
-    A host of None is a listener that is switched off (Serve's proxies with host None).
+    A host of None is a listener that is switched off.
     """
     if keys or insecure:
         return
@@ -70,18 +66,3 @@ def load_checked_keys(cfg: ServeConfig) -> dict[str, Principal]:
         log.warning("limits.tenants.%s: no API key belongs to a tenant of that name, so its "
                     "limits apply to no one yet (tenants: %s)", name, ", ".join(sorted(tenants)))  # fmt: skip
     return keys
-
-
-def serve_proxy_host() -> str | None:
-    """The host Ray Serve's HTTP proxies listen on, from the controller; UNKNOWN_HOST if unread.
-
-    Blocking (it waits on the controller): call it off the event loop.
-    """
-    try:
-        from ray.serve.context import _get_global_client
-
-        # Private, but the only way to read the proxies' options from inside a replica.
-        client = _get_global_client(raise_if_no_controller_running=False)
-        return UNKNOWN_HOST if client is None else client.http_config.host
-    except Exception:  # any failure to ask counts as exposed: fail closed
-        return UNKNOWN_HOST

@@ -28,9 +28,8 @@ PROBE_TIMEOUT_S = 5.0
 class PeerReplicas:
     """The ModelServer deployment's replicas, this one included, through a handle."""
 
-    def __init__(self, handle: DeploymentHandle, num_replicas: int):
+    def __init__(self, handle: DeploymentHandle):
         self._handle = handle
-        self._num_replicas = num_replicas
 
     async def forward(
         self, request: GenerateRequest, model_id: str
@@ -70,11 +69,6 @@ class PeerReplicas:
         """Every live replica's figures; a replica that fails to answer is left out."""
         answers = await self._probe("figures")
         return [a for a in answers if isinstance(a, EngineSnapshot)]
-
-    async def ready(self) -> bool:
-        """True once every configured replica is up and its engine is taking requests."""
-        answers = await self._probe("ready")
-        return len(answers) >= self._num_replicas and all(a is True for a in answers)
 
     async def _probe(self, method: str) -> list:
         """method's answer from each running replica, an exception where one failed."""
@@ -118,4 +112,6 @@ class ReplicaGenerator:
         return await self._peers.figures()
 
     async def ready(self) -> bool:
-        return await self._peers.ready()
+        """This replica's own readiness: a connection the kernel hands it is served here or
+        forwarded, so a load balancer's probe asks the replica that listens."""
+        return await self._server.ready()

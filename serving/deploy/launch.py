@@ -25,7 +25,6 @@ from serving.config import ServeConfig
 from serving.deploy.app import APP_NAME, bind, publish_preloads
 from serving.deploy.console import new_log_path, quiet_console
 from serving.deploy.exposure import load_checked_keys
-from serving.deploy.stream_end import PROXY_ENV
 from serving.engine.from_config import check_draft_vocab
 
 # Ray puts unix sockets under its temp dir, and a socket path must stay under 107 bytes:
@@ -63,7 +62,7 @@ def serve_until_stopped(cfg: ServeConfig, echo: Callable[..., None] = print) -> 
     check_draft_vocab(cfg)
     publish_preloads(cfg)
     local = cfg.deploy.ray_address is None
-    if local:  # on a cluster the HTTP proxies listen on its nodes, not necessarily here
+    if local:  # on a cluster the replicas listen on their own nodes, not necessarily here
         _check_free(host, port)
     log_path = new_log_path()
     echo(f"loraserve: starting {cfg.model.id} ({cfg.deploy.num_replicas} replica(s))")
@@ -76,16 +75,13 @@ def _serve_on_ray(cfg: ServeConfig, keys, echo: Callable[[str], None]) -> None:
     """Start or join Ray, run the app until a signal, then drain it and leave Ray."""
     local = cfg.deploy.ray_address is None
     # The driver logs at INFO into the log file; the actors stay at WARNING (QUIET), as
-    # at INFO the proxy and replicas would log a line per request.
+    # at INFO the replicas would log a line per request.
     logging.getLogger("ray.serve").setLevel(logging.INFO)  # this process's own Serve client
     # The handlers go in before Ray starts: a first Ctrl-C stops gently from any point,
     # while Ray starts (interrupting ray.init would leave its processes behind) or before
     # serve.run returns (/readyz may already answer 200), not only once serving.
     with _StopSignals() as stop:
         if local:
-            # Ray's processes inherit this: the proxies then end streams cut by a dying replica
-            # (on a cluster each node's environment must carry it; see stream_end).
-            os.environ.update(PROXY_ENV)
             ray.init(include_dashboard=False, _temp_dir=ray_temp_dir(), logging_level=logging.INFO)
         else:
             ray.init(address=cfg.deploy.ray_address, logging_level=logging.INFO)
@@ -103,7 +99,8 @@ def _serve_on_ray(cfg: ServeConfig, keys, echo: Callable[[str], None]) -> None:
 def _serve_app(cfg: ServeConfig, keys, echo: Callable[[str], None], stop: threading.Event):
     """Run the app on server.host:port until `stop` is set, then drain it."""
     host, port = cfg.server.host, cfg.server.port
-    serve.start(http_options={"host": host, "port": port}, logging_config=QUIET)
+    # No HTTP proxy: each replica listens on host:port itself (serving.deploy.listener).
+    serve.start(proxy_location="Disabled", logging_config=QUIET)
     try:
         serve.run(
             bind(cfg, keys), name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET
@@ -114,17 +111,17 @@ def _serve_app(cfg: ServeConfig, keys, echo: Callable[[str], None], stop: thread
             pass
         echo("loraserve: stopping: finishing requests in flight")
     finally:
-        # Deleting the app drains it: each replica stops taking calls and finishes the
-        # ones in flight (up to replica.DRAIN_TIMEOUT_S) while the HTTP proxy still
-        # relays their streams. serve.shutdown() alone would kill the replicas at once.
+        # Deleting the app drains it: each replica stops accepting connections and finishes
+        # the streams in flight (up to replica.DRAIN_TIMEOUT_S). serve.shutdown() alone
+        # would kill the replicas at once.
         serve.delete(APP_NAME)
 
 
 def _check_free(host: str, port: int) -> None:
-    """OSError naming host:port unless it can be listened on (Ray's proxy would only log it)."""
+    """OSError naming host:port unless it can be listened on (a replica would only log it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # As the proxy's server sets it: a port in TIME_WAIT after a restart is free.
+        # As the replicas' listeners set it: a port in TIME_WAIT after a restart is free.
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host.strip("[]"), port))

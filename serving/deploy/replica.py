@@ -1,11 +1,12 @@
 """ModelServer: one engine replica that also serves the HTTP app, routed by adapter version.
 
-Ray Serve's proxy hands each HTTP request to some replica (by queue length); that replica's
-app serves it on its own engine when it holds the request's routing id (routing.routing_id:
-the adapter version `name@digest`, else a session bucket), or when the request has none.
+Each replica listens on server.host:port itself (serving.deploy.listener; Ray Serve runs no
+HTTP proxy), and the kernel hands it some of the machine's connections. Its app serves a
+request on its own engine when it holds the request's routing id (routing.routing_id: the
+adapter version `name@digest`, else a session bucket), or when the request has none.
 Otherwise the app forwards it to the replica that holds the id, through a handle whose
 AdapterRouter (serving.deploy.router) also copies a hot adapter to a second replica. So a
-request reaches its engine in one Ray hop when it lands where its adapter is hot, and two
+request reaches its engine with no Ray hop when it lands where its adapter is hot, and one
 when it does not; the stream comes back the same way.
 
 Holding an id means having served it, as Ray's multiplexed LRU keeps it: loading that "model"
@@ -35,10 +36,10 @@ from serving.batch.records import Item, ItemResult
 from serving.config import ServeConfig
 from serving.deploy.arrivals import Arrivals, is_resident
 from serving.deploy.batch_service import HandleBatch
-from serving.deploy.disconnect import DisconnectOnCancel
-from serving.deploy.exposure import check_open_server, serve_proxy_host
+from serving.deploy.exposure import check_open_server
 from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
 from serving.deploy.leases import Leases
+from serving.deploy.listener import ReplicaListener, check_proxy_disabled
 from serving.deploy.routing import SESSION_PREFIX, HeldIds, models_per_replica, num_session_ids
 from serving.deploy.tenancy import HandleTenancy
 from serving.engine.from_config import build_engine
@@ -48,6 +49,9 @@ from serving.usage.outbox import outbox_for
 
 # Seconds a stopping replica waits for its streams to finish before it is killed.
 DRAIN_TIMEOUT_S = 30.0
+# The listener's share of it: Ray kills the replica at DRAIN_TIMEOUT_S, and the step thread
+# must stop before then.
+LISTENER_DRAIN_S = DRAIN_TIMEOUT_S - 5.0
 MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
 
 
@@ -98,33 +102,31 @@ class EngineReplica:
 
     async def __serve_build_asgi_app__(self):
         # Built per replica, after __init__. Raising here fails the replica: a keyless app
-        # beyond loopback never serves.
+        # beyond loopback, or one behind Ray's proxy, never serves.
         settings = await asyncio.to_thread(self._settings)
         # build() published the preloads before binding this deployment; replica
         # readiness is the generator's to tell.
         settings.ready.set()
         context = serve.get_replica_context()
-        peers = PeerReplicas(
-            serve.get_deployment_handle(context.deployment, context.app_name),
-            self.cfg.deploy.num_replicas,
-        )
+        peers = PeerReplicas(serve.get_deployment_handle(context.deployment, context.app_name))
         tenancy = None
         if self.tenancy is not None:  # what it cannot hand over waits in this node's outbox
             tenancy = HandleTenancy(self.tenancy, outbox_for(self.cfg.usage.store))
         batch = HandleBatch(self.batch) if self.batch is not None else None
         generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
-        # Ray Serve's proxy names every answer with x-request-id (a client's own echoed):
-        # a second header from the app would reach the client as "id, id".
-        app = create_app(generator, settings, tenancy, batch, request_ids=False)
-        app.add_middleware(DisconnectOnCancel)
+        app = create_app(generator, settings, tenancy, batch)
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
         self.http_app = app  # batch items from the feeder are served through it
+        server = self.cfg.server
+        self.listener = ReplicaListener(app, server.host, server.port, LISTENER_DRAIN_S)
         return app
 
     def _settings(self) -> AppSettings:
-        """The app's settings, once the proxy's host passes the open-server rule (blocking)."""
+        """The app's settings, once no proxy runs and server.host passes the open-server rule
+        (blocking)."""
         server = self.cfg.server
-        check_open_server([server.host, serve_proxy_host()], self.keys, server.insecure)
+        check_proxy_disabled()
+        check_open_server([server.host], self.keys, server.insecure)
         # The keys file may exist only where the app was built, and this replica's env is
         # not the builder's: the keys passed in are the only ones.
         here = self.cfg.model_copy(
@@ -133,14 +135,20 @@ class EngineReplica:
         return dataclasses.replace(settings_from_config(here), keys=self.keys)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """A request forwarded here by another replica's app; see serve_here."""
-        async for out in self.serve_here(request, serve.get_multiplexed_model_id() or None):
+        """A request forwarded here by another replica's app; see serve_here.
+
+        Its outputs travel back as Ray messages, which compete with the engine for the
+        cores, so they are paced (stream_pause)."""
+        model_id = serve.get_multiplexed_model_id() or None
+        async for out in self.serve_here(request, model_id, paced=True):
             yield out
 
     async def serve_here(
-        self, request: GenerateRequest, model_id: str | None
+        self, request: GenerateRequest, model_id: str | None, paced: bool = False
     ) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs from this engine; closing the stream aborts it."""
+        """Stream the request's outputs from this engine; closing the stream aborts it.
+
+        paced: wait stream_pause between outputs, merging what the engine makes meanwhile."""
         if not self.engine.alive:  # queued, it would wait forever for a step
             raise RuntimeError("this replica's engine has stopped; retry the request")
         self.arrivals.record(request.adapter, is_resident(self.engine, request.adapter))
@@ -153,7 +161,7 @@ class EngineReplica:
         try:
             async for out in stream:
                 yield out
-                if not out.finished and self.stream_interval:
+                if paced and not out.finished and self.stream_interval:
                     # Meanwhile the engine runs on and the stream merges what piles up.
                     await asyncio.sleep(stream_pause(self.active_streams, self.stream_interval))
         finally:
@@ -191,8 +199,14 @@ class EngineReplica:
         if not self.engine.alive:
             raise RuntimeError("the engine's step thread has stopped")
 
-    def __del__(self):
-        # Ray Serve calls this once the replica has drained; it stops the step thread.
+    async def __del__(self):
+        # Ray Serve awaits this once the calls through Ray have drained (serve.ingress's
+        # wrapper awaits a coroutine destructor, and drops what a plain one returns): the
+        # listener stops accepting and lets its streams finish, then the step thread stops.
+        # Outside Ray nothing awaits it: whoever builds a replica there closes its generator.
+        listener = getattr(self, "listener", None)
+        if listener is not None:
+            await listener.drain()
         generator = getattr(self, "generator", None)
         if generator is not None:
             generator.close()

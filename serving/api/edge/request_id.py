@@ -2,9 +2,7 @@
 
 A client that sent its own (a proxy's, say) gets it back, so one id follows the request
 through both logs; otherwise the server makes one. An id that is not a short printable
-token (`echoable`) is replaced rather than echoed into a header. Under Ray Serve the proxy
-names answers instead, echoing a client's id as is: `SaneIncomingId` runs ahead of it there
-(serving.deploy.stream_end) and drops an id this rule would not echo.
+token (`echoable`) is replaced rather than echoed into a header.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import re
 import secrets
 
 from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from serving.api.edge.http_middleware import HttpMiddleware, first_headers
 
@@ -24,24 +22,6 @@ SANE = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 def echoable(sent: str) -> bool:
     """Whether a client's x-request-id may be echoed: 1 to 128 of [A-Za-z0-9._:/+=-]."""
     return SANE.fullmatch(sent) is not None
-
-
-class SaneIncomingId:
-    """ASGI middleware ahead of a proxy that echoes a client's x-request-id as it came (Ray
-    Serve's): the first one passes on if echoable, any other is dropped, so that the proxy
-    names the request itself rather than echo an unprintable or huge header."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            sent, name = first_headers(scope).get(HEADER, ""), HEADER.encode()
-            headers = [(n, v) for n, v in scope.get("headers") or () if n.lower() != name]
-            if echoable(sent):
-                headers.append((name, sent.encode("latin-1")))
-            scope = {**scope, "headers": headers}
-        await self.app(scope, receive, send)
 
 
 class RequestId(HttpMiddleware):

@@ -12,7 +12,7 @@ import yaml
 from serving.api.core.caller import Principal
 from serving.config import ConfigError
 from serving.deploy.app import build
-from serving.deploy.exposure import UNKNOWN_HOST, OpenServerError, check_open_server, is_loopback
+from serving.deploy.exposure import OpenServerError, check_open_server, is_loopback
 
 DEMO = Path(__file__).resolve().parents[3] / "models" / "demo" / "base"
 K1, K2 = "k1-0123456789abcdef", "k2-0123456789abcdef"
@@ -23,7 +23,7 @@ KEY = {K1: Principal("acme", "user")}
     ("host", "loopback"),
     [("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True),
      ("localhost", True), ("0.0.0.0", False), ("::", False), ("10.0.0.5", False),
-     ("example.com", False), ("", False), (UNKNOWN_HOST, False)],
+     ("example.com", False), ("", False), ("<unknown>", False)],
 )  # fmt: skip
 def test_loopback_hosts(host, loopback):
     assert is_loopback(host) is loopback
@@ -34,7 +34,7 @@ def test_the_rule():
     check_open_server(["127.0.0.1", None], {}, insecure=False)  # None: a proxy switched off
     check_open_server(["0.0.0.0"], KEY, insecure=False)  # keys: any host
     check_open_server(["0.0.0.0"], {}, insecure=True)  # the operator's explicit choice
-    for hosts in (["0.0.0.0"], ["127.0.0.1", "0.0.0.0"], ["127.0.0.1", UNKNOWN_HOST]):
+    for hosts in (["0.0.0.0"], ["127.0.0.1", "0.0.0.0"], ["127.0.0.1", "<unknown>"]):
         with pytest.raises(OpenServerError, match=r"server\.insecure"):
             check_open_server(hosts, {}, insecure=False)
 

@@ -78,7 +78,7 @@ async def collect(stream, limit: int | None = None) -> list[RequestOutput]:
 def test_a_forward_streams_over_grpc_to_the_adapter_and_ends_at_its_finished_output():
     response = Response([out(1), out(2, finished=True)])  # and no end of stream after it
     handle = Handle(response)
-    peers = PeerReplicas(handle, num_replicas=2)
+    peers = PeerReplicas(handle)
     got = asyncio.run(asyncio.wait_for(collect(peers.forward(REQUEST, "down@abc")), 5))
     assert [o.new_token_ids for o in got] == [(1,), (2,)]
     assert handle.options_seen == {
@@ -90,7 +90,7 @@ def test_a_forward_streams_over_grpc_to_the_adapter_and_ends_at_its_finished_out
 
 def test_leaving_a_forward_early_cancels_the_call():
     response = Response([out(1), out(2), out(3, finished=True)])
-    peers = PeerReplicas(Handle(response), num_replicas=2)
+    peers = PeerReplicas(Handle(response))
     got = asyncio.run(collect(peers.forward(REQUEST, "down@abc"), limit=1))
     assert len(got) == 1
     assert response.cancelled  # the holder's engine aborts the request
@@ -108,7 +108,7 @@ def test_leaving_a_forward_early_cancels_the_call():
 )
 def test_a_replica_refusal_arrives_as_the_api_knows_it(raised, expected):
     response = Response([], then=raised)
-    peers = PeerReplicas(Handle(response), num_replicas=2)
+    peers = PeerReplicas(Handle(response))
     with pytest.raises(expected) as caught:
         asyncio.run(collect(peers.forward(REQUEST, "down@abc")))
     assert not isinstance(caught.value, RayTaskError)  # its own message, no traceback

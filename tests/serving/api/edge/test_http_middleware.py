@@ -1,5 +1,5 @@
 """Every middleware of ours hands a non-HTTP scope (lifespan, websocket) to its app as it came,
-and sees HTTP requests itself: checked on each, app and proxy alike."""
+and sees HTTP requests itself: checked on each."""
 
 import asyncio
 
@@ -13,14 +13,7 @@ from serving.api.edge.request_id import RequestId
 
 
 def _middleware(name, app):
-    """The middleware called name around app; the Ray proxy's only where Ray is installed."""
-    if name in ("disconnect", "cut", "probe"):
-        pytest.importorskip("ray")
-        from serving.deploy.disconnect import DisconnectOnCancel
-        from serving.deploy.stream_end import EndCutStreams, StartingProbe
-
-        proxy = {"disconnect": DisconnectOnCancel, "cut": EndCutStreams, "probe": StartingProbe}
-        return proxy[name](app)
+    """The middleware called name around app."""
     if name == "body_limit":
         return BodyLimit(app, max_body_bytes=1)
     return Gate(app, KeyRing({})) if name == "gate" else RequestId(app)
@@ -35,7 +28,7 @@ async def _discard(message):
 
 
 @pytest.mark.parametrize("kind", ["lifespan", "websocket"])
-@pytest.mark.parametrize("name", ["request_id", "body_limit", "gate", "disconnect", "cut", "probe"])
+@pytest.mark.parametrize("name", ["request_id", "body_limit", "gate"])
 def test_a_scope_that_is_not_http_reaches_the_app_untouched(name, kind):
     seen = []
 

@@ -3,14 +3,13 @@
     python -m bench.soak            # 64 clients for 60 s, memory compared over 10 s windows
     python -m bench.soak --short    # 8 clients for 6 s, 2 s windows: the CI smoke run
 
-The server is bench/serve.py's `loraserve` row (Ray Serve's proxy and the app as
-serving.deploy builds it, one replica, on the demo kit, fp32, greedy, no speculative
-decoding), started on a free loopback port, warmed up on every adapter, then driven
+The server is bench/serve.py's `loraserve` row (`loraserve serve`: one ModelServer replica
+listening on the port itself, on the demo kit, fp32, greedy, no speculative decoding), started on a free loopback port, warmed up on every adapter, then driven
 closed-loop: each client streams a /v1/completions request (bench/load.py's prompts,
 adapters round-robin over base, upper, comment and rot13, 64 tokens) and sends the next as
 soon as it ends, until the time is up; requests in flight then finish and count. Resident memory is sampled once a
 second over the server's whole process tree (the `loraserve serve` driver, Ray's GCS,
-raylet and agents, the proxy and the deployments' replicas) and, apart, over the ModelServer
+raylet and agents, the Serve controller and the deployments' replicas) and, apart, over the ModelServer
 replicas alone; growth is the mean of the last window over the mean of the first. The
 targets: zero errors and growth under 10%; the run exits 1 when it misses one (the short
 run checks errors only: a few seconds are too few for memory to settle).

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.deploy.stream_end import PROXY_ENV
 from tests.serving.deploy.served import free_port
 
 BIN = Path(sys.executable).parent
@@ -64,8 +63,7 @@ def _wait_for_dashboard(url: str, head: subprocess.Popen, log: Path, deadline: f
 
 @contextlib.contextmanager
 def ray_head(root: Path, *, dashboard: bool = False, **env: str) -> Iterator[Head]:
-    """A fresh 2-CPU head node; each node runs the proxy's middleware, as README.md's
-    multi-node section sets it (a proxy without a route yet answers /readyz 503, not 404)."""
+    """A fresh 2-CPU head node, with no Serve running yet: whoever joins it starts Serve."""
     ray_dir = tempfile.mkdtemp(prefix="lsrc-")  # short: Ray's socket paths must fit 107 bytes
     ports = {flag: free_port() for flag in PORT_FLAGS}
     flags = [f"{flag}={port}" for flag, port in ports.items()]
@@ -79,7 +77,7 @@ def ray_head(root: Path, *, dashboard: bool = False, **env: str) -> Iterator[Hea
                "--disable-usage-stats", f"--temp-dir={ray_dir}", *flags]  # fmt: skip
     log = root / "ray.log"
     # No drain on SIGTERM: the node has nothing to hand over.
-    environ = env_for(root / "home", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", **PROXY_ENV, **env)
+    environ = env_for(root / "home", RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0", **env)
     with open(log, "w") as out:
         head = subprocess.Popen(
             command, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -1,5 +1,5 @@
 """The app on a Ray cluster it joins by deploy.ray_address: keys reach the replicas, and a
-keyless app behind a public Serve proxy refuses to serve.
+replica refuses to serve beside Serve's HTTP proxies, or keyless on a public server.host.
 
 The cluster is this module's own `ray start --head`, in a temp dir of its own, on ports of
 its own, without LORASERVE_API_KEYS in its environment (as on a remote node); it is stopped
@@ -19,7 +19,10 @@ import ray
 import yaml
 from ray import serve
 
-from serving.deploy.app import APP_NAME, build
+from serving.config import load_config
+from serving.deploy.app import APP_NAME, bind, build
+from serving.deploy.exposure import OpenServerError
+from serving.deploy.replica import SERVER_NAME
 from tests.serving.deploy.ray_head import BIN, env_for, ray_head, stop
 from tests.serving.deploy.served import free_port, wait_ready
 
@@ -77,22 +80,51 @@ def test_keys_from_the_driver_reach_the_replicas(cluster, tmp_path):
     assert proc.returncode == 0, log.read_text()
 
 
-def test_a_keyless_app_refuses_a_public_serve_proxy(cluster, tmp_path, monkeypatch):
-    """The builder sees server.host 127.0.0.1, but Serve's proxy listens on 0.0.0.0 (as under
-    `serve run` or KubeRay): each ModelServer replica reads that host and refuses to start."""
+def _refused(app, why: str) -> str:
+    """Deploy app on the joined cluster's Serve, which must fail; each replica's message."""
+    with pytest.raises(RuntimeError, match="Deploying application"):
+        serve.run(app, name=APP_NAME, route_prefix="/")
+    message = serve.status().applications[APP_NAME].deployments[SERVER_NAME].message
+    assert why in message, message
+    return message
+
+
+@pytest.fixture
+def joined(cluster, monkeypatch):
+    """The cluster's address, this process joined to it with no API keys in its env; Serve is
+    the test's to start (one left by another test keeps its own options: it is shut down)."""
     monkeypatch.delenv("LORASERVE_API_KEYS", raising=False)
-    port = free_port()
-    config = _config(tmp_path, cluster, port)
     ray.init(address=cluster, logging_level=logging.WARNING)
     try:
-        serve.shutdown()  # a Serve left by another test keeps its own proxy options
-        serve.start(http_options={"host": "0.0.0.0", "port": port})
-        with pytest.raises(RuntimeError, match="Deploying application"):
-            serve.run(build({"config": str(config)}), name=APP_NAME, route_prefix="/")
-        why = serve.status().applications[APP_NAME].deployments["ModelServer"].message
-        assert "refusing to serve on 0.0.0.0" in why and "--insecure" in why, why
-        with pytest.raises(httpx.HTTPError):  # nothing answers, or not with a model list
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).raise_for_status()
+        serve.shutdown()
+        yield cluster
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_a_replica_refuses_to_start_beside_serve_proxies(joined, tmp_path):
+    """Serve started with its HTTP proxies (as `serve run` or KubeRay would by default): each
+    ModelServer replica refuses, naming proxy_location: Disabled, and nothing serves the app."""
+    port, proxy_port = free_port(), free_port()
+    config = _config(tmp_path, joined, port)
+    serve.start(http_options={"host": "127.0.0.1", "port": proxy_port})
+    why = _refused(build({"config": str(config)}), "proxy_location: Disabled")
+    assert "ProxyEnabledError" in why, why
+    for answering in (port, proxy_port):  # nothing answers, or not with a model list
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{answering}/v1/models", timeout=5).raise_for_status()
+
+
+def test_a_keyless_app_refuses_a_public_server_host(joined, tmp_path):
+    """server.host 0.0.0.0 with no keys: the builder refuses, and each replica, handed the
+    config past the builder, refuses to listen there."""
+    port = free_port()
+    config = _config(tmp_path, joined, port, host="0.0.0.0")
+    with pytest.raises(OpenServerError, match=r"refusing to serve on 0\.0\.0\.0"):
+        build({"config": str(config)})
+    serve.start(proxy_location="Disabled")
+    why = _refused(bind(load_config(config), {}), "refusing to serve on 0.0.0.0")
+    assert "--insecure" in why, why
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).raise_for_status()

@@ -109,7 +109,8 @@ def wait_ready(url: str, timeout: float = 180) -> None:
 def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     """The app of config served on loopback port by a Ray of its own; yields its URL once ready.
 
-    The proxy runs serving.deploy.stream_end's middleware, as every proxy should (PROXY_ENV).
+    Serve starts as `loraserve serve` starts it, with no HTTP proxy: port is the config's
+    server.port, on which each replica listens itself.
 
     Ray gets a short temp dir of its own (its socket paths must fit 107 bytes) and HOME is
     home meanwhile (whatever Ray or a worker writes under ~); it stops with serve.shutdown()
@@ -119,18 +120,17 @@ def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     from ray import serve
 
     from serving.deploy.app import APP_NAME, build
-    from serving.deploy.stream_end import PROXY_ENV
 
     ray_dir = tempfile.mkdtemp(prefix="lsray-")
     # Ray's processes inherit these. A process keeps the auth token of the first Ray it
     # joined, so a second loopback test cluster (another module, another HOME) would never
     # start for it: these clusters run without token auth.
-    env = {"HOME": str(home), "RAY_AUTH_MODE": "disabled", **PROXY_ENV}
+    env = {"HOME": str(home), "RAY_AUTH_MODE": "disabled"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(proxy_location="Disabled")
         serve.run(build({"config": str(config)}), name=APP_NAME, route_prefix="/", blocking=False)
         url = f"http://127.0.0.1:{port}"
         wait_ready(url)

@@ -65,15 +65,21 @@ def test_readyz_and_preloads_listed(served):
     assert models[f"{MODEL_ID}:upper"].parent == MODEL_ID
 
 
-def test_the_proxy_echoes_only_a_short_printable_request_id(served):
-    # Ray's proxy names the answers (the app adds no id of its own there); a client's id it
-    # would echo as sent reaches it only where the app's own rule would echo it.
-    for sent in ("a" * 20_000, "a" * 129, "a b", "a/b?c"):
+def test_an_answer_carries_one_request_id_the_clients_when_echoable(served):
+    # The replica's app names every answer itself (serving.api.edge.request_id): a client's
+    # id is echoed when it is a short printable token, else replaced by one of the app's.
+    for sent in ("a" * 20_000, "a" * 129, "a b", "a/b?c", ""):
         r = httpx.get(f"{served.url}/v1/models", headers={"x-request-id": sent}, timeout=30)
         (answered,) = r.headers.get_list("x-request-id")
-        assert r.status_code == 200 and answered != sent and 0 < len(answered) <= 128
-    r = httpx.get(f"{served.url}/v1/models", headers={"x-request-id": "trace-9"}, timeout=30)
-    assert r.headers.get_list("x-request-id") == ["trace-9"]
+        assert r.status_code == 200 and answered != sent and answered.startswith("req_")
+    for sent in ("trace-9", "a" * 128, "a/b:c=d+e.f_g"):
+        r = httpx.get(f"{served.url}/v1/models", headers={"x-request-id": sent}, timeout=30)
+        assert r.headers.get_list("x-request-id") == [sent]
+    body = {"model": MODEL_ID, "prompt": PROMPT, "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=30,
+                      headers={"x-request-id": "trace-10"}) as streamed:  # fmt: skip
+        assert streamed.headers.get_list("x-request-id") == ["trace-10"]
+        assert streamed.read().endswith(b"data: [DONE]\n\n")
 
 
 @pytest.mark.parametrize("how", ["model", "lora"])
@@ -177,10 +183,6 @@ def test_metrics_parse_count_and_carry_engine_snapshot(served):
         replicas = {s.labels["replica"] for s in after[name]}
         assert len(replicas) == REPLICAS and all(replicas), (name, replicas)  # every replica
     assert any(s.value > 0 for s in after["loraserve_prefix_cache_queried_tokens"])
-
-
-def _running(served) -> float:
-    return sum(s.value for s in served.metrics()["loraserve_num_requests_running"])
 
 
 def test_adapter_requests_go_where_it_is_hot(served):

@@ -195,8 +195,8 @@ def test_fifty_mixed_requests_answer_valid_json(url):
 
 
 def test_each_answer_is_named_by_one_request_id(url):
-    """Ray Serve's proxy names answers with x-request-id (a client's own echoed); the app
-    adds none of its own there, so a client sees one id, not "id, id"."""
+    """The replica's app names answers with x-request-id (a client's own echoed), and
+    nothing on the way adds another, so a client sees one id, not "id, id"."""
     mine = httpx.get(f"{url}/v1/models", headers={"x-request-id": "trace-7"}, timeout=30)
     assert mine.headers.get_list("x-request-id") == ["trace-7"]
     fresh = httpx.get(f"{url}/v1/models", timeout=30)

@@ -8,13 +8,11 @@ import kubernetes_validate
 import pytest
 from ray.serve.schema import ServeDeploySchema
 
-from serving.deploy.stream_end import PROXY_ENV
 from tests.helm.render import (
     find,
     lint,
     notes,
     pod_templates,
-    ray_containers,
     render,
     serve_config,
     server_config,
@@ -96,8 +94,6 @@ def test_rayservice_kind_and_serve_config(rendered):
     assert app.import_path == "serving.deploy.app:build"
     assert app.route_prefix == "/"
     assert app.args == {"config": "/etc/loraserve/config.yaml"}
-    assert schema.http_options.host == "0.0.0.0"
-    assert schema.http_options.port == 8000
     module, attr = app.import_path.split(":")
     assert callable(getattr(importlib.import_module(module), attr))
 
@@ -139,22 +135,11 @@ def test_workers_match_the_config_replicas_and_gpus(rendered):
         assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (4, 2, 8)
 
 
-def test_head_runs_no_replica_and_has_no_app_probe(rendered):
+def test_head_has_no_app_probe(rendered):
     _, objects = rendered
     head = find(objects, "RayService")[0]["spec"]["rayClusterConfig"]["headGroupSpec"]
-    assert head["rayStartParams"]["num-cpus"] == "0"
     container = head["template"]["spec"]["containers"][0]
     assert "readinessProbe" not in container  # KubeRay deploys the app once the head is ready
-    assert {"name": "serve", "containerPort": 8000} in container["ports"]
-
-
-def test_proxy_middleware_env_on_every_ray_container(rendered):
-    _, objects = rendered
-    ((name, value),) = PROXY_ENV.items()
-    containers = ray_containers(objects)
-    assert len(containers) >= 2
-    for container in containers:
-        assert {"name": name, "value": value} in container["env"], container["name"]
 
 
 def test_pods_run_non_root_on_a_read_only_root(rendered):

@@ -1,6 +1,6 @@
 """The chart is closed by default: by NetworkPolicy semantics over the rendered objects, only
-the release's pods reach Ray's ports, the KubeRay operator the head's dashboard and Serve
-port, and the sources the operator names the Serve port 8000 alone."""
+the release's pods reach Ray's ports, the KubeRay operator the head's dashboard, and the
+sources the operator names the workers' serve port 8000 alone (the head serves no API)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.helm.render import (
 )
 
 SERVE = frozenset({8000})
-OPERATOR = frozenset({8265, 8000})  # the dashboard (Serve app, health) and the proxy's /-/healthz
+OPERATOR = frozenset({8265})  # the dashboard: the Serve app and its status
 NONE = frozenset()
 CLIENT_LABEL = "ls-loraserve-client"  # "<fullname>-client", as values.yaml and NOTES name it
 RELEASE = {"app.kubernetes.io/name": "loraserve", "app.kubernetes.io/instance": "ls"}
@@ -63,13 +63,14 @@ def _reach(objects: list[dict], source: Source, protocol: str = "TCP") -> dict[s
 
 def _exposures(objects: list[dict], operator_namespace: str, sources: dict[str, Source]) -> list:
     """(source, pod, protocol, first ports, count) wherever a source outside the release
-    reaches more than it may: a stranger nothing, a source a value set may name Serve's 8000
-    (TCP), the operator's namespace the head's OPERATOR ports."""
+    reaches more than it may: a stranger nothing, a source a value set may name a worker's
+    serve port 8000 (TCP), the operator's namespace the head's OPERATOR ports."""
     found = []
     for name, source in sources.items():
         for protocol in ("TCP", "UDP"):
             for group, ports in _reach(objects, source, protocol).items():
-                allowed = SERVE if protocol == "TCP" and name not in STRANGERS else NONE
+                serves = protocol == "TCP" and group != "head"  # replicas run on workers only
+                allowed = SERVE if serves and name not in STRANGERS else NONE
                 if source.namespace == operator_namespace and group == "head" and protocol == "TCP":
                     allowed = OPERATOR
                 if ports - allowed:
@@ -109,8 +110,8 @@ def test_defaults_admit_exactly_the_operator_the_ingress_and_labelled_clients():
     expected = {
         "the KubeRay operator": {"head": OPERATOR, "gpu": NONE},
         "another pod of the operator's namespace": {"head": OPERATOR, "gpu": NONE},
-        "the ingress controller": {"head": SERVE, "gpu": SERVE},
-        "a client of the release's namespace": {"head": SERVE, "gpu": SERVE},
+        "the ingress controller": {"head": NONE, "gpu": SERVE},
+        "a client of the release's namespace": {"head": NONE, "gpu": SERVE},
         "Prometheus": {"head": NONE, "gpu": NONE},
         "a gateway": {"head": NONE, "gpu": NONE},
         **{name: {"head": NONE, "gpu": NONE} for name in STRANGERS},
@@ -122,7 +123,7 @@ def test_defaults_admit_exactly_the_operator_the_ingress_and_labelled_clients():
 def test_the_serve_sources_are_the_operators_list():
     # one-gpu adds Prometheus; multi-gpu replaces the ingress with gateways and moves the operator.
     one_gpu = render(value_set("one-gpu"))
-    assert _reach(one_gpu, INGRESS)["head"] == SERVE
+    assert _reach(one_gpu, INGRESS) == {"head": NONE, "gpu": SERVE}
     prometheus = {"app.kubernetes.io/name": "prometheus"}
     assert _reach(one_gpu, Source.pod("monitoring", prometheus))["gpu"] == SERVE
     assert _reach(one_gpu, Source.pod("monitoring", {"app": "grafana"}))["gpu"] == NONE
@@ -143,7 +144,7 @@ def test_an_ip_block_opens_the_serve_port_to_addresses_and_nothing_else():
     objects = render(values)
     for policy in find(objects, "NetworkPolicy"):
         kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
-    assert _reach(objects, Source.address("203.0.113.7")) == {"head": SERVE, "gpu": SERVE}
+    assert _reach(objects, Source.address("203.0.113.7")) == {"head": NONE, "gpu": SERVE}
     assert _reach(objects, Source.address("10.3.0.1")) == {"head": NONE, "gpu": NONE}
     assert _reach(objects, INGRESS) == {"head": NONE, "gpu": NONE}  # the list replaced
     others = {k: v for k, v in _outsiders(values).items() if k != "an address outside the cluster"}
@@ -154,13 +155,13 @@ def test_an_empty_serve_list_leaves_labelled_clients_only():
     values = copy.deepcopy(value_set("default"))
     values["networkPolicy"] = {"serveFrom": []}
     objects = render(values)
-    assert _reach(objects, CLIENT) == {"head": SERVE, "gpu": SERVE}
+    assert _reach(objects, CLIENT) == {"head": NONE, "gpu": SERVE}
     assert _reach(objects, INGRESS) == {"head": NONE, "gpu": NONE}
 
 
 def test_the_check_catches_an_open_serve_rule_and_an_operator_on_every_port():
-    # The policy the chart once rendered: the operator's namespace on every port, and a
-    # `- ports: [8000]` rule with no `from`, which admits any source at all.
+    # A policy the chart once rendered: the operator's namespace on every port, and a
+    # `- ports: [8000]` rule with no `from`, which admits any source at all, head included.
     objects = render(value_set("default"))
     objects = [o for o in objects if o["kind"] != "NetworkPolicy"]
     release = {"podSelector": {"matchLabels": RELEASE}}
@@ -178,8 +179,9 @@ def test_the_check_catches_an_open_serve_rule_and_an_operator_on_every_port():
         "spec": spec,
     }
     exposures = _exposures([*objects, old], "kuberay-system", _outsiders({}))
-    assert ("the KubeRay operator", "head", "TCP", [1, 2, 3], 65533) in exposures
+    assert ("the KubeRay operator", "head", "TCP", [1, 2, 3], 65534) in exposures
     assert ("an address outside the cluster", "gpu", "TCP", [8000], 1) in exposures
+    assert ("an address outside the cluster", "head", "TCP", [8000], 1) in exposures
     assert _reach([*objects, old], Source.address("203.0.113.7")) == {"head": SERVE, "gpu": SERVE}
     assert _exposures(objects, "kuberay-system", _outsiders({}))  # and no policy at all
 
@@ -187,7 +189,7 @@ def test_the_check_catches_an_open_serve_rule_and_an_operator_on_every_port():
 def test_the_policy_is_on_unless_turned_off():
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     assert defaults["networkPolicy"]["enabled"] is True
-    assert len(find(render(value_set("default")), "NetworkPolicy")) == 2
+    assert len(find(render(value_set("default")), "NetworkPolicy")) == 3
     assert "WARNING" not in notes(value_set("default"))
 
     values = copy.deepcopy(value_set("default"))

@@ -1,6 +1,7 @@
 """The chart's Serve config on a real Ray cluster, in miniature: the cpu-dev value set rendered,
-its in-cluster paths pointed at this checkout's demo kit and a temp dir, deployed with
-`serve deploy` to a `ray start --head` of the test's own, answers /readyz and a completion."""
+its in-cluster paths pointed at this checkout's demo kit and a temp dir, deployed as rendered
+(no HTTP proxy) with `serve deploy` to a `ray start --head` of the test's own: the replica
+answers /readyz and a completion on the config's server.port itself."""
 
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ def test_the_rendered_serve_config_deploys_and_answers(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(local(server_config(objects), tmp_path, port)))
     app = serve_config(objects)
-    app["http_options"] = {"host": "127.0.0.1", "port": port}
     (only,) = app["applications"]
     only["args"]["config"] = str(config)
     serve_yaml = tmp_path / "serve.yaml"
@@ -51,7 +51,7 @@ def test_the_rendered_serve_config_deploys_and_answers(tmp_path):
             env=env, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"  # the replica's own listener: no proxy runs
         wait_ready(url, timeout=300)
         body = {"model": "demo:upper", "prompt": "def read_lines(path):\n", "max_tokens": 12,
                 "temperature": 0}  # fmt: skip

@@ -28,9 +28,10 @@ get exactly one worker pod's GPUs and CPUs each, so deploy.* mirrors workers.*.
 {{- $_ := set $lora "preload" $preload -}}
 {{- $_ := set $c "lora" $lora -}}
 {{- $server := get $c "server" | default dict -}}
-{{- /* Inside the pod network: Ray Serve's proxies listen on every address too. */}}
+{{- /* Each replica listens here itself, on its pod's every address: the serve Service
+     sends clients to the worker pods' port named serve, which is this one. */}}
 {{- $_ := set $server "host" "0.0.0.0" -}}
-{{- $_ := set $server "port" 8000 -}}
+{{- $_ := set $server "port" (int (include "loraserve.servePort" .)) -}}
 {{- $_ := set $server "insecure" $v.insecure -}}
 {{- $_ := set $server "api_keys_file" nil -}}
 {{- $_ := set $c "server" $server -}}
@@ -43,12 +44,13 @@ get exactly one worker pod's GPUs and CPUs each, so deploy.* mirrors workers.*.
 {{- toYaml $c -}}
 {{- end -}}
 
-{{/* The Ray Serve config KubeRay deploys once the head is ready (serveConfigV2). */}}
+{{/*
+The Ray Serve config KubeRay deploys once the head is ready (serveConfigV2). No HTTP proxy:
+the replicas serve server.host:server.port themselves, and refuse to start beside a proxy,
+which would also take their port. So no http_options either: nothing reads them.
+*/}}
 {{- define "loraserve.serveConfig" -}}
-proxy_location: EveryNode
-http_options:
-  host: 0.0.0.0
-  port: 8000
+proxy_location: Disabled
 applications:
   - name: loraserve
     import_path: serving.deploy.app:build

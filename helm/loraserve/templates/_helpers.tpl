@@ -37,6 +37,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-serve" (include "loraserve.fullname" .) -}}
 {{- end -}}
 
+{{/*
+The port the API is served on: every ModelServer replica listens on it itself (the config's
+server.port), and the Ray containers name it "serve", the port KubeRay's serve Service targets.
+*/}}
+{{- define "loraserve.servePort" -}}8000{{- end -}}
+
 {{/* The label ("true") that lets a pod of the release's namespace call the Serve port. */}}
 {{- define "loraserve.clientLabel" -}}
 {{- printf "%s-client" (include "loraserve.fullname" .) -}}

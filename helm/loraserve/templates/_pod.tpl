@@ -27,10 +27,6 @@
 
 {{/* Environment of every Ray container (head and workers). */}}
 {{- define "loraserve.rayEnv" -}}
-{{- /* Ray Serve's proxies end a stream cut by a dying replica with an error event
-     (serving.deploy.stream_end.PROXY_ENV); it must be in each node's environment. */}}
-- name: RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH
-  value: serving.deploy.stream_end.proxy_middlewares
 - name: HOME
   value: {{ .Values.scratch.home | quote }}
 {{- if include "loraserve.keysSecretName" . }}

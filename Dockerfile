@@ -65,10 +65,6 @@ RUN pip install --no-deps -e .
 # resolve against /app, so the service user may create files there; the sources stay root's.
 RUN chown 1000:1000 /app && install -d -o 1000 -g 1000 /app/.loraserve
 
-# Ray Serve's HTTP proxies take the middleware that ends a stream cut by a dying replica from
-# this variable (serving/deploy/stream_end.py), on every node: set here, it holds under KubeRay.
-ENV RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serving.deploy.stream_end.proxy_middlewares
-
 # Numeric, so Kubernetes' runAsNonRoot can verify it. No keys or credentials are in the image:
 # API keys and S3 credentials come from the environment or mounted files at run time.
 USER 1000:1000

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from serving.deploy.stream_end import PROXY_ENV
-
 ROOT = Path(__file__).resolve().parents[1]
 FENCED_BASH = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
 # pip options followed by a value that is not a requirement
@@ -179,14 +177,6 @@ def test_a_drift_is_found(name, old, new, count, says):
     texts[name] = texts[name].replace(old, new, count)
     found = problems(texts["Dockerfile"], texts["README.md"])
     assert any(says in problem for problem in found), found
-
-
-def test_image_sets_the_proxy_middleware_for_every_ray_node():
-    env = {}
-    for keyword, rest in instructions(_read("Dockerfile")):
-        if keyword == "ENV":
-            env |= dict(pair.split("=", 1) for pair in shlex.split(rest))
-    assert env.items() >= PROXY_ENV.items()
 
 
 def test_build_context_leaves_out_local_state():

@@ -31,10 +31,6 @@ ENVIRONMENT = (
      "(`ccache gcc`); unset: `cc` or `gcc` on PATH."),
     ("LORASERVE_LORA_CONFIGS", "A file of tuned Triton LoRA launch configurations to read "
      "instead of `kernels/tuned/<GPU name>.json` (it must exist)."),
-    ("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "Set to "
-     "`serving.deploy.stream_end.proxy_middlewares` on every node of a Ray cluster, so a stream "
-     "cut by a dying replica ends with an error event, then [DONE]; `loraserve serve` sets it for its own "
-     "local Ray."),
     ("XDG_CACHE_HOME", "Holds `loraserve/ray`, the local Ray's temporary folder, when that path "
      "is short enough for Ray's sockets (else the temp dir); default `~/.cache`."),
     ("XDG_STATE_HOME", "Holds `loraserve/logs`, where `loraserve serve` writes Ray's output; "

@@ -78,8 +78,10 @@ def vllm_env() -> dict:
 class Server:
     """A server subprocess in a session of its own, its output in a log file."""
 
-    def __init__(self, name: str, cmd: list[str], ready_path: str, log: Path, env=None):
-        self.name, self.ready_path, self.log = name, ready_path, log
+    def __init__(self, name: str, cmd: list[str], ready_path: str, log: Path, env=None,
+                 kind: str = "local", cwd: Path = ROOT):  # fmt: skip
+        # kind: how bench/process_cpu.py tells its processes' roles ("loraserve", "vllm", "local")
+        self.name, self.ready_path, self.log, self.kind = name, ready_path, log, kind
         self.port = int(cmd[cmd.index("--port") + 1])
         self.url = f"http://127.0.0.1:{self.port}"
         say(f"starting {name}: {' '.join(cmd)}")
@@ -87,7 +89,7 @@ class Server:
             # A session of its own: a hung server's whole tree (Ray's, vLLM's engine core)
             # can be killed without touching this process or anyone else's.
             self.proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
 
@@ -131,10 +133,19 @@ class Server:
 
 
 def start_loraserve(
-    tmp: Path, max_num_seqs: int, local: bool = False, env: tuple[str, ...] = ()
+    tmp: Path,
+    max_num_seqs: int,
+    local: bool = False,
+    env: tuple[str, ...] = (),
+    checkout: Path | None = None,
 ) -> Server:
     """loraserve on a free port; env: KEY=VALUE settings for `loraserve serve` (and the Ray it
     starts), `{port}` in a value standing for the port the client talks to.
+
+    With a checkout (another git worktree of this repository), `loraserve serve` runs that
+    tree's code: started in it, `python -m serving` imports its serving package before the
+    installed one, and so do the Ray workers it starts. The config is still this tree's (loraserve_config), so the two must agree
+    on its keys.
 
     With RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in env, Ray Serve's proxy listens on another free
     port and the client talks to the replica's own HTTP server, which direct ingress starts
@@ -146,9 +157,10 @@ def start_loraserve(
     direct = "RAY_SERVE_ENABLE_DIRECT_INGRESS=1" in env
     served = free_port() if direct else port
     cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(served)]
-    name = "loraserve-local" if local else "loraserve"
+    name = "loraserve-local" if local else "loraserve-checkout" if checkout else "loraserve"
     extra = dict(item.replace("{port}", str(port)).split("=", 1) for item in env)
-    server = Server(name, cmd, "/readyz", tmp / f"{name}.log", env={**os.environ, **extra})
+    server = Server(name, cmd, "/readyz", tmp / f"{name}.log", env={**os.environ, **extra},
+                    kind="local" if local else "loraserve", cwd=checkout or ROOT)  # fmt: skip
     server.port, server.url = port, f"http://127.0.0.1:{port}"
     return server
 
@@ -168,7 +180,7 @@ def start_vllm(tmp: Path, max_num_seqs: int) -> Server:
            "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs),
            "--enforce-eager", "--seed", "0", "--host", "127.0.0.1",
            "--disable-uvicorn-access-log", "--port", str(free_port())]  # fmt: skip
-    return Server("vllm", cmd, "/health", tmp / "vllm.log", env=vllm_env())
+    return Server("vllm", cmd, "/health", tmp / "vllm.log", env=vllm_env(), kind="vllm")
 
 
 def vllm_version() -> str:

@@ -1,5 +1,5 @@
-"""bench/serve.py's CPU accounting without servers: the roles of a server's processes, and the
-CPU of a real process tree whose processes start and end during the run."""
+"""bench/serve.py's CPU accounting without servers: the roles of a server's processes, the CPU
+of a real process tree whose processes start and end during the run, and the CPU table."""
 
 import os
 import signal
@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from bench.load import Record
 from bench.process_cpu import ROLES, TreeCpu, TreeSampler, role_of, tree_cpu
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -114,3 +115,21 @@ def _wait_for(done, timeout: float = 30.0) -> None:
     while not done():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.05)
+
+
+def test_the_cpu_table_gives_seconds_per_thousand_tokens_by_role():
+    from bench.serve import Level, cpu_table
+
+    records = [Record(0, tokens=600), Record(1, tokens=400), Record(2, error="HTTP 500")]
+    cpu = TreeCpu({"ModelServer replica": 2.0, "raylet": 0.5}, processes=5, started=1, ended=0)
+    lines = cpu_table({"loraserve": {4: Level(records, 1.0, cpu, 0.25)}}, [4])
+    assert lines[0].endswith(
+        "| ModelServer replica | raylet | client | processes (started, ended) |"
+    )
+    assert lines[2] == "| loraserve | 4 | 1000 | 2.50 | 2.00 | 0.50 | 0.25 | 5 (1, 0) |"
+
+
+def test_the_checkout_row_needs_a_checkout():
+    done = subprocess.run([sys.executable, "-m", "bench.serve", "--servers", "loraserve-checkout"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "needs --checkout PATH" in done.stderr

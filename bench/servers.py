@@ -144,19 +144,13 @@ def start_loraserve(
 
     With a checkout (another git worktree of this repository), `loraserve serve` runs that
     tree's code: started in it, `python -m serving` imports its serving package before the
-    installed one, and so do the Ray workers it starts. The config is still this tree's (loraserve_config), so the two must agree
-    on its keys.
-
-    With RAY_SERVE_ENABLE_DIRECT_INGRESS=1 in env, Ray Serve's proxy listens on another free
-    port and the client talks to the replica's own HTTP server, which direct ingress starts
-    on the first port of its range: set RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT={port}.
+    installed one, and so do the Ray workers it starts. The config is still this tree's
+    (loraserve_config), so the two must agree on its keys.
     """
     config = loraserve_config(tmp, max_num_seqs)
     module = ["bench.peers.local_server"] if local else ["serving", "serve"]
     port = free_port()
-    direct = "RAY_SERVE_ENABLE_DIRECT_INGRESS=1" in env
-    served = free_port() if direct else port
-    cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(served)]
+    cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(port)]
     name = "loraserve-local" if local else "loraserve-checkout" if checkout else "loraserve"
     extra = dict(item.replace("{port}", str(port)).split("=", 1) for item in env)
     server = Server(name, cmd, "/readyz", tmp / f"{name}.log", env={**os.environ, **extra},

@@ -53,6 +53,10 @@ DRAIN_TIMEOUT_S = 30.0
 # must stop before then.
 LISTENER_DRAIN_S = DRAIN_TIMEOUT_S - 5.0
 MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
+# Seconds between Serve's health checks of a replica. Serve learns that a replica died only
+# at its next check, and starts another then; meanwhile a lone replica's port is refused.
+# Serve's default is 10 s.
+HEALTH_CHECK_PERIOD_S = 2.0
 
 
 def stream_pause(active_streams: int, longest: float) -> float:
@@ -217,6 +221,8 @@ class EngineReplica:
 
 # The deployment; EngineReplica stays a plain class, so tests can build one outside Ray.
 SERVER_NAME = "ModelServer"
-ModelServer = serve.deployment(name=SERVER_NAME, graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)(
-    serve.ingress()(EngineReplica)
-)
+ModelServer = serve.deployment(
+    name=SERVER_NAME,
+    graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
+    health_check_period_s=HEALTH_CHECK_PERIOD_S,
+)(serve.ingress()(EngineReplica))

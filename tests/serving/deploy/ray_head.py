@@ -32,7 +32,9 @@ class Head:
 
 
 def env_for(home: Path, **extra: str) -> dict[str, str]:
-    """This process's environment without API keys (as on a remote node), HOME at home."""
+    """This process's environment without API keys (as on a remote node), HOME at home
+    (made, as a user's home exists)."""
+    home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "LORASERVE_API_KEYS"}
     return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), **extra}
 

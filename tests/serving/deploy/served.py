@@ -126,6 +126,9 @@ def serving(config: Path, port: int, home: Path) -> Iterator[str]:
     # joined, so a second loopback test cluster (another module, another HOME) would never
     # start for it: these clusters run without token auth.
     env = {"HOME": str(home), "RAY_AUTH_MODE": "disabled"}
+    # A home that exists, as a user's does: the replicas cache the compiled CPU kernel there,
+    # so a replica that Serve restarts does not build it again.
+    home.mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir)

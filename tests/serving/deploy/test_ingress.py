@@ -1,6 +1,6 @@
 """PeerReplicas.forward over a stand-in handle: how a forwarded stream is asked for, ends,
 is cancelled, and fails (the served tests cover the same through Ray, where it is timing that
-decides whether a request is forwarded at all)."""
+decides whether a request is forwarded at all); and whose readiness a replica's app tells."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 
 from serving.api.core.generator import QueueFull
-from serving.deploy.ingress import PeerReplicas
+from serving.deploy.ingress import PeerReplicas, ReplicaGenerator
 from serving.engine.request import GenerateRequest, RequestOutput, SamplingParams
 
 REQUEST = GenerateRequest("r1", (1, 2, 3), SamplingParams(max_tokens=4), "down@abc")
@@ -113,3 +113,22 @@ def test_a_replica_refusal_arrives_as_the_api_knows_it(raised, expected):
         asyncio.run(collect(peers.forward(REQUEST, "down@abc")))
     assert not isinstance(caught.value, RayTaskError)  # its own message, no traceback
     assert response.cancelled  # it never finished
+
+
+class Server:
+    """The ModelServer as ReplicaGenerator sees it: its own readiness, no ids held."""
+
+    def __init__(self, ready: bool):
+        self._ready = ready
+        self.held: set[str] = set()
+
+    async def ready(self) -> bool:
+        return self._ready
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_readiness_is_the_answering_replica_s_own(own):
+    # A probe reaches the replica the kernel hands its connection to: that one answers for
+    # itself, whatever its peers' state (the stand-in handle cannot even be broadcast to).
+    generator = ReplicaGenerator(Server(own), PeerReplicas(Handle(Response([]))), 4)
+    assert asyncio.run(generator.ready()) is own

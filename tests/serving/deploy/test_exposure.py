@@ -1,7 +1,7 @@
 """A keyless server serves loopback only, and the builder hands its keys to the replicas.
 
 These run without Ray: build() refuses before it binds anything. The same rule inside a
-replica, against the Serve proxy's host on a real cluster, is in test_cluster.py.
+replica, on server.host on a real cluster, is in test_cluster.py.
 """
 
 from pathlib import Path
@@ -31,7 +31,7 @@ def test_loopback_hosts(host, loopback):
 
 def test_the_rule():
     check_open_server(["127.0.0.1", "::1"], {}, insecure=False)
-    check_open_server(["127.0.0.1", None], {}, insecure=False)  # None: a proxy switched off
+    check_open_server(["127.0.0.1", None], {}, insecure=False)  # None: a listener switched off
     check_open_server(["0.0.0.0"], KEY, insecure=False)  # keys: any host
     check_open_server(["0.0.0.0"], {}, insecure=True)  # the operator's explicit choice
     for hosts in (["0.0.0.0"], ["127.0.0.1", "0.0.0.0"], ["127.0.0.1", "<unknown>"]):

@@ -203,14 +203,15 @@ class EngineReplica:
         if not self.engine.alive:
             raise RuntimeError("the engine's step thread has stopped")
 
-    async def __del__(self):
-        # Ray Serve awaits this once the calls through Ray have drained (serve.ingress's
-        # wrapper awaits a coroutine destructor, and drops what a plain one returns): the
-        # listener stops accepting and lets its streams finish, then the step thread stops.
-        # Outside Ray nothing awaits it: whoever builds a replica there closes its generator.
+    async def drain(self) -> None:
+        """Stop accepting connections, let the streams in flight finish, then stop."""
         listener = getattr(self, "listener", None)
         if listener is not None:
             await listener.drain()
+        self.close()
+
+    def close(self) -> None:
+        """Stop the step thread and the adapter leases at once."""
         generator = getattr(self, "generator", None)
         if generator is not None:
             generator.close()
@@ -219,10 +220,19 @@ class EngineReplica:
             leases.close()
 
 
+class _ServedReplica(EngineReplica):
+    """The replica as Ray Serve runs it: its destructor drains."""
+
+    async def __del__(self):
+        # Ray Serve awaits this once the calls through Ray have drained (serve.ingress's
+        # wrapper awaits a coroutine destructor, and drops what a plain one returns).
+        await self.drain()
+
+
 # The deployment; EngineReplica stays a plain class, so tests can build one outside Ray.
 SERVER_NAME = "ModelServer"
 ModelServer = serve.deployment(
     name=SERVER_NAME,
     graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
-)(serve.ingress()(EngineReplica))
+)(serve.ingress()(_ServedReplica))

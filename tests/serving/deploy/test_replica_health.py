@@ -23,7 +23,7 @@ def server(monkeypatch, tmp_path):
                         "cache": {"num_blocks": 16}, "lora": {"registry": str(tmp_path)}})  # fmt: skip
     server = replica.EngineReplica(cfg)
     yield server
-    server.generator.close()
+    server.close()
 
 
 def _end_step_thread(engine) -> None:

@@ -102,7 +102,7 @@ def bench_server(name: str, tmp: Path, args, profile: bool) -> tuple[dict, list]
         local = name == "loraserve-local"
         checkout = args.checkout if name == "loraserve-checkout" else None
         server = start_loraserve(tmp, max(args.concurrency), local, () if local else args.env,
-                                 checkout)  # fmt: skip
+                                 checkout, args.num_cpus)  # fmt: skip
     results, profiles = {}, []
     try:
         say(f"{name} ready in {server.wait_ready(args.ready_timeout):.0f} s")
@@ -214,6 +214,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="py-spy --native: C, C++ and Cython frames too (pauses the process)")  # fmt: skip
     ap.add_argument("--verbose", action="store_true",
                     help="the busiest processes; the profiles' threads and frames in other")  # fmt: skip
+    ap.add_argument("--num-cpus", type=float, default=None,
+                    help="CPUs a loraserve replica (and the one-process server) reserves, and so "
+                         "its torch threads; default: configs/demo.yaml's")  # fmt: skip
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds per server start")
     args = ap.parse_args(argv)
     if args.servers is None:

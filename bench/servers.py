@@ -35,11 +35,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def loraserve_config(tmp: Path, max_num_seqs: int) -> Path:
+def loraserve_config(tmp: Path, max_num_seqs: int, num_cpus: float | None = None) -> Path:
     """configs/demo.yaml with absolute paths, state in tmp, and no draft model.
 
     Speculation off, so that both servers do the same work per token; KV blocks for
-    max_num_seqs streams of up to ~100 tokens (16 per block) with room to spare.
+    max_num_seqs streams of up to ~100 tokens (16 per block) with room to spare. num_cpus:
+    what a replica reserves, and so its torch threads (None: the demo config's).
     """
     cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     cfg["model"]["path"] = str(DEMO / "base")
@@ -48,6 +49,8 @@ def loraserve_config(tmp: Path, max_num_seqs: int) -> Path:
     cfg["lora"]["preload"] = {name: str(DEMO / "adapters" / name) for name in ADAPTERS}
     cfg["cache"]["num_blocks"] = max(1024, max_num_seqs * 16)
     cfg["scheduler"]["max_num_seqs"] = max_num_seqs
+    if num_cpus is not None:
+        cfg["deploy"]["resources"]["num_cpus"] = num_cpus
     cfg["batch"]["store"] = f"sqlite:///{tmp / 'batch.db'}"
     cfg["usage"]["store"] = f"sqlite:///{tmp / 'usage.db'}"
     path = tmp / "loraserve.yaml"
@@ -138,6 +141,7 @@ def start_loraserve(
     local: bool = False,
     env: tuple[str, ...] = (),
     checkout: Path | None = None,
+    num_cpus: float | None = None,
 ) -> Server:
     """loraserve on a free port; env: KEY=VALUE settings for `loraserve serve` (and the Ray it
     starts), `{port}` in a value standing for the port the client talks to.
@@ -147,7 +151,7 @@ def start_loraserve(
     installed one, and so do the Ray workers it starts. The config is still this tree's
     (loraserve_config), so the two must agree on its keys.
     """
-    config = loraserve_config(tmp, max_num_seqs)
+    config = loraserve_config(tmp, max_num_seqs, num_cpus)
     module = ["bench.peers.local_server"] if local else ["serving", "serve"]
     port = free_port()
     cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(port)]

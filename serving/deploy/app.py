@@ -42,7 +42,7 @@ from serving.model.checkpoint import model_folder
 APP_NAME = "loraserve"
 # Ray Serve runs a replica's user code on a second event loop by default, so every HTTP
 # message of the app crosses threads; on the replica's own loop the streams cost less
-# (bench/README.md, "Serving topologies"). The engine's step loop has its own thread.
+# (bench/README.md, "The server under load"). The engine's step loop has its own thread.
 REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 
 

@@ -6,8 +6,8 @@ binds the port again at once, and a replica that stops leaves the port to the ot
 request whose adapter another replica holds is still forwarded there (serving.deploy.ingress).
 
 Ray Serve's HTTP proxy is not in the path: each stream increment it relayed was a Ray
-message that competed with the engine for the cores (bench/README.md, "Serving
-topologies"). What it gave, the listener gives by its own means:
+message that competed with the engine for the cores (bench/README.md, "The server under
+load"). What it gave, the listener gives by its own means:
 - A replica that dies takes its connections with it: the kernel closes them, and a client
   reads a stream cut short (the OpenAI client raises APIConnectionError) or a refused
   connection, which clients retry. The next request reaches a live replica, or the

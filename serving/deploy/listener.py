@@ -19,6 +19,8 @@ load"). What it gave, the listener gives by its own means:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import socket
 
@@ -29,6 +31,7 @@ from ray.serve.context import _get_global_client
 from starlette.types import ASGIApp
 
 log = logging.getLogger("loraserve")
+KEEP_ALIVE_S = 90  # seconds an idle client connection stays open
 
 
 class ProxyEnabledError(RuntimeError):
@@ -61,10 +64,11 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
         sock.bind((bare, port))
     except OSError as exc:
         sock.close()
-        raise OSError(
-            f"this replica cannot listen on {host}:{port}: {exc.strerror}. Another server "
-            f"holds the port (a Ray Serve HTTP proxy? run Serve with proxy_location: Disabled)"
-        ) from None
+        held = exc.errno == errno.EADDRINUSE
+        hint = (" Another server holds the port (a Ray Serve HTTP proxy? run Serve with "
+                "proxy_location: Disabled)") if held else ""  # fmt: skip
+        raise OSError(exc.errno, f"this replica cannot listen on {host}:{port}: "
+                                 f"{exc.strerror}.{hint}") from None  # fmt: skip
     return sock
 
 
@@ -78,15 +82,29 @@ class ReplicaListener:
             lifespan="off",  # the replica built the app's state; nothing to start
             access_log=False,
             log_config=None,
+            # As Ray Serve's proxy had it: longer than a load balancer's idle timeout (nginx,
+            # cloud balancers: 60 s), so the balancer, not this server, closes an idle
+            # connection, and never one it is just sending a request on.
+            timeout_keep_alive=KEEP_ALIVE_S,
+            # The client is the TCP peer: an X-Forwarded-For header names no one (the gate's
+            # key-guess limit counts peers, serving.api.edge.key_guesses).
+            proxy_headers=False,
             # Streams still open once drain_s has passed are cut.
             timeout_graceful_shutdown=drain_s,
         )
         self._server = uvicorn.Server(config)
-        # The replica is not the main thread's program: Ray handles its signals.
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        # Never the process's signal handlers, whichever thread runs the loop: Ray keeps its
+        # own, and a stream here is not cut by another server's exit (sse_starlette looks
+        # for a uvicorn server behind SIGTERM's handler to end its streams when it exits).
+        self._server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
         self._task = asyncio.get_running_loop().create_task(
             self._server.serve(sockets=[self._sock])
         )
+
+    @property
+    def alive(self) -> bool:
+        """Whether the server still runs: it has neither failed nor been drained."""
+        return not self._task.done()
 
     async def drain(self) -> None:
         """Stop accepting, then wait for the requests in flight (at most drain_s)."""

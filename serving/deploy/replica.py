@@ -47,11 +47,16 @@ from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.snapshot import EngineSnapshot
 from serving.usage.outbox import outbox_for
 
-# Seconds a stopping replica waits for its streams to finish before it is killed.
+# Seconds a stopping replica gives its streams to finish. A stop drains in two phases: Ray
+# Serve first waits for the calls that came through Ray (streams forwarded here, batch
+# items), then awaits the destructor, which stops the listener and waits for its streams
+# (at most DRAIN_TIMEOUT_S). Ray kills the replica STOP_TIMEOUT_S after the stop began, so
+# the first phase may take DRAIN_TIMEOUT_S before the second is cut short. Until the second
+# the listener still takes connections, and serves them.
 DRAIN_TIMEOUT_S = 30.0
-# The listener's share of it: Ray kills the replica at DRAIN_TIMEOUT_S, and the step thread
-# must stop before then.
-LISTENER_DRAIN_S = DRAIN_TIMEOUT_S - 5.0
+STOP_TIMEOUT_S = 2 * DRAIN_TIMEOUT_S + 5.0
+# How often Ray Serve looks whether the calls through Ray are done (its default: 2 s).
+DRAIN_POLL_S = 0.2
 MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
 # Seconds between Serve's health checks of a replica. Serve learns that a replica died only
 # at its next check, and starts another then; meanwhile a lone replica's port is refused.
@@ -122,7 +127,7 @@ class EngineReplica:
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
         self.http_app = app  # batch items from the feeder are served through it
         server = self.cfg.server
-        self.listener = ReplicaListener(app, server.host, server.port, LISTENER_DRAIN_S)
+        self.listener = ReplicaListener(app, server.host, server.port, DRAIN_TIMEOUT_S)
         return app
 
     def _settings(self) -> AppSettings:
@@ -202,6 +207,9 @@ class EngineReplica:
         """Ray Serve's periodic probe: raising makes it replace this replica."""
         if not self.engine.alive:
             raise RuntimeError("the engine's step thread has stopped")
+        listener = getattr(self, "listener", None)  # None until the app is built
+        if listener is not None and not listener.alive:
+            raise RuntimeError("the replica's HTTP listener has stopped")
 
     async def drain(self) -> None:
         """Stop accepting connections, let the streams in flight finish, then stop."""
@@ -233,6 +241,7 @@ class _ServedReplica(EngineReplica):
 SERVER_NAME = "ModelServer"
 ModelServer = serve.deployment(
     name=SERVER_NAME,
-    graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
+    graceful_shutdown_timeout_s=STOP_TIMEOUT_S,
+    graceful_shutdown_wait_loop_s=DRAIN_POLL_S,
     health_check_period_s=HEALTH_CHECK_PERIOD_S,
 )(serve.ingress()(_ServedReplica))

@@ -147,3 +147,33 @@ def test_a_port_held_without_reuseport_names_host_port_and_proxy_location():
             asyncio.run(main())
     message = str(failed.value)
     assert f"{HOST}:{port}" in message and "proxy_location: Disabled" in message, message
+
+
+def test_the_client_is_the_tcp_peer_whatever_a_forwarded_header_says():
+    """The gate limits key guesses per client: a header must not let one caller be many."""
+    port = free_port()
+
+    async def peer(request):
+        return PlainTextResponse(request.client.host)
+
+    async def main() -> str:
+        app = Starlette(routes=[Route("/", peer)])
+        listener = ReplicaListener(app, HOST, port, drain_s=1)
+        try:
+            await until_answering(f"http://{HOST}:{port}/")
+            async with httpx.AsyncClient(timeout=WAIT_S) as client:
+                answer = await client.get(
+                    f"http://{HOST}:{port}/", headers={"x-forwarded-for": "203.0.113.7"}
+                )
+            return answer.text
+        finally:
+            await listener.drain()
+
+    assert asyncio.run(main()) == HOST
+
+
+def test_an_address_this_machine_lacks_is_named_without_the_proxy_hint():
+    with pytest.raises(OSError) as failed:
+        ReplicaListener(named_app("a"), "192.0.2.1", free_port(), drain_s=1)  # TEST-NET-1
+    assert "192.0.2.1" in str(failed.value)
+    assert "proxy_location" not in str(failed.value)

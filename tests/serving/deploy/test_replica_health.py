@@ -50,3 +50,22 @@ def test_a_request_to_a_dead_engine_fails_at_once(server):
 
     with pytest.raises(RuntimeError, match="stopped"):
         asyncio.run(asyncio.wait_for(first(), timeout=10))
+
+
+def test_a_stopped_listener_makes_the_replica_unhealthy(server):
+    """Its port would be refused until Ray Serve replaced it: the health check says so."""
+    from starlette.applications import Starlette
+
+    from serving.deploy.listener import ReplicaListener
+    from tests.serving.deploy.served import free_port
+
+    async def stopped_listener() -> ReplicaListener:
+        listener = ReplicaListener(Starlette(), "127.0.0.1", free_port(), drain_s=1)
+        server.listener = listener
+        server.check_health()  # serving: healthy
+        await listener.drain()
+        return listener
+
+    asyncio.run(stopped_listener())
+    with pytest.raises(RuntimeError, match="HTTP listener"):
+        server.check_health()

@@ -25,6 +25,7 @@ from serving.config import ServeConfig
 from serving.deploy.app import APP_NAME, bind, publish_preloads
 from serving.deploy.console import new_log_path, quiet_console
 from serving.deploy.exposure import load_checked_keys
+from serving.deploy.listener import check_proxy_disabled
 from serving.engine.from_config import check_draft_vocab
 
 # Ray puts unix sockets under its temp dir, and a socket path must stay under 107 bytes:
@@ -99,8 +100,11 @@ def _serve_on_ray(cfg: ServeConfig, keys, echo: Callable[[str], None]) -> None:
 def _serve_app(cfg: ServeConfig, keys, echo: Callable[[str], None], stop: threading.Event):
     """Run the app on server.host:port until `stop` is set, then drain it."""
     host, port = cfg.server.host, cfg.server.port
-    # No HTTP proxy: each replica listens on host:port itself (serving.deploy.listener).
+    # No HTTP proxy: each replica listens on host:port itself (serving.deploy.listener). On a
+    # cluster whose Serve already runs, its settings stay; one with proxies fails here, in a
+    # second, rather than as replicas that load the model and then refuse to start.
     serve.start(proxy_location="Disabled", logging_config=QUIET)
+    check_proxy_disabled()
     try:
         serve.run(
             bind(cfg, keys), name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET

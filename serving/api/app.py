@@ -56,13 +56,10 @@ def create_app(
     settings: AppSettings,
     tenancy: TenancyClient | None = None,
     batch: BatchClient | None = None,
-    *,
-    request_ids: bool = True,
 ) -> FastAPI:
     """The API over generator for the model settings describe; tenancy holds the tenants'
     limits and usage (default: settings' limits, usage kept in memory); batch, the batch
-    store (default: in memory). A LocalBatch is fed by this app, each item run through it.
-    request_ids: name each answer with x-request-id (off where a proxy already does)."""
+    store (default: in memory). A LocalBatch is fed by this app, each item run through it."""
     batch = batch if batch is not None else memory_batch()
 
     @asynccontextmanager
@@ -103,8 +100,8 @@ def create_app(
     app.add_middleware(WorkersJsonBody)
     # Added last, so it runs first: keys and browser checks before any body is read.
     app.add_middleware(Gate, ring=app.state.keys, check_host=not settings.insecure)
-    if request_ids:  # outermost: even the gate's refusals name their request
-        app.add_middleware(RequestId)
+    # Outermost: even the gate's refusals name their request.
+    app.add_middleware(RequestId)
     install_error_handlers(app)
     routes = (routes_workers_ai, routes_openai, routes_responses, routes_batch, routes_adapters,
               routes_usage, routes_stats, routes_ops, routes_dashboard)  # fmt: skip

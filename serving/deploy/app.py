@@ -69,9 +69,10 @@ def bind(cfg: ServeConfig, keys: Mapping[str, Principal]) -> Application:
             "num_gpus": cfg.deploy.resources.num_gpus,
             "runtime_env": {"env_vars": REPLICA_ENV},
         },
-        # A replica's calls are its own HTTP requests, served here or forwarded, plus those
-        # forwarded to it. Ray's default of 5 would starve continuous batching; the engine's
-        # queue (server.max_queue) answers 429 beyond what it can hold.
+        # A replica's calls through Ray are the requests other replicas forward to it and the
+        # batch items fed to it (its own listener's requests are not counted). Ray's default
+        # of 5 would starve continuous batching; the engine's queue (server.max_queue)
+        # answers 429 beyond what it can hold.
         max_ongoing_requests=cfg.scheduler.max_num_seqs * cfg.deploy.num_replicas
         + cfg.server.max_queue,
         # Beyond this many waiting calls the caller gets QueueFull (HTTP 429) at once.

@@ -41,8 +41,9 @@ log = logging.getLogger("loraserve.deploy")
 def cpu_threads(num_cpus: float) -> int:
     """Torch threads of a CPU replica: the cores it reserves, at least one.
 
-    More threads than that contend with the ingress, the proxy and other replicas for the
-    same cores: on a 2-core host under load, 2 threads ran 1.5x slower than 1.
+    More threads than that contend with the replica's HTTP side and other replicas for the
+    same cores: on a 2-core host under load, 2 threads served no faster than 1 (bench/README.md,
+    "The server under load").
     """
     return max(1, int(num_cpus))
 

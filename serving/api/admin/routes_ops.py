@@ -36,7 +36,7 @@ async def healthz() -> dict:
 
 @router.api_route(
     "/readyz", methods=["GET", "HEAD"],
-    summary="Readiness: model loaded, preloads published, replicas up",
+    summary="Readiness: model loaded, preloads published, this replica taking requests",
 )  # fmt: skip
 async def readyz(ctx: Ctx) -> JSONResponse:
     if ctx.settings.ready.is_set() and await ctx.generator.ready():

@@ -40,7 +40,7 @@ class Generator(Protocol):
         ...
 
     async def ready(self) -> bool:
-        """Whether every replica is up and can take requests."""
+        """Whether the engine that serves this app's requests (here or forwarded) takes them."""
         ...
 
 

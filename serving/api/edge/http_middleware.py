@@ -2,7 +2,7 @@
 
 A server sends lifespan (and, were a route to take one, websocket) scopes through the same
 stack; none of our middlewares has anything to say about them, so each hands them on as
-they came. The app's (the edge's) and Ray Serve's proxy's (serving.deploy) share it.
+they came. Every middleware of the app (the edge's) takes this shape.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class HttpMiddleware:
 
 def first_headers(scope: Scope) -> dict[str, str]:
     """The request's headers by lower-case name, the first of each repeated one (as
-    Starlette's Headers.get and Ray's proxy read them)."""
+    Starlette's Headers.get reads them)."""
     found: dict[str, str] = {}
     for name, value in scope.get("headers") or ():
         found.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))

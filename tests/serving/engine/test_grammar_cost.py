@@ -14,6 +14,9 @@ from serving.model.tokenizer import load_tokenizer
 BAND = 4.0  # estimate / CPU seconds allowed either way
 NEGLIGIBLE = 0.05  # seconds below which both sides count as nothing (CPU ticks are 10 ms)
 TIMEOUT = 8.0  # a shape still compiling is stopped: its estimate must be past TIMEOUT / BAND
+# A compile outside the band is compiled again, its least CPU kept: other work on the host
+# only adds CPU time (one shape took 0.5 s and 0.88 s of CPU on a busy 2-core host).
+TRIES = 3
 
 
 def test_what_compiles_to_more_states_costs_more():
@@ -55,6 +58,11 @@ def test_the_estimate_is_within_a_band_of_real_compiles():
             cpu = measured[0]
             if max(guess, cpu) < NEGLIGIBLE:
                 continue
+            for _ in range(TRIES - 1):
+                if 1 / BAND <= guess / max(cpu, 0.01) <= BAND:
+                    break
+                again = compiles.run(schema, strict, TIMEOUT)
+                cpu = min(cpu, again[0]) if again is not None else cpu
             if not 1 / BAND <= guess / max(cpu, 0.01) <= BAND:
                 off.append(f"{name}: estimate {guess:.3g} s, CPU {cpu:.3g} s")
     finally:

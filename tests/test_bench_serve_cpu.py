@@ -118,7 +118,7 @@ def _wait_for(done, timeout: float = 30.0) -> None:
 
 
 def test_the_cpu_table_gives_seconds_per_thousand_tokens_by_role():
-    from bench.serve import Level, cpu_table
+    from bench.serve_tables import Level, cpu_table
 
     records = [Record(0, tokens=600), Record(1, tokens=400), Record(2, error="HTTP 500")]
     cpu = TreeCpu({"ModelServer replica": 2.0, "raylet": 0.5}, processes=5, started=1, ended=0)

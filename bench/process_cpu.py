@@ -25,6 +25,7 @@ SAMPLE_S = 0.5
 
 # The engine's grammar compile processes (serving/engine/grammar/process.py), idle unless a
 # request asks for structured output.
+REPLICA = "ModelServer replica"
 GRAMMAR = ("grammar compile processes", r"-m serving\.engine\.grammar\.process\b")
 # Per server kind: the root process's role, then (role, pattern on the command line) in order,
 # the first match winning; a process that matches none is "other".
@@ -32,7 +33,7 @@ ROLES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "loraserve": (
         "driver",
         (
-            ("ModelServer replica", r"^ray::ServeReplica:[^:\s]+:ModelServer\b"),
+            (REPLICA, r"^ray::ServeReplica:[^:\s]+:ModelServer\b"),
             ("Serve proxy", r"^ray::ProxyActor\b"),
             ("Serve controller", r"^ray::ServeController\b"),
             ("other Ray workers", r"^ray::"),  # Tenancy, Batch, idle workers
@@ -50,7 +51,7 @@ ROLES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
 }
 # The column order of the tables: every kind's roles, the roots' among them.
 ROLE_ORDER = (
-    "ModelServer replica", "Serve proxy", "Serve controller", "other Ray workers", "raylet",
+    REPLICA, "Serve proxy", "Serve controller", "other Ray workers", "raylet",
     "GCS", "Ray daemons", "driver", "API server", "engine core", "model worker", "server process",
     GRAMMAR[0], "other",
 )  # fmt: skip

@@ -31,35 +31,15 @@ from pathlib import Path
 import httpx
 
 from bench.load import PROMPTS, Record, stream_request, summarize
+from bench.process_cpu import REPLICA, pids_by_role
 from bench.servers import MODELS, ROOT, start_loraserve
 
 GROWTH_TARGET = 0.10  # resident memory, last window over first
 PAGE = os.sysconf("SC_PAGE_SIZE")
-REPLICA_TITLE = b"ModelServer"  # in the process title Ray gives a replica's worker
 
 
 def _log(msg: str) -> None:
     print(f"[soak] {msg}", file=sys.stderr, flush=True)
-
-
-def process_tree(root: int) -> list[int]:
-    """root and every process descended from it, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(children.get(pid, ()))
-    return tree
 
 
 def rss_bytes(pid: int) -> int:
@@ -67,13 +47,6 @@ def rss_bytes(pid: int) -> int:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
     except (OSError, IndexError, ValueError):
         return 0
-
-
-def is_replica(pid: int) -> bool:
-    try:
-        return REPLICA_TITLE in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 @dataclass
@@ -98,9 +71,10 @@ class MemorySampler:
 
     def _run(self) -> None:
         while True:
-            pids = process_tree(self.root)
+            by_role = pids_by_role(self.root, "loraserve")  # the rule bench/serve.py counts by
+            pids = [pid for role_pids in by_role.values() for pid in role_pids]
             tree = sum(rss_bytes(p) for p in pids)
-            replicas = sum(rss_bytes(p) for p in pids if is_replica(p))
+            replicas = sum(rss_bytes(p) for p in by_role.get(REPLICA, ()))
             self.samples.append((time.perf_counter() - self._t0, tree, replicas))
             self.processes = len(pids)
             if self._stop.wait(1.0):

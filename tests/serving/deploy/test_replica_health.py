@@ -69,3 +69,19 @@ def test_a_stopped_listener_makes_the_replica_unhealthy(server):
     asyncio.run(stopped_listener())
     with pytest.raises(RuntimeError, match="HTTP listener"):
         server.check_health()
+
+
+def test_only_streams_forwarded_through_ray_are_paced(server, monkeypatch):
+    """A stream the replica's own listener serves costs no Ray message per output, so it is
+    not held back; one forwarded from a peer travels as Ray messages, and is paced."""
+    pauses = []
+    monkeypatch.setattr(replica, "stream_pause", lambda *a: pauses.append(a) or 0.0)
+    request = GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=4, ignore_eos=True))
+
+    async def outputs(paced: bool) -> int:
+        return len([out async for out in server.serve_here(request, None, paced=paced)])
+
+    assert asyncio.run(outputs(paced=False)) >= 2
+    assert pauses == []
+    asyncio.run(outputs(paced=True))
+    assert pauses, "a forwarded stream was not paced"

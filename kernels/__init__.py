@@ -1,7 +1,7 @@
 """Compute kernels: segmented-gather LoRA ops, FP8 and prepacked CPU linears, paged attention. Imports nothing else of loraserve."""
 
 from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
-from kernels.cpu_gemm import pack_weight, packed_linear
+from kernels.cpu_gemm import pack_weight, packed_linear, packed_shapes
 from kernels.device_tables import upload
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_native import available as cpu_lora_kernel_ready
@@ -42,6 +42,7 @@ __all__ = [
     "lora_shrink_planned",
     "pack_weight",
     "packed_linear",
+    "packed_shapes",
     "paged_attention",
     "paged_attention_planned",
     "quantize_fp8",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import pack_weight, packed_linear
-from kernels.cpu_gemm import MIN_PACKED_MACS
+from kernels.cpu_gemm import MIN_PACKED_MACS, ROW_BUCKETS, ROW_STEP, packed_shapes, row_pieces
 from serving.model.linear import Linear
 
 needs_onednn = pytest.mark.skipif(
@@ -71,3 +71,31 @@ def test_model_linear_uses_the_packed_weight_and_keeps_other_dtypes_plain():
     assert lin16.packed is None
     y16 = lin16(x.bfloat16())
     assert y16.dtype == torch.bfloat16
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [65, 300, 531])
+def test_rows_cut_into_pieces_match_float64(rows):
+    torch.manual_seed(rows)
+    w, b = torch.randn(96, 256), torch.randn(96)
+    x = torch.randn(rows, 256)
+    _close_to_oracle(packed_linear(x, w, pack_weight(w), b), x, w, b)
+
+
+@needs_onednn
+def test_every_row_count_runs_at_one_of_the_buckets():
+    # oneDNN builds and caches a primitive per (weight, rows): a server's varying batch
+    # sizes must map onto a fixed few, or its caches grow by ~0.6 MB per new row count.
+    torch.manual_seed(3)
+    w = torch.randn(72, 160)  # a shape no other test packs
+    packed = pack_weight(w)
+    before = packed_shapes()
+    for rows in range(1, 700, 3):
+        x = torch.randn(rows, 160)
+        if rows * 72 * 160 >= MIN_PACKED_MACS:
+            _close_to_oracle(packed_linear(x, w, packed, None), x, w, None)
+    assert 0 < packed_shapes() - before <= len(ROW_BUCKETS)
+    for rows in range(1, 5000):
+        pieces = row_pieces(rows)
+        assert set(pieces) <= set(ROW_BUCKETS)
+        assert rows <= sum(pieces) < rows + ROW_STEP

@@ -2,6 +2,7 @@
 prepacked once for oneDNN (kernels.cpu_gemm), side by side, float32.
 
     python -m bench.cpu_gemm [--quick]
+    python -m bench.cpu_gemm --buckets    # packed calls at their exact row count against ROW_BUCKETS
 
 Shapes are the bench models' projections (bench/engine.py): medium (hidden 768, fused q|k|v
 1280, gate|up 4096, down 2048 -> 768, LM head 8192) and tiny (hidden 256).
@@ -51,14 +52,44 @@ def rows(quick: bool) -> list[str]:
     return out
 
 
+def bucket_rows(quick: bool) -> list[str]:
+    """A packed call at its exact row count (one oneDNN primitive per count, warm) against
+    packed_linear, which pads to and cuts at ROW_BUCKETS: what bounding oneDNN's caches costs."""
+    counts = (33, 300) if quick else (33, 57, 100, 300, 1000)
+    shapes = dict(list(SHAPES.items())[:2]) if quick else SHAPES
+    gen = torch.Generator().manual_seed(0)
+    out = ["| projection | in -> out | rows | exact ms | bucketed ms | exact / bucketed |",
+           "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for label, (fan_in, fan_out) in shapes.items():
+        w = torch.randn(fan_out, fan_in, generator=gen)
+        packed = pack_weight(w)
+        for n in counts:
+            x = torch.randn(n, fan_in, generator=gen)
+            t = interleaved_seconds(
+                {
+                    "exact": lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(
+                        x, p, None, "none", [], ""
+                    ),
+                    "bucketed": lambda x=x, w=w, p=packed: packed_linear(x, w, p, None),
+                },
+                rounds=3 if quick else 5,
+            )
+            out.append(
+                f"| {label} | {fan_in} -> {fan_out} | {n} | {t['exact'] * 1e3:.3f} "
+                f"| {t['bucketed'] * 1e3:.3f} | {t['exact'] / t['bucketed']:.2f}x |"
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two shapes, 1 and 32 rows")
+    parser.add_argument("--buckets", action="store_true", help="exact row counts vs buckets")
     args = parser.parse_args()
     if pack_weight(torch.zeros(1, 1)) is None:
         raise SystemExit("this torch has no oneDNN: nothing to compare")
     print(f"machine: {machine()}; float32, each row's timings interleaved\n")
-    print("\n".join(rows(args.quick)))
+    print("\n".join((bucket_rows if args.buckets else rows)(args.quick)))
 
 
 if __name__ == "__main__":

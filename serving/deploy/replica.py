@@ -96,7 +96,9 @@ class EngineReplica:
         self.stream_interval = cfg.server.stream_interval_ms / 1000
         self.active_streams = 0
         self.held = HeldIds(models_per_replica(cfg, self.engine.slab.stats().pages))
-        self.in_flight: Counter[str] = Counter()  # routing id -> streams open here
+        # routing id -> streams open here; an id leaves once its last stream ends, so the
+        # table holds the ids of open streams only, not every adapter version ever served
+        self.in_flight: Counter[str | None] = Counter()
         self.arrivals = Arrivals()
 
         async def load(model_id: str) -> str:
@@ -175,7 +177,11 @@ class EngineReplica:
                     await asyncio.sleep(stream_pause(self.active_streams, self.stream_interval))
         finally:
             self.active_streams -= 1
-            self.in_flight[model_id] -= 1
+            left = self.in_flight[model_id] - 1
+            if left:
+                self.in_flight[model_id] = left
+            else:
+                del self.in_flight[model_id]
             # Cancellation lands here while the engine stream is suspended: closing it
             # runs its own cleanup, which aborts the request.
             await stream.aclose()

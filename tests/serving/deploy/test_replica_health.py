@@ -85,3 +85,32 @@ def test_only_streams_forwarded_through_ray_are_paced(server, monkeypatch):
     assert pauses == []
     asyncio.run(outputs(paced=True))
     assert pauses, "a forwarded stream was not paced"
+
+
+def test_a_routing_id_leaves_the_in_flight_table_with_its_last_stream(server, monkeypatch):
+    """The table AdapterRouter reads holds the ids of open streams only: one adapter version
+    after another served here leaves no entry behind."""
+    loaded = []
+
+    async def load(model_id: str) -> str:  # Ray's multiplex LRU needs a running replica
+        loaded.append(model_id)
+        return model_id
+
+    monkeypatch.setattr(server, "_load", load)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+
+    async def serve_ids(ids) -> dict:
+        open_stream = server.serve_here(GenerateRequest("open", (1, 2, 3), params), "held@1")
+        await anext(open_stream)  # held@1's stream stays open while the others run
+        for i, model_id in enumerate(ids):
+            request = GenerateRequest(f"r{i}", (1, 2, 3), params)
+            assert [out async for out in server.serve_here(request, model_id)]
+        during = dict(server.in_flight)
+        await open_stream.aclose()
+        return during
+
+    during = asyncio.run(serve_ids([f"a{i}@{i}" for i in range(20)] + [None]))
+    assert len(loaded) == 21
+    assert during == {"held@1": 1}
+    assert server.in_flight == {}
+    assert server.record_routing_stats() == {"in_flight": {}, "running": 0}

@@ -145,9 +145,14 @@ class Lifecycle:
     def fail_broken_loads(self) -> None:
         """Fail the requests waiting on an adapter whose load failed (not those running): as
         their own fault when the adapter itself cannot be served (it does not fit the model,
-        say, published without the base model's checks), else as the engine's."""
-        for version, error in self.residency.broken_loads() if self.residency else ():
+        say, published without the base model's checks), else as the engine's. Then the
+        residency forgets the versions short of room that no request in flight names."""
+        if self.residency is None:
+            return
+        for version, error in self.residency.broken_loads():
             own = isinstance(error, AdapterError) and not isinstance(error, REGISTRY_FAULTS)
             for t in list(self.tracked.values()):
                 if t.seq.request.adapter == version and not t.pinned:
                     self.finish(t, "error", error=f"adapter {version}: {error}", own=own)
+        if self.residency.num_short():  # the scan only while some adapter waits for room
+            self.residency.keep_short({t.seq.request.adapter for t in self.tracked.values()})

@@ -27,7 +27,8 @@ class Residency:
         self.on_landed = on_landed
         self._loads: dict[str, Future] = {}  # adapter version -> its background load
         self._provisional: list[str] = []  # pinned while the scheduler decided
-        self._short: set[str] = set()  # versions whose last load found no room
+        # versions whose last load found no room, of requests in flight only (keep_short)
+        self._short: set[str] = set()
         self._running: Counter[str] = Counter()  # versions pinned by admitted sequences
 
     def ready(self, version: str) -> bool:
@@ -114,6 +115,16 @@ class Residency:
             else:
                 broken.append((version, error))
         return broken
+
+    def keep_short(self, wanted: set[str]) -> None:
+        """Forget that a version was short of room unless it is in wanted (the adapters of
+        the requests in flight): a version no request waits for any more is no one's concern,
+        and without this the set would keep every version ever turned away that never loaded."""
+        self._short &= wanted
+
+    def num_short(self) -> int:
+        """Versions remembered as short of room."""
+        return len(self._short)
 
     def slot_of(self, version: str) -> int:
         slot = self.slab.slot_of(version)

@@ -160,3 +160,31 @@ def test_a_cold_adapters_request_runs_in_the_step_that_first_sees_it(world, engi
     solo.submit(GenerateRequest("r", (3, 4, 5), greedy(2), cold), alone.sink)
     solo.run_until_idle()
     assert run.got.tokens["r"] == alone.tokens["r"]
+
+
+def test_a_version_turned_away_for_room_is_forgotten_once_no_request_waits_for_it(
+    world, engines, monkeypatch
+):
+    """A slab kept full by one running adapter turns away every other adapter's load; when
+    the requests that waited for those go away (aborted by their clients), the residency keeps
+    nothing of them, while the running request and one still waiting carry on."""
+    engine = engines(num_slots=1)
+    hot = world.versions["mlp"]
+    cold = add_adapters(world, 12, seed=7000)
+    run = Steps(engine, monkeypatch)
+    run.submit(GenerateRequest("hot", (1, 2, 3, 4, 5), greedy(40), hot))
+    run.forward()  # hot runs and holds the slab's only room
+    for i, version in enumerate(cold):
+        run.submit(GenerateRequest(f"cold{i}", (7, 8, 9), greedy(2), version))
+    run.forward()
+    assert engine.residency.num_short() == len(cold)
+    for i in range(1, len(cold)):
+        engine.abort(f"cold{i}")
+    run.forward()
+    assert engine.residency.num_short() == 1  # cold0's request still waits for room
+    while run.forward():
+        pass
+    assert {r: out.finish_reason for r, out in run.got.done.items()} == {
+        "hot": "length", "cold0": "length", **{f"cold{i}": "abort" for i in range(1, len(cold))}
+    }  # fmt: skip
+    assert engine.residency.num_short() == 0

@@ -49,6 +49,8 @@ ROLES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     ),
     "local": ("server process", (GRAMMAR,)),
 }
+# Per loraserve kind, the role of the process that holds the model and runs its steps.
+MODEL_ROLE = {"loraserve": REPLICA, "local": ROLES["local"][0]}
 # The column order of the tables: every kind's roles, the roots' among them.
 ROLE_ORDER = (
     REPLICA, "Serve proxy", "Serve controller", "other Ray workers", "raylet",

@@ -35,18 +35,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def loraserve_config(tmp: Path, max_num_seqs: int, num_cpus: float | None = None) -> Path:
+def loraserve_config(tmp: Path, max_num_seqs: int, num_cpus: float | None = None,
+                     lora: dict | None = None) -> Path:  # fmt: skip
     """configs/demo.yaml with absolute paths, state in tmp, and no draft model.
 
     Speculation off, so that both servers do the same work per token; KV blocks for
     max_num_seqs streams of up to ~100 tokens (16 per block) with room to spare. num_cpus:
-    what a replica reserves, and so its torch threads (None: the demo config's).
+    what a replica reserves, and so its torch threads (None: the demo config's). lora: keys
+    of the lora section set over the demo's (its preload replaced whole, if given).
     """
     cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     cfg["model"]["path"] = str(DEMO / "base")
     cfg["draft"] = {**cfg["draft"], "method": "none", "path": str(DEMO / "draft")}
     cfg["lora"]["registry"] = f"file://{tmp / 'registry'}"
     cfg["lora"]["preload"] = {name: str(DEMO / "adapters" / name) for name in ADAPTERS}
+    cfg["lora"].update(lora or {})
     cfg["cache"]["num_blocks"] = max(1024, max_num_seqs * 16)
     cfg["scheduler"]["max_num_seqs"] = max_num_seqs
     if num_cpus is not None:
@@ -142,6 +145,7 @@ def start_loraserve(
     env: tuple[str, ...] = (),
     checkout: Path | None = None,
     num_cpus: float | None = None,
+    lora: dict | None = None,
 ) -> Server:
     """loraserve on a free port; env: KEY=VALUE settings for `loraserve serve` (and the Ray it
     starts), `{port}` in a value standing for the port the client talks to.
@@ -149,9 +153,9 @@ def start_loraserve(
     With a checkout (another git worktree of this repository), `loraserve serve` runs that
     tree's code: started in it, `python -m serving` imports its serving package before the
     installed one, and so do the Ray workers it starts. The config is still this tree's
-    (loraserve_config), so the two must agree on its keys.
+    (loraserve_config, with `lora` set over its lora section), so the two must agree on its keys.
     """
-    config = loraserve_config(tmp, max_num_seqs, num_cpus)
+    config = loraserve_config(tmp, max_num_seqs, num_cpus, lora)
     module = ["bench.peers.local_server"] if local else ["serving", "serve"]
     port = free_port()
     cmd = [sys.executable, "-m", *module, "--config", str(config), "--port", str(port)]

@@ -200,7 +200,7 @@ class EngineReplica:
         (figures,) = await self.generator.figures()
         metrics = getattr(self, "metrics", None)  # None until the app is built
         api = metrics.samples() if metrics is not None else ()
-        recent = metrics.recent.events() if metrics is not None else ()
+        recent = metrics.recent.buckets() if metrics is not None else ()
         return dataclasses.replace(
             figures, arrivals=self.arrivals.snapshot(), api=api, recent=recent
         )

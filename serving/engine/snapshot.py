@@ -39,7 +39,8 @@ class EngineSnapshot:
     # the replica's HTTP app's request metrics (serving.api.core.metrics.Metrics.samples), where
     # every replica serves HTTP; empty elsewhere
     api: tuple = ()
-    # the requests the replica's HTTP app saw end lately (serving.api.core.recent.Recent.events)
+    # what the requests the replica's HTTP app saw end lately add up to, per second, tenant and
+    # adapter label (serving.api.core.recent.Recent.buckets)
     recent: tuple = ()
 
 

@@ -23,8 +23,8 @@ from starlette.concurrency import run_in_threadpool
 from adapters.errors import AdapterError
 from serving.api.admin.stats import (
     adapter_figures,
-    events_by_replica,
     last_minute,
+    recent_by_replica,
     replica_figures,
     summary,
     usage_totals,
@@ -35,7 +35,7 @@ from serving.api.core.errors import ApiError
 from serving.api.core.metering import TENANCY_TIMEOUT_S
 from serving.api.core.metrics import BASE
 from serving.api.core.quotas import MB, holdings
-from serving.api.core.recent import WINDOW_S
+from serving.api.core.recent import WINDOW_S, merge
 from serving.api.core.tenancy import rate_limited
 from serving.config import TenantLimitsSection
 from serving.usage.record import minute_of
@@ -62,7 +62,7 @@ async def stats(
     # at once, so that the rates' clock reads when the figures came
     slab_rates = ctx.metrics.slab_rates.update(figures)
     visible = await _visibility(ctx, caller)
-    events_of = events_by_replica(figures, ctx.metrics.recent.events(), now, WINDOW_S)
+    recent_of = recent_by_replica(figures, ctx.metrics.recent.buckets(), now, WINDOW_S)
     # An admin's per-adapter traffic and usage are every tenant's; a user key's, its own.
     scope = tenant if not caller.is_admin else None
     limited = rate_limited(ctx.settings.limits_of(tenant))
@@ -74,7 +74,7 @@ async def stats(
     )
     own_hour = [row for row in hour if row["tenant"] == tenant]  # the rows carry their tenant
     recent = last_minute(minute, window, minute_of(now - MINUTE_S))
-    everything = [e for events in events_of.values() for e in events]
+    everything = merge(recent_of.values())
     counted = _counted(caller)
     return {
         "object": "stats",
@@ -84,11 +84,11 @@ async def stats(
         "key": {"tenant": caller.tenant, "scope": caller.scope},
         "summary": summary(figures, everything, WINDOW_S, visible, counted, slab_rates),
         "replicas": [
-            replica_figures(f, events_of.get(f.replica, []), WINDOW_S, visible, counted, slab_rates)
+            replica_figures(f, recent_of.get(f.replica, []), WINDOW_S, visible, counted, slab_rates)
             for f in figures
         ],
         "adapters": adapter_figures(
-            figures, events_of, WINDOW_S, hour, ever, visible, counted=counted
+            figures, recent_of, WINDOW_S, hour, ever, visible, counted=counted
         ),
         "usage": await _tenant_usage(ctx, tenant, recent, own_hour),
     }

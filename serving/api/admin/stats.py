@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from adapters.registry.names import version_label
-from serving.api.core.recent import Event, rates, within
+from serving.api.core.recent import Bucket, rates, within
 from serving.engine.snapshot import EngineSnapshot
 
 NEARER = {"slab": 2, "host": 1}  # a name with versions in both tiers reads as the nearer
@@ -20,13 +20,13 @@ NEARER = {"slab": 2, "host": 1}  # a name with versions in both tiers reads as t
 
 def replica_figures(
     f: EngineSnapshot,
-    events: list[Event],
+    recent: list[Bucket],
     window_s: float,
     visible: Callable[[str], bool],
     counted: Callable[[str | None], bool],
     slab_rates: dict[str, dict] | None = None,
 ) -> dict:
-    """One replica's load, rates over its recent requests and adapter memory.
+    """One replica's load, rates over its recent requests' buckets and adapter memory.
 
     slab_slots is the slab's kernel slots, which are its pages (slab.pages); slab_used its
     adapters resident. slab_rates: replica -> its SlabRates.update() figures.
@@ -37,7 +37,7 @@ def replica_figures(
         "waiting": f.num_waiting,
         "kv_cache_usage": f.kv_usage,
         "prefix_cache_hit_rate": _ratio(f.prefix_hit_tokens, f.prefix_queried_tokens),
-        **rates(events, window_s),
+        **rates(recent, window_s),
         "spec_acceptance_rate": _acceptance([f], visible, counted),
         "slab_slots": int(f.slab.get("num_slots", 0)),
         "slab_used": int(f.slab.get("resident", 0)),
@@ -47,7 +47,7 @@ def replica_figures(
 
 def summary(
     figures: list[EngineSnapshot],
-    events: list[Event],
+    recent: list[Bucket],
     window_s: float,
     visible,
     counted,
@@ -55,7 +55,8 @@ def summary(
 ) -> dict:
     """Every replica's figures added up (KV use: their mean; hit rates: of summed counts).
 
-    slab_rates: replica -> its SlabRates.update() figures.
+    recent: every replica's buckets (recent.merge); slab_rates: replica -> its
+    SlabRates.update() figures.
     """
     n = len(figures)
     memory = [adapter_memory(f.slab, (slab_rates or {}).get(f.replica)) for f in figures]
@@ -67,7 +68,7 @@ def summary(
         "prefix_cache_hit_rate": _ratio(
             sum(f.prefix_hit_tokens for f in figures), sum(f.prefix_queried_tokens for f in figures)
         ),
-        **rates(events, window_s),
+        **rates(recent, window_s),
         "spec_acceptance_rate": _acceptance(figures, visible, counted),
         "slab": _summed([m["slab"] for m in memory if m["slab"]]),
         "host_tier": _summed([m["host_tier"] for m in memory if m["host_tier"]]),
@@ -132,7 +133,7 @@ def _summed(parts: list[dict]) -> dict | None:
 
 def adapter_figures(
     figures: list[EngineSnapshot],
-    events_of: dict[str, list[Event]],
+    recent_of: dict[str, list[Bucket]],
     window_s: float,
     usage_hour: list[dict],
     usage_ever: list[dict],
@@ -141,9 +142,10 @@ def adapter_figures(
 ) -> list[dict]:
     """Per adapter label that `visible` admits and that has anything to show, busiest first.
 
-    events_of: replica -> its recent requests, of which those of the tenants `counted`
-    admits add to the rates (as their speculation counts do); usage_hour / usage_ever: the usage store's rows (already of
-    those tenants) grouped by adapter over the last hour / all time.
+    recent_of: replica -> its recent requests' buckets, of which those of the tenants
+    `counted` admits add to the rates (as their speculation counts do); usage_hour /
+    usage_ever: the usage store's rows (already of those tenants) grouped by adapter over the
+    last hour / all time.
     """
     rows: dict[str, dict] = {}
 
@@ -170,12 +172,12 @@ def adapter_figures(
             spec["accepted"] += counts["accepted"]
             spec["acceptance_rate"] = _ratio(spec["accepted"], spec["proposed"])
             row(label)["spec"] = spec
-    for events in events_of.values():
-        for e in events:
-            if visible(e.adapter) and counted(e.tenant):
-                r = row(e.adapter)
-                r["tokens_per_s"] += e.tokens / window_s
-                r["requests_per_s"] += 1 / window_s
+    for buckets in recent_of.values():
+        for b in buckets:
+            if visible(b.adapter) and counted(b.tenant):
+                r = row(b.adapter)
+                r["tokens_per_s"] += b.tokens / window_s
+                r["requests_per_s"] += b.requests / window_s
     for u in usage_hour:
         if visible(u["adapter"]):
             r = row(u["adapter"])
@@ -215,9 +217,9 @@ def last_minute(rows: Iterable[dict], window: dict | None, since: float) -> dict
     return figures
 
 
-def events_by_replica(figures: list[EngineSnapshot], local: tuple, now: float, window_s: float):
-    """replica -> its requests ended in the window; `local` (this app's own) where no
-    replica carries its app's (one process: the app is the only HTTP server)."""
+def recent_by_replica(figures: list[EngineSnapshot], local: tuple, now: float, window_s: float):
+    """replica -> the buckets of its requests ended in the window; `local` (this app's own)
+    where no replica carries its app's (one process: the app is the only HTTP server)."""
     if not any(f.recent for f in figures) and len(figures) == 1:
         return {figures[0].replica: within(local, now, window_s)}
     return {f.replica: within(f.recent, now, window_s) for f in figures}

@@ -16,6 +16,10 @@ grammar advanced along the drafts so far, and the grammar is rolled back once pr
 
 from __future__ import annotations
 
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +31,44 @@ from serving.engine.logits_processors import apply_penalties, sampling_probs
 from serving.engine.sampler import RowFault, SamplingState, draw, keyed
 from serving.engine.sequence import Sequence
 from serving.model.step_plan import StepPlan, StepSeq, build_step, plan_step
+
+# Adapter versions the draft remembers as drafting base-only (no companion, or one that failed
+# to load), at most: the one asked about least recently is forgotten first, and costs one more
+# load if it comes back.
+MAX_BASE_ONLY = 1024
+# Seconds a version whose companion failed to load for another reason than its absence (the
+# registry unreachable, say) drafts base-only before the load is tried again. An absent
+# companion is never tried again: a version never changes.
+COMPANION_RETRY_S = 60.0
+
+
+class BaseOnly:
+    """The versions that draft base-only, each until a time of clock (inf: for good); at
+    most MAX_BASE_ONLY, least recently asked about out first."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def __contains__(self, version: str) -> bool:
+        until = self._until.get(version)
+        if until is None:
+            return False
+        if until <= self.clock():  # its companion's load may be tried again
+            del self._until[version]
+            return False
+        self._until.move_to_end(version)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def add(self, version: str, seconds: float = math.inf) -> None:
+        """version drafts base-only for the next `seconds`."""
+        self._until[version] = self.clock() + seconds
+        self._until.move_to_end(version)
+        while len(self._until) > MAX_BASE_ONLY:
+            self._until.popitem(last=False)
 
 
 @dataclass
@@ -46,7 +88,7 @@ class DraftModelProposer:
         self.model, self.block_size, self.slab = model, block_size, slab
         self.kv = model.allocate_kv(num_blocks, block_size)
         self._cached: dict[int, int] = {}  # seq_id -> leading tokens with draft KV
-        self._no_companion: set[str] = set()  # versions whose adapter has no draft companion
+        self.base_only = BaseOnly()  # versions whose companion is absent or failed to load
 
     def forget(self, seq: Sequence) -> None:
         """seq's blocks are gone (finished or preempted): its draft KV starts again from 0."""
@@ -141,14 +183,17 @@ class DraftModelProposer:
             return slots, pinned
         for r in requests:
             version = r.seq.request.adapter
-            if not version or version in self._no_companion:
+            if not version or version in self.base_only:
                 continue
             try:
                 slot = self.slab.acquire(version)  # a small load, on first use only
             except SlabFull:  # every slot pinned this step: draft base-only
                 continue
-            except Exception:  # no companion (or one that does not fit): always base-only
-                self._no_companion.add(version)
+            except LookupError:  # no companion: base-only for good
+                self.base_only.add(version)
+                continue
+            except Exception:  # one that does not fit, or the registry failed: for a while
+                self.base_only.add(version, COMPANION_RETRY_S)
                 continue
             pinned.append(version)
             slots[r.seq.seq_id] = slot

@@ -101,15 +101,15 @@ class GrammarCompiler:
             refused: Future = Future()
             refused.set_exception(exc)
             if isinstance(exc, GrammarError):  # the same schema always costs the same
-                with self._lock:
-                    self._cache[key] = Job(fmt.schema or "", fmt.strict, deadline, future=refused)
+                self._put(key, Job(fmt.schema or "", fmt.strict, deadline, future=refused))
             return refused  # a busy refusal is not cached: a retry may find a worker
-        with self._lock:
-            self._cache[key] = job
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
+        self._put(key, job)
         job.future.add_done_callback(lambda f: self._forget_busy(key, job))
         return job.future
+
+    def num_cached(self) -> int:
+        """Formats cached: compiled, compiling or refused (at most CACHE_SIZE)."""
+        return len(self._cache)
 
     def release(self, key: str) -> None:
         """A request waiting on the compile of key (a format's key()) went away: with none
@@ -142,6 +142,13 @@ class GrammarCompiler:
 
     def shutdown(self) -> None:
         self._pool.shutdown()
+
+    def _put(self, key: str, job: Job) -> None:
+        """Cache job under key, the least recently used entries beyond CACHE_SIZE dropped."""
+        with self._lock:
+            self._cache[key] = job
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
 
     def _forget_busy(self, key: str, job: Job) -> None:
         """Drop job from the cache if it never finished: its schema has not failed, only waited."""

@@ -9,9 +9,11 @@ import time
 import jsonschema
 import pytest
 
+from serving.engine.grammar import compiler as compiler_module
+from serving.engine.grammar.compiler import GrammarCompiler, GrammarError
 from serving.engine.request import GenerateRequest, ResponseFormat
 from tests.serving.engine.test_structured import CHOICES, ORDER, PERSON, Run, fmt, params, req, run
-from tests.serving.engine.world import build_world
+from tests.serving.engine.world import FIELDS, build_world
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,22 @@ def test_a_format_compiles_once(world, engines, monkeypatch):
     got = run(engine, requests)
     assert len(calls) == 3  # the two repeats of CHOICES took the compiled grammar
     assert all(got.done[r.request_id].finish_reason in ("stop", "length") for r in requests)
+
+
+def test_refused_schemas_stay_within_the_cache_size(world, monkeypatch):
+    """A client sending ever new schemas over the cost budget fills the compile cache no more
+    than compiled ones do: the least recently used entries go past CACHE_SIZE, and the latest
+    refusal is answered from the cache."""
+    monkeypatch.setattr(compiler_module, "CACHE_SIZE", 4)
+    compiler = GrammarCompiler(world.tokenizer, FIELDS["vocab_size"], workers=1)
+    try:
+        for i in range(10):
+            costly = {"type": "string", "pattern": "^" + "(.{1,100}){1,10}" * 30 + f"x{i}$"}
+            refused = compiler.submit(fmt(costly))
+            with pytest.raises(GrammarError):
+                refused.result(timeout=5)
+            assert compiler.num_cached() <= 4
+        assert compiler.submit(fmt(costly)) is refused
+        assert compiler.pids() == []  # refused before any compile process ran
+    finally:
+        compiler.shutdown()

@@ -12,7 +12,7 @@ through one API process; through several, the next upload sees what landed.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,7 +24,9 @@ from serving.batch.records import BatchHoldings
 from serving.batch.store import BatchQueueFull
 
 MB = 2**20
-_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+# Held weakly: a tenant's lock lives while someone holds it or waits for it (each keeps a
+# reference), so the table holds the tenants writing now, not every tenant that ever wrote.
+_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _locks_lock = threading.Lock()
 
 
@@ -33,7 +35,15 @@ def tenant_lock(tenant: str) -> threading.Lock:
     a quota check and its publish are one step, and a delete does not remove a name's folder
     while an upload writes into it (the store then fails, read as an unreachable registry)."""
     with _locks_lock:
-        return _locks[tenant]
+        lock = _locks.get(tenant)
+        if lock is None:
+            lock = _locks[tenant] = threading.Lock()
+        return lock
+
+
+def num_tenant_locks() -> int:
+    """Tenants whose lock someone holds or waits for now."""
+    return len(_locks)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 
 from adapters.registry import publishing
 from serving.api.admin import routes_adapters
+from serving.api.core import quotas
 from serving.api.core.caller import Principal, key_id
 from serving.api.core.errors import ApiError
 from serving.api.core.quotas import Holdings, check_quota, holdings
@@ -106,6 +107,8 @@ def test_concurrent_uploads_never_take_a_tenant_past_max_adapters(served, monkey
     statuses = sorted(r.status_code for r in answers.values())
     assert statuses == [201] + [429] * 7, [r.text for r in answers.values()]
     assert len(holdings(served.registry, "globex").names) == len(owned) + 1
+    # The lock is the tenant's while writes hold or wait for it, and goes with the last one.
+    assert "globex" not in quotas._locks
 
 
 def test_concurrent_creates_of_one_name_end_with_one_winner_and_a_409(served, monkeypatch):

@@ -27,6 +27,8 @@ from serving.api.core.context import ApiContext
 from serving.api.core.errors import install_error_handlers
 from serving.api.core.generator import Generator
 from serving.api.core.metrics import Metrics
+from serving.api.core.quotas import num_tenant_locks
+from serving.api.core.schema_rules import CHECKED_SCHEMAS, checked_schemas
 from serving.api.core.settings import AppSettings, settings_from_config
 from serving.api.core.tenancy import TenancyClient, memory_tenancy
 from serving.api.edge.body_limits import BodyLimit
@@ -85,6 +87,10 @@ def create_app(
     app.state.line_bodies = LINE_BODIES
     metrics = Metrics(pseudonym_key=app.state.keys.secret)
     metrics.watch_registry(settings.registry)
+    guesses = app.state.keys.guesses
+    metrics.watch_state("key_guess_clients", lambda: (len(guesses), guesses.max_clients))
+    metrics.watch_state("schema_checks", lambda: (checked_schemas(), CHECKED_SCHEMAS))
+    metrics.watch_state("tenant_locks", lambda: (num_tenant_locks(), None))  # writes under way
     tenancy = tenancy if tenancy is not None else memory_tenancy(settings.limits_of)
     app.state.context = ApiContext(settings, generator, metrics, tenancy, batch)
     if isinstance(batch, LocalBatch):

@@ -200,9 +200,12 @@ class EngineReplica:
         (figures,) = await self.generator.figures()
         metrics = getattr(self, "metrics", None)  # None until the app is built
         api = metrics.samples() if metrics is not None else ()
+        state = {**figures.state, **(metrics.state_sizes() if metrics is not None else {})}
+        state["routing_ids"] = (len(self.held), self.held.capacity)
+        state["routing_in_flight"] = (len(self.in_flight), None)  # ids of open streams
         recent = metrics.recent.buckets() if metrics is not None else ()
         return dataclasses.replace(
-            figures, arrivals=self.arrivals.snapshot(), api=api, recent=recent
+            figures, arrivals=self.arrivals.snapshot(), api=api, recent=recent, state=state
         )
 
     async def ready(self) -> bool:

@@ -81,6 +81,9 @@ class HeldIds:
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._ids
 
+    def __len__(self) -> int:
+        return len(self._ids)
+
     def use(self, model_id: str) -> None:
         """Mark model_id used now; the least recently used id beyond capacity is dropped."""
         self._ids[model_id] = None

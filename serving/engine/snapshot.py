@@ -10,6 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from kernels import packed_shapes
+from serving.engine.grammar.compiler import CACHE_SIZE
+from serving.engine.speculative.draft import MAX_BASE_ONLY
+from serving.model.linear import packed_primitives_bound
+
 
 @dataclass(frozen=True)
 class EngineSnapshot:
@@ -42,6 +47,10 @@ class EngineSnapshot:
     # what the requests the replica's HTTP app saw end lately add up to, per second, tenant and
     # adapter label (serving.api.core.recent.Recent.buckets)
     recent: tuple = ()
+    # what the replica keeps across requests, by name: (entries, the most it holds, or None
+    # where the requests in flight bound it); the engine's (engine_states), then, on a Ray
+    # replica, its app's and its routing tables
+    state: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 def engine_snapshot(engine, replica: str) -> EngineSnapshot:
@@ -74,7 +83,36 @@ def engine_snapshot(engine, replica: str) -> EngineSnapshot:
         spec_by_tenant=spec_by_tenant,
         slab=slab,
         residency=residency,
+        state=engine_states(engine),
     )
+
+
+def engine_states(engine) -> dict[str, tuple[int, int | None]]:
+    """What engine keeps across requests: its prefix cache, compiled grammars, adapters short of
+    slab room, versions drafting base-only, and the process's packed CPU linears' primitives."""
+    cache = engine.blocks.stats
+    states: dict[str, tuple[int, int | None]] = {
+        "prefix_cache_blocks": (cache.num_cached_blocks, cache.num_blocks),
+        "grammar_compiles": (engine.grammars.num_cached(), CACHE_SIZE),
+    }
+    if engine.residency is not None:
+        states["adapters_short_of_room"] = (engine.residency.num_short(), None)
+    models = [engine.model]
+    if engine.spec is not None and engine.spec.draft is not None:
+        states["draft_base_only"] = (len(engine.spec.draft.base_only), MAX_BASE_ONLY)
+        models.append(engine.spec.draft.model)
+    # oneDNN's caches hold one primitive per (weight shape, row count) run packed; a GPU's
+    # or an FP8 model's linears run none
+    bound = packed_primitives_bound(lin for m in models for lin in _linears(m))
+    if bound:
+        states["cpu_gemm_primitives"] = (packed_shapes(), bound)
+    return states
+
+
+def _linears(model) -> list:
+    """model's dense linears; none for a stand-in model without them (tests)."""
+    linears = getattr(model, "linears", None)
+    return linears() if linears is not None else []
 
 
 def _counts(counts) -> dict[str, int]:

@@ -7,7 +7,7 @@ each token using its own adapter slot (see kernels/lora_ops.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +24,7 @@ from kernels import (
     packed_linear,
     quantize_fp8,
 )
+from kernels.cpu_gemm import ROW_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.to(torch.float32)
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype)
+
+
+def packed_primitives_bound(linears: Iterable[Linear]) -> int:
+    """The most oneDNN primitives the packed calls of linears can need (kernels.cpu_gemm):
+    one per row count of ROW_BUCKETS and distinct packed weight shape."""
+    shapes = {
+        (*lin.weight.shape, lin.bias is not None) for lin in linears if lin.packed is not None
+    }
+    return len(ROW_BUCKETS) * len(shapes)
 
 
 @dataclass(frozen=True)

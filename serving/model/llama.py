@@ -152,6 +152,11 @@ class LlamaModel:
             own_token_logits(logits, out, slots, slab.tokens, self.embed)
         return logits.to(torch.float32)
 
+    def linears(self) -> list[Linear]:
+        """Every dense linear of the forward: each layer's four, and the LM head."""
+        layers = [(w.qkv, w.o, w.gate_up, w.down) for w in self.layers]
+        return [linear for four in layers for linear in four] + [self._head]
+
     def allocate_kv(self, num_blocks: int, block_size: int, device=None):
         """Zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, Hkv, D], on device
         (default: where the weights are)."""

@@ -13,9 +13,10 @@ scrapes and ingress replicas but that nobody without the keys can compute from a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -133,6 +134,11 @@ class Metrics:
         self.slab_rates = SlabRates()  # the slab counters /v1/stats saw, for its rates
         self._engines = EngineCollector()
         reg.register(self._engines)
+        # What the app keeps across requests, as loraserve_state_*: name -> a read of its
+        # (entries, the most it holds or None); more are added with watch_state.
+        self._states: dict[str, Callable[[], tuple[int, int | None]]] = {
+            "recent_buckets": lambda: (len(self.recent), self.recent.capacity),
+        }
 
     def observe(
         self,
@@ -171,6 +177,14 @@ class Metrics:
         """Export the catalogue entries registry skipped as corrupt (its `skipped` count)."""
         self.registry.register(_SkippedEntries(registry))
 
+    def watch_state(self, name: str, read: Callable[[], tuple[int, int | None]]) -> None:
+        """Export what read() gives, (entries, the most it holds or None), as state name."""
+        self._states[name] = read
+
+    def state_sizes(self) -> dict[str, tuple[int, int | None]]:
+        """The sizes of what this app keeps across requests, now (EngineSnapshot.state)."""
+        return {name: read() for name, read in self._states.items()}
+
     def meter(self, tenant: str, kind: str, prompt: int, cached: int, completion: int) -> None:
         """Count one request's usage for its tenant, as the usage store records it."""
         self.tenant_requests.labels(tenant, kind).inc()
@@ -180,6 +194,9 @@ class Metrics:
     def render(self, figures: list[EngineSnapshot], *, adapter_names: bool = True) -> bytes:
         """The exposition text, with the engine gauges taken from figures; without
         adapter_names every adapter label is its pseudonym."""
+        if len(figures) == 1:  # this app's own engine (or its only replica, which sent these)
+            f = figures[0]
+            figures = [dataclasses.replace(f, state={**self.state_sizes(), **f.state})]
         # Set and read without an await in between, so concurrent scrapes cannot mix.
         self._engines.figures = figures
         registry = self.registry

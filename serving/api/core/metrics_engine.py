@@ -126,6 +126,29 @@ class EngineCollector:
                     [f.replica, label], counts["accepted"] / max(counts["proposed"], 1)
                 )
         yield family
+        yield from _states(self.figures)
+
+
+def _states(figures: list[EngineSnapshot]) -> Iterable[Metric]:
+    """What each replica keeps across requests (EngineSnapshot.state): its entries, and its
+    bound where the bound is a number."""
+    entries = GaugeMetricFamily(
+        "loraserve_state_entries",
+        "Entries of a cache, window or table kept across requests.",
+        labels=["replica", "state"],
+    )
+    capacity = GaugeMetricFamily(
+        "loraserve_state_capacity",
+        "The most entries that state holds (none where the requests in flight bound it).",
+        labels=["replica", "state"],
+    )
+    for f in figures:
+        for name, (num, most) in sorted(f.state.items()):
+            entries.add_metric([f.replica, name], num)
+            if most is not None:
+                capacity.add_metric([f.replica, name], most)
+    yield entries
+    yield capacity
 
 
 def _has_slab(figures: EngineSnapshot) -> bool:

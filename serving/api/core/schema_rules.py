@@ -40,6 +40,7 @@ from serving.engine.grammar.formats import COUNTS, SCHEMA_LISTS, SCHEMA_MAPS, SC
 
 MAX_SCHEMA_BYTES = 32 * 1024  # as compact JSON; checking is CPU time spent before admission
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
+CHECKED_SCHEMAS = 256  # schema checks remembered: clients resend one schema with every request
 
 NOT_ENFORCED = "not enforced by the grammar compiler"
 DEFINITIONS = frozenset({"$defs", "definitions"})
@@ -75,7 +76,12 @@ def canonical(schema: dict) -> str:
     return json.dumps(schema, separators=(",", ":"))
 
 
-@functools.lru_cache(maxsize=256)  # clients resend one schema with every request
+def checked_schemas() -> int:
+    """Schema checks remembered now, at most CHECKED_SCHEMAS."""
+    return _problem.cache_info().currsize
+
+
+@functools.lru_cache(maxsize=CHECKED_SCHEMAS)
 def _problem(text: str, strict: bool) -> str | None:
     schema = json.loads(text)
     try:

@@ -40,6 +40,10 @@ class PendingGrammars:
             self._compiler = GrammarCompiler(self._tokenizer, self._vocab_size)
         return self._compiler
 
+    def num_cached(self) -> int:
+        """Formats in the compile cache (none before the first response format)."""
+        return self._compiler.num_cached() if self._compiler is not None else 0
+
     def start(self) -> None:
         """Start the compile processes now, off the step loop, not with a first schema."""
         self.compiler.start()

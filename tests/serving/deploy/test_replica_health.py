@@ -114,3 +114,7 @@ def test_a_routing_id_leaves_the_in_flight_table_with_its_last_stream(server, mo
     assert during == {"held@1": 1}
     assert server.in_flight == {}
     assert server.record_routing_stats() == {"in_flight": {}, "running": 0}
+    state = asyncio.run(server.figures()).state  # what /metrics shows of this replica
+    assert state["routing_in_flight"] == (0, None)
+    assert state["routing_ids"] == (21, server.held.capacity)
+    assert state["prefix_cache_blocks"][1] == 16  # beside the engine's own

@@ -183,6 +183,10 @@ def test_metrics_parse_count_and_carry_engine_snapshot(served):
         replicas = {s.labels["replica"] for s in after[name]}
         assert len(replicas) == REPLICAS and all(replicas), (name, replicas)  # every replica
     assert any(s.value > 0 for s in after["loraserve_prefix_cache_queried_tokens"])
+    # each replica's app and routing tables come with its engine's, through Ray
+    states = {(s.labels["replica"], s.labels["state"]) for s in after["loraserve_state_entries"]}
+    for state in ("prefix_cache_blocks", "schema_checks", "routing_ids", "routing_in_flight"):
+        assert len({r for r, name in states if name == state}) == REPLICAS, state
 
 
 def test_adapter_requests_go_where_it_is_hot(served):

@@ -34,7 +34,7 @@ STREAMS = 32  # requests in flight, and the engine's max_num_seqs
 WARM_UP, MEASURED = 256, 768
 # Heap the process may gain per measured request. Warm, it gains under 1 KB a request (well
 # under 1 MB in all, once, then flat); before ROW_BUCKETS it gained ~65 KB a request under
-# bench/memory.py's load and ~180 KB under this one. 4 KB (3 MB in all) also leaves room
+# 64 streams of 64 tokens and ~180 KB under this load. 4 KB (3 MB in all) also leaves room
 # for a few oneDNN primitives (~0.6 MB each) that the warm-up happened not to build.
 HEAP_PER_REQUEST = 4 << 10
 # Objects of one type the process may gain over the measured requests: the app's recent

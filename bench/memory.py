@@ -36,6 +36,7 @@ from bench.servers import MODELS, loraserve_config
 
 
 class _MallInfo2(ctypes.Structure):
+    # glibc's struct mallinfo2 (malloc.h), every field a size_t, in this order
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
         "fordblks", "keepcost")]  # fmt: skip
@@ -72,7 +73,9 @@ async def drive(app, first: int, count: int, streams: int, max_tokens: int) -> i
     """count streamed requests through app, streams at a time; the number that failed."""
     failed = 0
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=600) as c:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://127.0.0.1", timeout=600
+    ) as c:
         gate = asyncio.Semaphore(streams)
 
         async def one(i: int) -> None:
@@ -89,6 +92,8 @@ async def drive(app, first: int, count: int, streams: int, max_tokens: int) -> i
 
 
 def objects_by_type() -> collections.Counter:
+    """How many objects the garbage collector tracks, by type name, after a collection."""
+    gc.collect()
     return collections.Counter(type(o).__qualname__ for o in gc.get_objects())
 
 

@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from bench.load import PROMPTS
+from bench.memory import heap_in_use, objects_by_type
 from bench.servers import MODELS, loraserve_config
 from serving.api import LocalGenerator, create_app, settings_from_config
 from serving.config import load_config
 from serving.deploy.app import publish_preloads
 from serving.engine.from_config import build_engine
-from tests.serving.api.process_memory import heap_in_use, objects_by_type
 
 STREAMS = 32  # requests in flight, and the engine's max_num_seqs
 WARM_UP, MEASURED = 256, 768

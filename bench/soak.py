@@ -78,16 +78,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="lines per batch; default: 256 (32 with --short)")  # fmt: skip
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to start")
     args = ap.parse_args(argv)
-    args.clients = args.clients or (8 if args.short else 64)
-    args.seconds = args.seconds or (6.0 if args.short else 60.0)
-    args.max_tokens = args.max_tokens or (16 if args.short else 64)
-    args.batch_items = args.batch_items or (32 if args.short else 256)
+
+    def default(value, short, full):  # None: not given; a 0 given stays 0, and is refused
+        return value if value is not None else short if args.short else full
+
+    args.clients = default(args.clients, 8, 64)
+    args.seconds = default(args.seconds, 6.0, 60.0)
+    args.max_tokens = default(args.max_tokens, 16, 64)
+    args.batch_items = default(args.batch_items, 32, 256)
     if min(args.clients, args.seconds, args.max_tokens, args.batch_items) <= 0:
         ap.error("--clients, --seconds, --max-tokens and --batch-items must be positive")
-    if args.adapters < 0 or (args.settle or 0) < 0 or (args.window or 1) <= 0:
+    if (
+        args.adapters < 0
+        or (args.settle or 0) < 0
+        or (args.window is not None and args.window <= 0)
+    ):
         ap.error("--adapters and --settle must not be negative, --window must be positive")
     long = args.seconds >= LONG_RUN_S
-    args.window = args.window or (60.0 if long else 2.0 if args.short else 10.0)
+    if args.window is None:
+        args.window = 60.0 if long else 2.0 if args.short else 10.0
     args.settle = args.settle if args.settle is not None else 60.0 if long else 0.0
     if args.settle + 2 * args.window > args.seconds:
         ap.error(f"--settle {args.settle:g} s and two --window {args.window:g} s windows do not "

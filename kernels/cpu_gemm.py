@@ -25,17 +25,20 @@ import torch
 # call (~10 us) outweighs its faster inner loop on a single decode row of a small projection.
 MIN_PACKED_MACS = 1 << 21
 _BATCH_HINT = 32  # the row count oneDNN tunes its blocking for: a decode batch
-ROW_STEP = 8  # rows are padded up to a multiple of this: at most 7 rows of extra work
+# Rows are padded up to a power of two below ROW_STEP (a decode of 1-7 sequences pays at
+# most 3 rows more), else to a multiple of ROW_STEP: at most 7 rows of extra work.
+ROW_STEP = 8
+_SMALL = (1, 2, 4)
 _TILE, _CHUNK = 64, 256
 # The row counts a packed call runs at: a remainder under 64 (decode), a multiple of 64 up
 # to 256, or 256 (a long prefill runs as several 256-row calls, each one compute-bound).
-ROW_BUCKETS = (*range(ROW_STEP, _TILE, ROW_STEP), *range(_TILE, _CHUNK + 1, _TILE))
+ROW_BUCKETS = (*_SMALL, *range(ROW_STEP, _TILE, ROW_STEP), *range(_TILE, _CHUNK + 1, _TILE))
 # Entries in each of oneDNN's caches: the buckets of about a dozen distinct weight shapes
 # (a model's and its draft's projections) at ~0.3 MB per entry and cache. Read by oneDNN
 # at its first primitive, so set here, before any; a value set by the operator wins.
 CACHE_CAPACITY = 256
-for _name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-    os.environ.setdefault(_name, str(CACHE_CAPACITY))
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(CACHE_CAPACITY))  # oneDNN's
+os.environ.setdefault("LRU_CACHE_CAPACITY", str(CACHE_CAPACITY))  # ideep's, in front of it
 
 _shapes: set[tuple[int, int, int, bool]] = set()  # (out, in, rows, bias) run packed so far
 
@@ -46,7 +49,9 @@ def packed_shapes() -> int:
 
 
 def row_pieces(rows: int) -> list[int]:
-    """The row counts, each in ROW_BUCKETS, of the calls that cover rows (padded to ROW_STEP)."""
+    """The row counts, each in ROW_BUCKETS, of the calls that cover rows (padded as above)."""
+    if rows < ROW_STEP:
+        return [next(n for n in (*_SMALL, ROW_STEP) if n >= rows)] if rows > 0 else []
     padded = -(-rows // ROW_STEP) * ROW_STEP
     chunks, rest = divmod(padded, _CHUNK)
     tiles = rest // _TILE * _TILE

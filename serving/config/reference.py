@@ -27,11 +27,13 @@ ENVIRONMENT = (
      "checks a step once (the tests set it)."),
     ("LORASERVE_CPU_NATIVE", "`0`: the CPU decode step's LoRA runs in torch instead of the "
      "compiled `kernels/lora_cpu.c`."),
-    ("ONEDNN_PRIMITIVE_CACHE_CAPACITY`, `LRU_CACHE_CAPACITY", "Entries in oneDNN's primitive "
-     "cache and ideep's, which hold one JIT-built primitive (about 0.3 MB apiece) per CPU "
-     "linear weight and row count; default 256 each (`kernels/cpu_gemm.py`'s `CACHE_CAPACITY`), "
-     "room for the 11 row counts (`ROW_BUCKETS`) of about a dozen weight shapes. torch's own "
-     "default, 1,024, let a CPU replica grow by hundreds of MB."),
+    ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "Entries in oneDNN's primitive cache, which holds one "
+     "JIT-built primitive (about 0.3 MB) per CPU linear weight and row count; default 256 "
+     "(`kernels/cpu_gemm.py`'s `CACHE_CAPACITY`), room for the 14 row counts (`ROW_BUCKETS`) of "
+     "about a dozen weight shapes. torch's own default, 1,024, let a CPU replica grow by "
+     "hundreds of MB."),
+    ("LRU_CACHE_CAPACITY", "Entries in ideep's cache in front of oneDNN's, which holds the same "
+     "primitives again; default 256, as `ONEDNN_PRIMITIVE_CACHE_CAPACITY`."),
     ("CC", "The C compiler that builds `kernels/lora_cpu.c`, split into words as a shell would "
      "(`ccache gcc`); unset: `cc` or `gcc` on PATH."),
     ("LORASERVE_LORA_CONFIGS", "A file of tuned Triton LoRA launch configurations to read "

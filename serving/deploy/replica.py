@@ -192,7 +192,8 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict:
         """What AdapterRouter reads: open streams per routing id, and in all."""
-        ids = {k: n for k, n in self.in_flight.items() if k and n > 0}
+        # Ray runs this on a thread of its own while the loop adds and drops ids: a copy first
+        ids = {k: n for k, n in list(self.in_flight.items()) if k and n > 0}
         return {"in_flight": ids, "running": self.active_streams}
 
     async def figures(self) -> EngineSnapshot:
@@ -202,7 +203,8 @@ class EngineReplica:
         api = metrics.samples() if metrics is not None else ()
         state = {**figures.state, **(metrics.state_sizes() if metrics is not None else {})}
         state["routing_ids"] = (len(self.held), self.held.capacity)
-        state["routing_in_flight"] = (len(self.in_flight), None)  # ids of open streams
+        # ids of open streams (None, requests without an id, counted as one)
+        state["routing_in_flight"] = (len(self.in_flight), None)
         recent = metrics.recent.buckets() if metrics is not None else ()
         return dataclasses.replace(
             figures, arrivals=self.arrivals.snapshot(), api=api, recent=recent, state=state

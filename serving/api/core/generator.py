@@ -13,8 +13,9 @@ from contextlib import aclosing
 from typing import Protocol
 
 from serving.engine.engine import Engine
+from serving.engine.figures import engine_snapshot
 from serving.engine.request import GenerateRequest, RequestOutput
-from serving.engine.snapshot import EngineSnapshot, engine_snapshot
+from serving.engine.snapshot import EngineSnapshot
 
 
 class QueueFull(Exception):

@@ -1,5 +1,5 @@
-"""EngineSnapshot.slab as engine_snapshot builds it (a SlabStats as a dict, plus num_slots),
-with the figures a test names and every other counter 0."""
+"""EngineSnapshot.slab as serving.engine.figures.engine_snapshot builds it (a SlabStats as a
+dict, plus num_slots), with the figures a test names and every other counter 0."""
 
 import dataclasses
 

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from serving.api.core.generator import LocalGenerator, QueueFull
+from serving.engine.figures import engine_snapshot
 from serving.engine.request import GenerateRequest, SamplingParams
-from serving.engine.snapshot import EngineSnapshot, engine_snapshot
+from serving.engine.snapshot import EngineSnapshot
 from tests.serving.api.served import build_engine
 from tests.serving.engine.world import model_tokens
 

@@ -10,8 +10,8 @@ CPU only.
 oneDNN builds (JIT-compiles) one primitive per weight and row count, about 0.6 MB each, and
 caches it twice (its own primitive cache and ideep's), 1,024 entries apiece by default. A
 server's row counts vary step by step, so those caches grew by hundreds of MB under load.
-Calls are therefore cut into pieces whose row counts come from ROW_BUCKETS, so a weight has
-at most len(ROW_BUCKETS) primitives, all built in the first moments of traffic, and both
+Calls are therefore padded to, or cut into, row counts from ROW_BUCKETS, so a weight has at
+most len(ROW_BUCKETS) primitives, all built in the first moments of traffic, and both
 caches are capped at CACHE_CAPACITY.
 """
 
@@ -25,14 +25,14 @@ import torch
 # call (~10 us) outweighs its faster inner loop on a single decode row of a small projection.
 MIN_PACKED_MACS = 1 << 21
 _BATCH_HINT = 32  # the row count oneDNN tunes its blocking for: a decode batch
-# Rows are padded up to a power of two below ROW_STEP (a decode of 1-7 sequences pays at
-# most 3 rows more), else to a multiple of ROW_STEP: at most 7 rows of extra work.
-ROW_STEP = 8
-_SMALL = (1, 2, 4)
-_TILE, _CHUNK = 64, 256
-# The row counts a packed call runs at: a remainder under 64 (decode), a multiple of 64 up
-# to 256, or 256 (a long prefill runs as several 256-row calls, each one compute-bound).
-ROW_BUCKETS = (*_SMALL, *range(ROW_STEP, _TILE, ROW_STEP), *range(_TILE, _CHUNK + 1, _TILE))
+# The row counts a packed call runs at: 1, 2 or 4 (a decode of a few sequences), then steps of
+# 8 up to 128 and of 16 up to 256, so a call pads at most 3, 7 or 15 rows (under 12% from 8
+# rows up) and stays one call, as the exact count would be; a longer prefill runs as 256-row
+# calls, each one compute-bound, and a bucketed rest.
+_CHUNK = 256
+ROW_BUCKETS = (1, 2, 4, *range(8, 129, 8), *range(144, _CHUNK + 1, 16))
+# rows (0..256) -> the bucket a call of that many rows runs at
+_BUCKET_OF = [next(n for n in ROW_BUCKETS if n >= rows) for rows in range(_CHUNK + 1)]
 # Entries in each of oneDNN's caches: the buckets of about a dozen distinct weight shapes
 # (a model's and its draft's projections) at ~0.3 MB per entry and cache. Read by oneDNN
 # at its first primitive, so set here, before any; a value set by the operator wins.
@@ -50,12 +50,8 @@ def packed_shapes() -> int:
 
 def row_pieces(rows: int) -> list[int]:
     """The row counts, each in ROW_BUCKETS, of the calls that cover rows (padded as above)."""
-    if rows < ROW_STEP:
-        return [next(n for n in (*_SMALL, ROW_STEP) if n >= rows)] if rows > 0 else []
-    padded = -(-rows // ROW_STEP) * ROW_STEP
-    chunks, rest = divmod(padded, _CHUNK)
-    tiles = rest // _TILE * _TILE
-    return [_CHUNK] * chunks + [n for n in (tiles, rest - tiles) if n]
+    chunks, rest = divmod(rows, _CHUNK)
+    return [_CHUNK] * chunks + ([_BUCKET_OF[rest]] if rest else [])
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
@@ -79,6 +75,14 @@ def packed_linear(
     rows = x.numel() // max(in_f, 1)
     if rows * out_f * in_f < MIN_PACKED_MACS:
         return torch.nn.functional.linear(x, weight, bias)
+    if rows <= _CHUNK:  # one call, as at the exact count: the common case, kept lean
+        n = _BUCKET_OF[rows]
+        _shapes.add((out_f, in_f, n, bias is not None))
+        if n == rows:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        x2 = torch.nn.functional.pad(x.reshape(rows, in_f), (0, 0, 0, n - rows))  # [n, in]
+        y = torch.ops.mkldnn._linear_pointwise(x2, packed, bias, "none", [], "")
+        return y[:rows].reshape(*x.shape[:-1], out_f)
     pieces = row_pieces(rows)
     x2 = x.reshape(rows, in_f)  # [rows, in]
     padded = sum(pieces)
@@ -90,5 +94,4 @@ def packed_linear(
         outs.append(torch.ops.mkldnn._linear_pointwise(x2[start : start + n], packed, bias,
                                                        "none", [], ""))  # fmt: skip
         start += n
-    y = outs[0] if len(outs) == 1 else torch.cat(outs)  # [padded, out]
-    return y[:rows].reshape(*x.shape[:-1], out_f)
+    return torch.cat(outs)[:rows].reshape(*x.shape[:-1], out_f)  # [rows, out], then x's dims

@@ -159,8 +159,7 @@ def report(args, argv: list[str], run: dict) -> list[str]:
     from bench.timing import machine
 
     s, g, tally = run["summary"], run["growth"], run["tally"]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                          capture_output=True, text=True).stdout.strip() or "?"  # fmt: skip
+    head = run["commit"]
     command = " ".join(["python -m bench.soak", *argv])
     batch = f"{tally.items_done} done, {tally.items_failed} failed" if tally else "-"
     server = "the one-process server" if args.local else "`loraserve serve`"
@@ -204,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-soak-") as tmp:
-        run = soak(args, Path(tmp))
+        # the commit the server starts from, read now: a run is long, and the tree may move
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip() or "?"  # fmt: skip
+        run = {**soak(args, Path(tmp)), "commit": commit}
     return 1 if report(args, argv, run) else 0
 
 

@@ -33,8 +33,9 @@ _CHUNK = 256
 ROW_BUCKETS = (1, 2, 4, *range(8, 129, 8), *range(144, _CHUNK + 1, 16))
 # rows (0..256) -> the bucket a call of that many rows runs at
 _BUCKET_OF = [next(n for n in ROW_BUCKETS if n >= rows) for rows in range(_CHUNK + 1)]
-# Entries in each of oneDNN's caches: the buckets of about a dozen distinct weight shapes
-# (a model's and its draft's projections) at ~0.3 MB per entry and cache. Read by oneDNN
+# Entries in each of oneDNN's caches: the buckets of nine distinct weight shapes (a
+# Llama's five packed projections, with room for some of a draft's; past that the least
+# recently used are built again) at ~0.3 MB per entry and cache. Read by oneDNN
 # at its first primitive, so set here, before any; a value set by the operator wins.
 CACHE_CAPACITY = 256
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(CACHE_CAPACITY))  # oneDNN's

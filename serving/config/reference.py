@@ -29,8 +29,8 @@ ENVIRONMENT = (
      "compiled `kernels/lora_cpu.c`."),
     ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "Entries in oneDNN's primitive cache, which holds one "
      "JIT-built primitive (about 0.3 MB) per CPU linear weight and row count; default 256 "
-     "(`kernels/cpu_gemm.py`'s `CACHE_CAPACITY`), room for the 14 row counts (`ROW_BUCKETS`) of "
-     "about a dozen weight shapes. torch's own default, 1,024, let a CPU replica grow by "
+     "(`kernels/cpu_gemm.py`'s `CACHE_CAPACITY`), room for the 27 row counts (`ROW_BUCKETS`) of "
+     "nine weight shapes. torch's own default, 1,024, let a CPU replica grow by "
      "hundreds of MB."),
     ("LRU_CACHE_CAPACITY", "Entries in ideep's cache in front of oneDNN's, which holds the same "
      "primitives again; default 256, as `ONEDNN_PRIMITIVE_CACHE_CAPACITY`."),

@@ -27,11 +27,24 @@ SHAPES = {  # (in, out)
 }
 
 
-def rows(quick: bool) -> list[str]:
-    counts = (1, 32) if quick else (1, 8, 32, 128, 1024)
+def _exact(x, w, packed):
+    """oneDNN at x's own row count: one primitive per count, the path before ROW_BUCKETS."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+# (first, second): each a column name and how it runs (x, weight, packed)
+PLAIN_PACKED = (("plain", lambda x, w, p: torch.nn.functional.linear(x, w)),
+                ("packed", lambda x, w, p: packed_linear(x, w, p, None)))  # fmt: skip
+EXACT_BUCKETED = (("exact", _exact), ("bucketed", lambda x, w, p: packed_linear(x, w, p, None)))
+
+
+def rows(quick: bool, pair=PLAIN_PACKED, counts=None) -> list[str]:
+    """One table row per projection and row count: the pair's two timings, interleaved."""
+    (a, run_a), (b, run_b) = pair
+    counts = counts or ((1, 32) if quick else (1, 8, 32, 128, 1024))
     shapes = dict(list(SHAPES.items())[:2]) if quick else SHAPES
     gen = torch.Generator().manual_seed(0)
-    out = ["| projection | in -> out | rows | plain ms | packed ms | plain / packed |",
+    out = [f"| projection | in -> out | rows | {a} ms | {b} ms | {a} / {b} |",
            "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for label, (fan_in, fan_out) in shapes.items():
         w = torch.randn(fan_out, fan_in, generator=gen)
@@ -39,46 +52,22 @@ def rows(quick: bool) -> list[str]:
         for n in counts:
             x = torch.randn(n, fan_in, generator=gen)
             t = interleaved_seconds(
-                {
-                    "plain": lambda x=x, w=w: torch.nn.functional.linear(x, w),
-                    "packed": lambda x=x, w=w, p=packed: packed_linear(x, w, p, None),
-                },
+                {a: lambda x=x, w=w, p=packed: run_a(x, w, p),
+                 b: lambda x=x, w=w, p=packed: run_b(x, w, p)},
                 rounds=3 if quick else 5,
-            )
+            )  # fmt: skip
             out.append(
-                f"| {label} | {fan_in} -> {fan_out} | {n} | {t['plain'] * 1e3:.3f} "
-                f"| {t['packed'] * 1e3:.3f} | {t['plain'] / t['packed']:.2f}x |"
+                f"| {label} | {fan_in} -> {fan_out} | {n} | {t[a] * 1e3:.3f} "
+                f"| {t[b] * 1e3:.3f} | {t[a] / t[b]:.2f}x |"
             )
     return out
 
 
 def bucket_rows(quick: bool) -> list[str]:
-    """A packed call at its exact row count (one oneDNN primitive per count, warm) against
-    packed_linear, which pads to and cuts at ROW_BUCKETS: what bounding oneDNN's caches costs."""
+    """A packed call at its exact row count (warm) against packed_linear, which pads to
+    ROW_BUCKETS: what bounding oneDNN's caches costs a call."""
     counts = (5, 33) if quick else (1, 5, 33, 57, 100, 300, 1000)
-    shapes = dict(list(SHAPES.items())[:2]) if quick else SHAPES
-    gen = torch.Generator().manual_seed(0)
-    out = ["| projection | in -> out | rows | exact ms | bucketed ms | exact / bucketed |",
-           "|---|---|---:|---:|---:|---:|"]  # fmt: skip
-    for label, (fan_in, fan_out) in shapes.items():
-        w = torch.randn(fan_out, fan_in, generator=gen)
-        packed = pack_weight(w)
-        for n in counts:
-            x = torch.randn(n, fan_in, generator=gen)
-            t = interleaved_seconds(
-                {
-                    "exact": lambda x=x, p=packed: torch.ops.mkldnn._linear_pointwise(
-                        x, p, None, "none", [], ""
-                    ),
-                    "bucketed": lambda x=x, w=w, p=packed: packed_linear(x, w, p, None),
-                },
-                rounds=3 if quick else 5,
-            )
-            out.append(
-                f"| {label} | {fan_in} -> {fan_out} | {n} | {t['exact'] * 1e3:.3f} "
-                f"| {t['bucketed'] * 1e3:.3f} | {t['exact'] / t['bucketed']:.2f}x |"
-            )
-    return out
+    return rows(quick, EXACT_BUCKETED, counts)
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 
+from kernels import attention_native
+
 SHORT_QUERY = 17  # queries per sequence up to which the batched path runs (k + 1 for k <= 16)
 
 
@@ -41,6 +43,8 @@ class ShortBatch:
     valid: torch.Tensor  # [S, W] bool, real queries
     mask: torch.Tensor  # [S, 1, W, L] bool, causal: query i of seq s sees keys <= its position
     out_rows: torch.Tensor  # [sum n_s] int64, rows[valid]
+    spans: torch.Tensor  # [S, 3] int64: first query row, queries n_s, context length (C path)
+    num_blocks: int  # the cache's, which table's ids are clamped below
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ def _short_batch(block_tables, starts, lens, picked, block_size, num_blocks) -> 
     rows = torch.where(valid, rows, rows[:, :1])
     mask = keys[None, None, :] <= pos[:, :, None]  # [S, W, L]
     stale = (~live).flatten().nonzero().squeeze(1)  # the CPU's own memory: no device sync
-    return ShortBatch(table, stale, rows, valid, mask[:, None], rows[valid])
+    spans = torch.tensor([(starts[s], starts[s + 1] - starts[s], lens[s]) for s in picked],
+                         dtype=torch.int64, device=device)  # fmt: skip
+    return ShortBatch(table, stale, rows, valid, mask[:, None], rows[valid], spans, num_blocks)
 
 
 def write_kv_planned(k, v, k_cache, v_cache, writes: KVWrites) -> None:
@@ -151,7 +157,11 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
     b = plan.short
-    if b is not None:  # decodes and verifications: one padded, batched SDPA call
+    if b is not None and attention_native.available() and attention_native.attend_short(
+        q, k_cache, v_cache, out, b.spans, b.table, plan.starts[-1], b.num_blocks, scale
+    ):  # decodes and verifications: one compiled call, reading the cache in place
+        b = None
+    if b is not None:  # the same in torch: one padded, batched SDPA call
         k = _gather_padded(k_cache, b.table, b.stale, compute, 0)  # (S, Hkv, L, D)
         v = _gather_padded(v_cache, b.table, b.stale, compute, 1)
         o = _attend_grouped(q[b.rows].to(compute), k, v, b.mask, scale)  # (S, W, H, D)

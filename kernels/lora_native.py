@@ -17,15 +17,11 @@ is given into raw memory, so they are checked first (`_check_indices`).
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
 import threading
 
 import torch
 
 from kernels import native_build
-
-log = logging.getLogger(__name__)
 
 _SLICE_FIELDS = 8  # lora_cpu.c: A_PTR, A_SLOT, A_ROW, B_PTR, B_SLOT, B_ROW, OUT, COL
 _lock = threading.Lock()
@@ -152,15 +148,6 @@ def _stacks(lora_a, lora_b) -> tuple[ctypes.Array, int, int, int, int] | None:
 
 
 def _load() -> ctypes._CFuncPtr | None:
-    if os.environ.get("LORASERVE_CPU_NATIVE", "1") == "0":
-        return None
-    try:
-        with native_build.library() as path:  # its bytes hashed just now: load nothing else
-            fn = ctypes.CDLL(str(path)).lora_apply_rows
-    except Exception as err:  # anything at all: the torch path serves instead
-        log.warning("the compiled CPU LoRA kernel is unavailable (%s); using the torch path", err)
-        return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int32]
-    fn.restype = None
-    return fn
+    argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ctypes.c_int32]
+    return native_build.load("lora_apply_rows", argtypes, what="the compiled CPU LoRA kernel")

@@ -1,4 +1,5 @@
-"""The compiled CPU LoRA library (kernels/lora_cpu.c): built, cached and checked before loading.
+"""The compiled CPU kernels (kernels/lora_cpu.c, kernels/attention_cpu.c), one library: built,
+cached and checked before loading.
 
 Loading a library runs its constructors in this process, so a cached one is loaded only
 from a directory no one else can write, and only if its bytes hash to what was built:
@@ -19,6 +20,7 @@ about 0.1 s, so this costs little, where the torch path would cost every step it
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import logging
 import os
@@ -33,13 +35,28 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("lora_cpu.c")
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("lora_cpu.c", "attention_cpu.c"))
 # No -ffast-math: in a shared object it may set flush-to-zero for the whole process. These
 # let the compiler vectorise the dot products' sums without changing NaN or Inf handling.
 _FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-trapping-math",
           "-fassociative-math", "-fno-signed-zeros")  # fmt: skip
 _CACHE_PARTS = (".cache", "loraserve", "native")  # under the home directory
 _built: dict[Path, str] = {}  # the libraries this process built -> their SHA-256
+
+
+def load(symbol: str, argtypes: list, restype=None, what: str = "") -> ctypes._CFuncPtr | None:
+    """symbol of the library, typed, or None (with a warning naming `what`) where it cannot be
+    had: no compiler, a failed build, or LORASERVE_CPU_NATIVE=0; the caller's torch path runs."""
+    if os.environ.get("LORASERVE_CPU_NATIVE", "1") == "0":
+        return None
+    try:
+        with library() as path:  # its bytes hashed just now: load nothing else
+            fn = getattr(ctypes.CDLL(str(path)), symbol)
+    except Exception as err:  # anything at all: the torch path serves instead
+        log.warning("%s is unavailable (%s); using the torch path", what or symbol, err)
+        return None
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn
 
 
 class NotPrivate(OSError):
@@ -51,12 +68,11 @@ def library() -> Iterator[Path]:
     """A library for this source, these flags and this CPU whose bytes were hashed just now
     and match its build's digest: cached, or built, for the caller to load inside the block."""
     compiler = _compiler()
-    name = f"lora_cpu-{_key()}.so"
+    name = f"cpu_kernels-{_key()}.so"
     try:
         directory = private_dir()
     except OSError as err:  # NotPrivate, or a home where nothing can be made (read-only)
-        log.warning("%s; building the compiled CPU LoRA kernel in a private temporary directory",
-                    err)  # fmt: skip
+        log.warning("%s; building the compiled CPU kernels in a private temporary directory", err)
         with tempfile.TemporaryDirectory(prefix="loraserve-native-") as fresh:
             yield _verified(Path(fresh) / name, compiler)
         return
@@ -131,7 +147,7 @@ def _build(target: Path, compiler: list[str]) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built, sidecar = Path(scratch) / target.name, Path(scratch) / "digest"
         done = subprocess.run(
-            [*compiler, *_FLAGS, str(_SOURCE), "-o", str(built)],
+            [*compiler, *_FLAGS, *map(str, _SOURCES), "-lm", "-o", str(built)],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         if done.returncode != 0:
@@ -159,9 +175,10 @@ def _compiler() -> list[str]:
 
 
 def _key() -> str:
-    """The cache key: the source's, the flags' and the CPU's hash."""
+    """The cache key: the sources', the flags' and the CPU's hash."""
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), " ".join(_FLAGS).encode(), _cpu_identity().encode()):
+    sources = [source.read_bytes() for source in _SOURCES]
+    for part in (*sources, " ".join(_FLAGS).encode(), _cpu_identity().encode()):
         key.update(part)
     return key.hexdigest()[:16]
 

@@ -25,8 +25,8 @@ ENVIRONMENT = (
     ("LORASERVE_API_KEY", "The key `loraserve adapters` and `loraserve batch` send to a server."),
     ("LORASERVE_CHECKS", "`1`: a model checks every layer's attention arguments, where a server "
      "checks a step once (the tests set it)."),
-    ("LORASERVE_CPU_NATIVE", "`0`: the CPU decode step's LoRA runs in torch instead of the "
-     "compiled `kernels/lora_cpu.c`."),
+    ("LORASERVE_CPU_NATIVE", "`0`: the CPU decode step's LoRA and its attention run in torch "
+     "instead of the compiled `kernels/lora_cpu.c` and `kernels/attention_cpu.c`."),
     ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "Entries in oneDNN's primitive cache, which holds one "
      "JIT-built primitive (about 0.3 MB) per CPU linear weight and row count; default 256 "
      "(`kernels/cpu_gemm.py`'s `CACHE_CAPACITY`), room for the 27 row counts (`ROW_BUCKETS`) of "
@@ -34,7 +34,7 @@ ENVIRONMENT = (
      "hundreds of MB."),
     ("LRU_CACHE_CAPACITY", "Entries in ideep's cache in front of oneDNN's, which holds the same "
      "primitives again; default 256, as `ONEDNN_PRIMITIVE_CACHE_CAPACITY`."),
-    ("CC", "The C compiler that builds `kernels/lora_cpu.c`, split into words as a shell would "
+    ("CC", "The C compiler that builds the CPU kernels (`kernels/*.c`), split into words as a shell would "
      "(`ccache gcc`); unset: `cc` or `gcc` on PATH."),
     ("LORASERVE_LORA_CONFIGS", "A file of tuned Triton LoRA launch configurations to read "
      "instead of `kernels/tuned/<GPU name>.json` (it must exist)."),

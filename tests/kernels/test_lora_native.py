@@ -50,7 +50,7 @@ def spy(monkeypatch) -> list[int]:
 @needs_compiler
 def test_builds_and_loads_where_there_is_a_compiler(fresh):
     assert lora_native.available()
-    assert len(list((fresh / ".cache" / "loraserve" / "native").glob("lora_cpu-*.so"))) == 1
+    assert len(list((fresh / ".cache" / "loraserve" / "native").glob("cpu_kernels-*.so"))) == 1
 
 
 @needs_compiler

@@ -45,7 +45,7 @@ def cache(home):
 
 
 def target(cache_dir):
-    return cache_dir / f"lora_cpu-{native_build._key()}.so"
+    return cache_dir / f"cpu_kernels-{native_build._key()}.so"
 
 
 def plant(path, marker) -> None:

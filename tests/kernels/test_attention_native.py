@@ -1,0 +1,100 @@
+"""The compiled CPU attention kernel (kernels/attention_cpu.c) against the float64 oracle: the
+short queries it takes, what it leaves to torch, and the operands it refuses. Every cache slot
+outside a context holds NaN (attention_oracle.make_batch), so a read past a query's position
+shows as a NaN."""
+
+import pytest
+import torch
+
+from kernels import attention_native, paged_attention
+from kernels.attention_plan import paged_attention_planned, plan_attention
+from tests.kernels.attention_oracle import make_batch
+from tests.kernels.test_lora_native import needs_compiler
+from tests.kernels.test_paged_attention import CASES, batch_for, case_id, check
+
+pytestmark = needs_compiler
+
+# (new tokens, context length): decodes, verifications of k + 1 = 5 and 17 tokens (the widest
+# the short path takes), contexts on and off block edges, and one prefill left to torch
+SPECULATIVE = ((5, 40), (1, 3), (17, 17), (17, 70), (2, 33), (30, 30))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The kernel's runs (calls that did the work)."""
+    ran = []
+    real = attention_native.attend_short
+
+    def counted(*args):
+        done = real(*args)
+        ran.append(done)
+        return done
+
+    monkeypatch.setattr(attention_native, "attend_short", counted)
+    return ran
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_short_queries_match_the_oracle(case, calls):
+    batch = batch_for(case, torch.float32, seed=5)
+    check(batch, paged_attention(*batch.args()))
+    assert calls == [True]  # every layout here has a decode
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (4, 4), (8, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_verification_widths_and_long_contexts(heads, threads, calls):
+    batch = make_batch(SPECULATIVE, num_heads=heads[0], num_kv_heads=heads[1], head_dim=64,
+                       block_size=16, dtype=torch.float32, seed=6)  # fmt: skip
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        check(batch, paged_attention(*batch.args()))
+    finally:
+        torch.set_num_threads(before)
+    assert calls == [True]
+
+
+def test_the_same_outputs_as_the_torch_path(monkeypatch):
+    """Within float32 rounding of torch's SDPA on a whole decode batch (64 rows, GQA 4/2)."""
+    batch = make_batch(tuple((1, 9 + 7 * i) for i in range(64)), num_heads=4, num_kv_heads=2,
+                       head_dim=64, block_size=16, dtype=torch.float32, seed=7)  # fmt: skip
+    compiled = paged_attention(*batch.args())
+    monkeypatch.setattr(attention_native, "available", lambda: False)
+    torch.testing.assert_close(compiled, paged_attention(*batch.args()), atol=2e-6, rtol=2e-6)
+
+
+def test_half_precision_and_a_switch_off_take_the_torch_path(monkeypatch, calls):
+    batch = batch_for(CASES[5], torch.float16, seed=8)
+    check(batch, paged_attention(*batch.args()))
+    assert calls == [False]
+    monkeypatch.setenv("LORASERVE_CPU_NATIVE", "0")
+    attention_native._load.cache_clear()
+    calls.clear()
+    batch = batch_for(CASES[5], torch.float32, seed=8)
+    check(batch, paged_attention(*batch.args()))
+    try:
+        assert not attention_native.available() and calls == []
+    finally:
+        attention_native._load.cache_clear()  # loaded again, as without the switch
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda q, k: (q[:-1], k), "do not match the step's plan"),
+        (lambda q, k: (q, k[:2]), "the plan's table names"),
+        (lambda q, k: (q[..., :8], k), "do not match the step's plan"),
+    ],
+    ids=["fewer tokens", "smaller cache", "head_dim"],
+)
+def test_operands_other_than_the_plan_s_are_refused(change, message):
+    """A plan's clamped table and spans bound the kernel's reads only for the operands it was
+    made for: others are a ValueError, before the kernel reads anything."""
+    batch = batch_for(CASES[5], torch.float32, seed=9)
+    plan = plan_attention(batch.block_tables, batch.context_lens, batch.query_start_loc,
+                          batch.k_cache.shape[1], batch.k_cache.shape[0])  # fmt: skip
+    q, k_cache = change(batch.q, batch.k_cache)
+    with pytest.raises(ValueError, match=message):
+        paged_attention_planned(q.contiguous(), k_cache.contiguous(), k_cache.contiguous(), plan,
+                                batch.scale)  # fmt: skip

@@ -157,10 +157,11 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
     b = plan.short
-    if b is not None and attention_native.available() and attention_native.attend_short(
-        q, k_cache, v_cache, out, b.spans, b.table, plan.starts[-1], b.num_blocks, scale
-    ):  # decodes and verifications: one compiled call, reading the cache in place
-        b = None
+    if b is not None and attention_native.available():
+        # decodes and verifications: one compiled call, reading the cache in place
+        done = attention_native.attend_short(q, k_cache, v_cache, out, b.spans, b.table,
+                                             plan.starts[-1], b.num_blocks, scale)  # fmt: skip
+        b = None if done else b
     if b is not None:  # the same in torch: one padded, batched SDPA call
         k = _gather_padded(k_cache, b.table, b.stale, compute, 0)  # (S, Hkv, L, D)
         v = _gather_padded(v_cache, b.table, b.stale, compute, 1)

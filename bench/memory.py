@@ -64,7 +64,8 @@ def build_app(tmp: Path, streams: int):
     cfg = load_config(loraserve_config(tmp, streams))
     settings = settings_from_config(cfg)
     publish_preloads(cfg)
-    generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue)
+    generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue,
+                               stream_interval=cfg.server.stream_interval_ms / 1000)  # fmt: skip
     settings.ready.set()
     return create_app(generator, settings), generator
 

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.config)
     settings = settings_from_config(cfg)
     publish_preloads(cfg)  # the engine's slab loads adapters from the registry, as a replica's
-    generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue)
+    generator = LocalGenerator(build_engine(cfg), cfg.server.max_queue,
+                               stream_interval=cfg.server.stream_interval_ms / 1000)  # fmt: skip
     settings.ready.set()
     store = BatchStore(cfg.batch.store, min_free_bytes=cfg.batch.min_free_mb * 2**20)
     batch = LocalBatch(store, max_in_flight=cfg.batch.max_in_flight,

@@ -30,7 +30,11 @@ class ServerSection(Section):
     )
     max_queue: int = Field(256, gt=0, description="Waiting requests before answering 429.")
     stream_interval_ms: float = Field(
-        100, ge=0, description="Longest pause between a stream's messages under load; 0 = each."
+        100,
+        ge=0,
+        description="Longest pause between a stream's messages under load (a stream waits "
+        "open streams / 640 s, at most this; the tokens made meanwhile go in its next "
+        "message); 0 = each token as it comes.",
     )
 
 

@@ -57,22 +57,10 @@ DRAIN_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 2 * DRAIN_TIMEOUT_S + 5.0
 # How often Ray Serve looks whether the calls through Ray are done (its default: 2 s).
 DRAIN_POLL_S = 0.2
-MESSAGES_PER_SECOND = 640  # stream increments a replica sends, all streams together
 # Seconds between Serve's health checks of a replica. Serve learns that a replica died only
 # at its next check, and starts another then; meanwhile a lone replica's port is refused.
 # Serve's default is 10 s.
 HEALTH_CHECK_PERIOD_S = 2.0
-
-
-def stream_pause(active_streams: int, longest: float) -> float:
-    """Seconds a stream waits between messages: active_streams / MESSAGES_PER_SECOND, at most
-    longest (one stream: ~2 ms; 64: 100 ms).
-
-    Each increment is a message through Ray, and the messages compete with the engine for
-    the cores; pacing keeps their total rate flat however many streams are open. The first
-    token is never paced.
-    """
-    return min(longest, active_streams / MESSAGES_PER_SECOND)
 
 
 class EngineReplica:
@@ -92,8 +80,8 @@ class EngineReplica:
         self.engine = build_engine(cfg)
         self.leases = Leases(Registry(cfg.lora.registry), self.engine.slab)
         replica = serve.get_replica_context().replica_id.unique_id
-        self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica)
-        self.stream_interval = cfg.server.stream_interval_ms / 1000
+        self.generator = LocalGenerator(self.engine, cfg.server.max_queue, replica=replica,
+                                        stream_interval=cfg.server.stream_interval_ms / 1000)  # fmt: skip
         self.active_streams = 0
         self.held = HeldIds(models_per_replica(cfg, self.engine.slab.stats().pages))
         # routing id -> streams open here; an id leaves once its last stream ends, so the
@@ -146,20 +134,16 @@ class EngineReplica:
         return dataclasses.replace(settings_from_config(here), keys=self.keys)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """A request forwarded here by another replica's app; see serve_here.
-
-        Its outputs travel back as Ray messages, which compete with the engine for the
-        cores, so they are paced (stream_pause)."""
+        """A request forwarded here by another replica's app; see serve_here. Its outputs
+        travel back as Ray messages, paced as every stream is (LocalGenerator)."""
         model_id = serve.get_multiplexed_model_id() or None
-        async for out in self.serve_here(request, model_id, paced=True):
+        async for out in self.serve_here(request, model_id):
             yield out
 
     async def serve_here(
-        self, request: GenerateRequest, model_id: str | None, paced: bool = False
+        self, request: GenerateRequest, model_id: str | None
     ) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs from this engine; closing the stream aborts it.
-
-        paced: wait stream_pause between outputs, merging what the engine makes meanwhile."""
+        """Stream the request's outputs from this engine; closing the stream aborts it."""
         if not self.engine.alive:  # queued, it would wait forever for a step
             raise RuntimeError("this replica's engine has stopped; retry the request")
         self.arrivals.record(request.adapter, is_resident(self.engine, request.adapter))
@@ -172,9 +156,6 @@ class EngineReplica:
         try:
             async for out in stream:
                 yield out
-                if paced and not out.finished and self.stream_interval:
-                    # Meanwhile the engine runs on and the stream merges what piles up.
-                    await asyncio.sleep(stream_pause(self.active_streams, self.stream_interval))
         finally:
             self.active_streams -= 1
             left = self.in_flight[model_id] - 1

@@ -98,10 +98,11 @@ class Engine:
         self._intake.put(request, sink)
 
     def add_request(
-        self, request: GenerateRequest, *, validated: bool = False
+        self, request: GenerateRequest, *, validated: bool = False, pace=None
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs as they come; leaving the stream early aborts it."""
-        return stream_outputs(self, request, validated=validated)
+        """The request's outputs as they come; leaving the stream early aborts it. pace: see
+        stream_outputs."""
+        return stream_outputs(self, request, validated=validated, pace=pace)
 
     def abort(self, request_id: str) -> None:
         self._intake.abort(request_id)

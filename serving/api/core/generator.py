@@ -16,6 +16,7 @@ from serving.engine.engine import Engine
 from serving.engine.figures import engine_snapshot
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.snapshot import EngineSnapshot
+from serving.engine.streams import stream_pause
 
 
 class QueueFull(Exception):
@@ -48,11 +49,16 @@ class Generator(Protocol):
 class LocalGenerator:
     """One engine in this process, its step loop on a thread started here."""
 
-    def __init__(self, engine: Engine, max_queue: int, *, replica: str = "local") -> None:
+    def __init__(self, engine: Engine, max_queue: int, *, replica: str = "local",
+                 stream_interval: float = 0.0) -> None:  # fmt: skip
+        """stream_interval: the longest pause between a stream's increments under load, in
+        seconds (stream_pause; server.stream_interval_ms); 0: every output as it comes."""
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.engine, self.max_queue, self.replica = engine, max_queue, replica
+        self.stream_interval = stream_interval
         self._num_waiting = 0  # accepted here, no output yet: queued or in prefill
+        self._num_streams = 0  # open here, the load stream_pause paces by
         self._lock = threading.Lock()  # callers may run on more than one event loop
         self._running = True
         engine.start()
@@ -70,19 +76,27 @@ class LocalGenerator:
                     f"{self._num_waiting} requests are waiting, the most this replica queues"
                 )
             self._num_waiting += 1
+            self._num_streams += 1
         waiting = True
+        pace = self._pause if self.stream_interval > 0 else None
         try:
             # aclosing: leaving this generator early must close the engine's stream, whose
             # own cleanup aborts the request; an abandoned stream would run to the end.
-            async with aclosing(self.engine.add_request(request, validated=True)) as stream:
+            stream = self.engine.add_request(request, validated=True, pace=pace)
+            async with aclosing(stream):
                 async for out in stream:
                     if waiting:
                         waiting = False
                         self._done_waiting()
                     yield out
         finally:
+            with self._lock:
+                self._num_streams -= 1
             if waiting:
                 self._done_waiting()
+
+    def _pause(self) -> float:
+        return stream_pause(self._num_streams, self.stream_interval)
 
     async def figures(self) -> list[EngineSnapshot]:
         """The engine's figures, as the only replica."""

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from serving.api.core import generator as generator_module
 from serving.config import parse_config
 from serving.deploy import replica
 from serving.engine.request import GenerateRequest, SamplingParams
@@ -71,20 +72,19 @@ def test_a_stopped_listener_makes_the_replica_unhealthy(server):
         server.check_health()
 
 
-def test_only_streams_forwarded_through_ray_are_paced(server, monkeypatch):
-    """A stream the replica's own listener serves costs no Ray message per output, so it is
-    not held back; one forwarded from a peer travels as Ray messages, and is paced."""
+def test_every_stream_the_replica_serves_is_paced(server, monkeypatch):
+    """Its own listener's streams and those forwarded from a peer alike: each increment costs
+    the replica's loop (and a forwarded one a Ray message), so all are paced by how many are
+    open (server.stream_interval_ms)."""
     pauses = []
-    monkeypatch.setattr(replica, "stream_pause", lambda *a: pauses.append(a) or 0.0)
+    monkeypatch.setattr(generator_module, "stream_pause", lambda *a: pauses.append(a) or 0.0)
     request = GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=4, ignore_eos=True))
 
-    async def outputs(paced: bool) -> int:
-        return len([out async for out in server.serve_here(request, None, paced=paced)])
+    async def outputs() -> int:
+        return len([out async for out in server.serve_here(request, None)])
 
-    assert asyncio.run(outputs(paced=False)) >= 2
-    assert pauses == []
-    asyncio.run(outputs(paced=True))
-    assert pauses, "a forwarded stream was not paced"
+    assert asyncio.run(outputs()) >= 2
+    assert pauses and all(p == (1, server.cfg.server.stream_interval_ms / 1000) for p in pauses)
 
 
 def test_a_routing_id_leaves_the_in_flight_table_with_its_last_stream(server, monkeypatch):

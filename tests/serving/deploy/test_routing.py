@@ -61,15 +61,6 @@ def test_a_replica_keeps_as_many_adapter_ids_as_its_slab_has_pages():
     assert models_per_replica(counted, slab_pages=32) == 32 + num_session_ids(counted)
 
 
-def test_streams_are_paced_by_how_many_are_open():
-    from serving.deploy.replica import MESSAGES_PER_SECOND, stream_pause
-
-    assert stream_pause(1, 0.1) == 1 / MESSAGES_PER_SECOND
-    assert stream_pause(32, 0.1) == 32 / MESSAGES_PER_SECOND
-    assert stream_pause(640, 0.1) == 0.1  # never longer than the configured interval
-    assert stream_pause(8, 0.0) == 0.0
-
-
 def test_deployment_options_follow_the_config():
     """One deployment: replicas reserve what deploy.resources asks, take every stream of the
     app (Ray's 5 would starve batching), and route through AdapterRouter."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import threading
+import weakref
 from collections.abc import AsyncIterator, Callable
 
 from serving.engine.request import GenerateRequest, RequestOutput
@@ -44,9 +46,11 @@ async def stream_outputs(
         if out.finished:
             ended.set()
 
+    mailbox = _mailbox(loop)
+
     def sink(out: RequestOutput) -> None:
         try:
-            loop.call_soon_threadsafe(put, out)
+            mailbox.post(put, out)
         except RuntimeError:  # the caller's loop has closed: nobody reads this stream
             engine.abort(request.request_id)
 
@@ -79,3 +83,59 @@ def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
         new_text=first.new_text + then.new_text,
         logprobs=first.logprobs + then.logprobs,
     )
+
+
+class _Mailbox:
+    """The step thread's outputs for the streams of one event loop, handed over in one wake-up
+    of the loop however many a step makes.
+
+    A wake-up (call_soon_threadsafe) writes to the loop's socket, and that system call lets
+    go of the interpreter: one per output made the step thread wait for the interpreter
+    again, behind the loop's work, up to once per row of every step.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # a strong one would keep the loop's entry for ever
+        self._lock = threading.Lock()
+        self._posted: list[tuple[Callable[[RequestOutput], None], RequestOutput]] = []
+        self._scheduled = False  # a drain is on the loop's way; posts just join it
+
+    def post(self, put: Callable[[RequestOutput], None], out: RequestOutput) -> None:
+        """put(out) on the loop, soon; RuntimeError where the loop has closed."""
+        with self._lock:
+            self._posted.append((put, out))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            loop = self._loop()
+            if loop is None:
+                raise RuntimeError("the stream's event loop is gone")
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:
+            with self._lock:
+                self._scheduled = False
+                self._posted.clear()  # for a closed loop: nobody will read them
+            raise
+
+    def _drain(self) -> None:
+        with self._lock:
+            posted, self._posted = self._posted, []
+            self._scheduled = False
+        for put, out in posted:
+            put(out)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+    weakref.WeakKeyDictionary()
+)
+_mailboxes_lock = threading.Lock()
+
+
+def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
+    """The loop's mailbox, made on its first stream; gone with the loop."""
+    with _mailboxes_lock:
+        box = _mailboxes.get(loop)
+        if box is None:
+            box = _mailboxes[loop] = _Mailbox(loop)
+        return box

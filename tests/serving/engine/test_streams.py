@@ -68,3 +68,62 @@ def test_streams_are_paced_by_how_many_are_open():
     assert stream_pause(32, 0.1) == 32 / MESSAGES_PER_SECOND
     assert stream_pause(640, 0.1) == 0.1  # never longer than the configured interval
     assert stream_pause(8, 0.0) == 0.0
+
+
+class StepEngine:
+    """Like the step thread: each step sends one output to every open request, in one go."""
+
+    def __init__(self, num_requests: int, steps: int):
+        self.sinks, self.num_requests, self.steps, self.aborted = {}, num_requests, steps, []
+
+    def submit(self, request, sink, validated=False):
+        self.sinks[request.request_id] = sink
+        if len(self.sinks) == self.num_requests:
+            threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        for step in range(self.steps):
+            last = step == self.steps - 1
+            for rid, sink in self.sinks.items():
+                sink(RequestOutput(rid, (step,), f"{step} ", finished=last))
+            time.sleep(0.005)
+
+    def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+def test_a_step_s_outputs_wake_the_loop_once(monkeypatch):
+    """16 streams, 10 steps: the step thread wakes the reading loop about once a step, not
+    once an output, and every stream still reads its own tokens in order."""
+    engine, wakeups = StepEngine(16, 10), []
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+        monkeypatch.setattr(loop, "call_soon_threadsafe",
+                            lambda *a: wakeups.append(1) or real(*a))  # fmt: skip
+
+        async def one(i):
+            request = GenerateRequest(f"r{i}", (1,), SamplingParams(max_tokens=10))
+            return [t async for out in stream_outputs(engine, request) for t in out.new_token_ids]
+
+        return await asyncio.gather(*(one(i) for i in range(16)))
+
+    assert asyncio.run(run()) == [list(range(10))] * 16
+    assert len(wakeups) <= 2 * 10 < 16 * 10
+
+
+def test_a_closed_loop_s_streams_are_aborted():
+    """Outputs for a loop that has closed reach no one: the step thread aborts their requests."""
+    engine = StepEngine(1, 3)
+    engine.submit = lambda request, sink, validated=False: engine.sinks.update({"r": sink})
+
+    async def open_stream():
+        stream = stream_outputs(engine, GenerateRequest("r", (1,), SamplingParams()))
+        task = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.01)  # submitted; the stream waits for its first output
+        task.cancel()
+
+    asyncio.run(open_stream())  # the loop closes
+    engine.run()
+    assert engine.aborted and set(engine.aborted) == {"r"}

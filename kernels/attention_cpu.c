@@ -19,6 +19,28 @@
 /* Each sequence's span, 3 int64 (see attention_native.py). */
 enum { FIRST, COUNT, CONTEXT, SPAN };
 
+/* e^x for x <= 0 (a score less the running max), within 2 ulp of expf, in plain arithmetic
+ * the compiler vectorises: libm's expf is one call per score, and it was most of the
+ * kernel's time. Range reduction x = k ln2 + r, |r| <= ln2 / 2 (ln2 split in two for
+ * exactness), then Cephes' degree-6 polynomial for e^r and 2^k put into the exponent.
+ * Below -87.3 the result is 0 or subnormal in expf too; here it is 0. NaN stays NaN. */
+static inline float exp_nonpositive(float x)
+{
+    const float clamped = x < -87.0f ? -87.0f : x;
+    const float k = __builtin_floorf(clamped * 1.44269504088896341f + 0.5f);
+    const float r = (clamped - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale = { .i = ((int32_t)k + 127) << 23 };
+    const float e = x < -87.0f ? 0.0f : p * scale.f;
+    return x != x ? x : e;
+}
+
 int32_t paged_attention_short(int64_t num_seqs, const int64_t *spans, const int64_t *table,
                               int64_t table_row, const float *q, int64_t q_token,
                               int64_t q_head, const float *k_cache, const float *v_cache,
@@ -73,10 +95,10 @@ int32_t paged_attention_short(int64_t num_seqs, const int64_t *spans, const int6
                             most = p[j] > most ? p[j] : most;
                         }
                         const float next = top[r] > most ? top[r] : most;
-                        const float shrink = expf(top[r] - next); /* 0 on the first block */
+                        const float shrink = exp_nonpositive(top[r] - next); /* first block: 0 */
                         float total = 0.0f;
                         for (int64_t j = 0; j < keys; ++j) {
-                            p[j] = expf(p[j] - next);
+                            p[j] = exp_nonpositive(p[j] - next);
                             total += p[j];
                         }
                         sum[r] = sum[r] * shrink + total;

@@ -11,6 +11,7 @@ plan, and call these.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -35,16 +36,29 @@ class KVWrites:
 
 @dataclass(frozen=True)
 class ShortBatch:
-    """The short queries' padded batch (torch path): S sequences, W queries, L keys each."""
+    """The short queries (decodes, verifications): S sequences, the longest L keys."""
 
     table: torch.Tensor  # [S, L / block_size] int64 block ids, clamped into the cache
+    spans: torch.Tensor  # [S, 3] int64: first query row, queries n_s, context length
+    num_blocks: int  # the cache's, which table's ids are clamped below
+    block_size: int
+
+    @functools.cached_property
+    def padded(self) -> PaddedShort:
+        """Their padded batch for the torch path, made on its first use (once a step): the
+        compiled path reads the cache in place and needs none of it."""
+        return _padded(self)
+
+
+@dataclass(frozen=True)
+class PaddedShort:
+    """The short queries as one padded batch (torch path): S sequences, W queries, L keys."""
+
     stale: torch.Tensor  # [n] int64, the keys past each context, flat in [S * L]
     rows: torch.Tensor  # [S, W] int64 query rows (padding repeats a sequence's first row)
     valid: torch.Tensor  # [S, W] bool, real queries
     mask: torch.Tensor  # [S, 1, W, L] bool, causal: query i of seq s sees keys <= its position
     out_rows: torch.Tensor  # [sum n_s] int64, rows[valid]
-    spans: torch.Tensor  # [S, 3] int64: first query row, queries n_s, context length (C path)
-    num_blocks: int  # the cache's, which table's ids are clamped below
 
 
 @dataclass(frozen=True)
@@ -100,27 +114,30 @@ def plan_attention(
 
 
 def _short_batch(block_tables, starts, lens, picked, block_size, num_blocks) -> ShortBatch:
-    device = block_tables.device
-    n = torch.tensor([starts[s + 1] - starts[s] for s in picked], device=device)  # [S]
-    ctx = torch.tensor([lens[s] for s in picked], device=device)  # [S]
-    width = max(starts[s + 1] - starts[s] for s in picked)
     blocks = -(-max(lens[s] for s in picked) // block_size)
-    # Entries past a context may be -1 or stale: clamp for the gather, zero after it.
+    # Entries past a context may be -1 or stale: clamp for the gather (and the C kernel's reads)
     table = block_tables[picked, :blocks].long().clamp(0, num_blocks - 1)
-    keys = torch.arange(blocks * block_size, device=device)  # [L]
+    spans = torch.tensor([(starts[s], starts[s + 1] - starts[s], lens[s]) for s in picked],
+                         dtype=torch.int64, device=block_tables.device)  # fmt: skip
+    return ShortBatch(table, spans, num_blocks, block_size)
+
+
+def _padded(b: ShortBatch) -> PaddedShort:
+    device = b.spans.device
+    first, n, ctx = b.spans.unbind(1)  # [S] each
+    width = int(n.max())
+    keys = torch.arange(b.table.shape[1] * b.block_size, device=device)  # [L]
     live = keys[None, :] < ctx[:, None]  # [S, L]
     # query i of seq s (i < n_s) sits at position ctx_s - n_s + i; padded queries are
     # dropped but still need one live key, so they see position 0
     i = torch.arange(width, device=device)  # [W]
     valid = i[None, :] < n[:, None]  # [S, W]
     pos = torch.where(valid, ctx[:, None] - n[:, None] + i[None, :], 0)  # [S, W]
-    rows = torch.tensor([starts[s] for s in picked], device=device)[:, None] + i  # [S, W]
+    rows = first[:, None] + i  # [S, W]
     rows = torch.where(valid, rows, rows[:, :1])
     mask = keys[None, None, :] <= pos[:, :, None]  # [S, W, L]
     stale = (~live).flatten().nonzero().squeeze(1)  # the CPU's own memory: no device sync
-    spans = torch.tensor([(starts[s], starts[s + 1] - starts[s], lens[s]) for s in picked],
-                         dtype=torch.int64, device=device)  # fmt: skip
-    return ShortBatch(table, stale, rows, valid, mask[:, None], rows[valid], spans, num_blocks)
+    return PaddedShort(stale, rows, valid, mask[:, None], rows[valid])
 
 
 def write_kv_planned(k, v, k_cache, v_cache, writes: KVWrites) -> None:
@@ -163,10 +180,11 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
                                              plan.starts[-1], b.num_blocks, scale)  # fmt: skip
         b = None if done else b
     if b is not None:  # the same in torch: one padded, batched SDPA call
-        k = _gather_padded(k_cache, b.table, b.stale, compute, 0)  # (S, Hkv, L, D)
-        v = _gather_padded(v_cache, b.table, b.stale, compute, 1)
-        o = _attend_grouped(q[b.rows].to(compute), k, v, b.mask, scale)  # (S, W, H, D)
-        out[b.out_rows] = o[b.valid].to(q.dtype)
+        p = b.padded
+        k = _gather_padded(k_cache, b.table, p.stale, compute, 0)  # (S, Hkv, L, D)
+        v = _gather_padded(v_cache, b.table, p.stale, compute, 1)
+        o = _attend_grouped(q[p.rows].to(compute), k, v, p.mask, scale)  # (S, W, H, D)
+        out[p.out_rows] = o[p.valid].to(q.dtype)
     starts, lens = plan.starts, plan.lens
     for s in plan.long:  # prefill chunks, one sequence at a time
         a, e, ctx = starts[s], starts[s + 1], lens[s]

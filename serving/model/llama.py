@@ -119,10 +119,11 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             qkv = lora_linear(x, layer.qkv, layer_stacks(slab, i, ATTN_MODULES, lora), lora)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = apply_rope(q.reshape(-1, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.reshape(-1, c.num_kv_heads, c.head_dim), cos, sin)
-            v = v.reshape(-1, c.num_kv_heads, c.head_dim)
+            # q and k rotate as one [T, H + Hkv, D] view of qkv: half the calls
+            heads = c.num_heads + c.num_kv_heads
+            qk = apply_rope(qkv[:, : q_size + kv_size].view(-1, heads, c.head_dim), cos, sin)
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+            v = qkv[:, q_size + kv_size :].view(-1, c.num_kv_heads, c.head_dim)
             k_cache, v_cache = plan.kv_caches[i]
             if plan.checks:  # LORASERVE_CHECKS=1: every layer checks its arguments too
                 check_write_kv(k, v, k_cache, v_cache, step.slot_mapping)

@@ -4,7 +4,9 @@ Limits must hold however many replicas serve HTTP, so their counters live in one
 single-replica deployment (`num_cpus: 0`) that owns the limiter and writes the usage store
 (usage.store, a SQLite file on the head node, where it runs). Each ModelServer's app reaches it
 through HandleTenancy, the serving.api TenancyClient over a deployment handle: one call to
-admit a request (only for a tenant with a rate limit) and one to record it when it ends.
+admit a request (only for a tenant with a rate limit), and one to record it when it ends,
+shared with the requests that end while the call before it runs (Batches): a call through
+a handle costs the replica milliseconds of the cores its engine runs on.
 A limit that refuses a request comes back as a value, not an exception, so the refusal
 crosses Ray exactly as it was made. A record the Tenancy does not take in SEND_TIMEOUT_S (or
 refuses: it is restarting) is kept in this machine's outbox (serving.usage.outbox) and sent
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ray.serve.handle import DeploymentHandle
 
@@ -55,6 +57,10 @@ class TenancyService:
     ) -> None:
         self.tenancy.finish(admission, record, tokens_used)
 
+    def finish_many(self, items: Sequence[tuple]) -> None:
+        """finish() of each (admission, record, tokens_used) a replica batched."""
+        self.tenancy.finish_many(items)
+
     def record(self, records: Sequence[UsageRecord]) -> None:
         self.tenancy.record(records)
 
@@ -82,6 +88,7 @@ class HandleTenancy:
         replay_s: float = REPLAY_S,
     ) -> None:  # fmt: skip
         self.handle, self.outbox, self.replay_s = handle, outbox, replay_s
+        self._finishes = Batches(lambda items: _within(self.handle.finish_many.remote(items)))
         self._owed = outbox is not None  # a previous run's records may wait: sent at start
         self._replay: asyncio.Task | None = None
         self._replays: asyncio.Task | None = None
@@ -110,7 +117,7 @@ class HandleTenancy:
         if record is not None and self.outbox is not None:
             record = with_id(record)  # it may be sent twice: the store counts its id once
         try:
-            await _within(self.handle.finish.remote(admission, record, tokens_used))
+            await self._finishes.send((admission, record, tokens_used))
         except Exception as exc:
             if record is None or self.outbox is None:
                 raise
@@ -179,6 +186,44 @@ class HandleTenancy:
 
     async def window(self, tenant: str) -> dict[str, int | None]:
         return await self.handle.window.remote(tenant)
+
+
+class Batches:
+    """Items sent through call(list) in batches: one call at a time, each carrying every item
+    that came while the one before ran, so an idle sender's item goes at once and a busy
+    one's calls grow rather than multiply. send() returns, or raises, as its call did."""
+
+    def __init__(self, call: Callable[[list], Awaitable]) -> None:
+        self.call = call
+        self._queued: list[tuple[object, asyncio.Future]] = []
+        self._running: asyncio.Task | None = None
+
+    async def send(self, item) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.create_future()
+        self._queued.append((item, sent))
+        if self._running is None or self._running.done():
+            # Outside the sender's context, as its own call was: a cancelled request's
+            # cancellation must not reach a call that carries others' items too.
+            self._running = loop.create_task(self._drain(), context=contextvars.Context())
+        await asyncio.shield(sent)
+
+    async def _drain(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued, []
+            try:
+                await self.call([item for item, _ in batch])
+            except BaseException as exc:  # each sender handles its own (the outbox keeps it)
+                for _, sent in batch:
+                    if not sent.done():
+                        sent.set_exception(exc if isinstance(exc, Exception) else
+                                           RuntimeError(f"the call was stopped: {exc!r}"))  # fmt: skip
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                for _, sent in batch:
+                    if not sent.done():
+                        sent.set_result(None)
 
 
 async def _within(call: Awaitable):

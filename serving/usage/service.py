@@ -49,14 +49,22 @@ class Tenancy:
         One finished past the limiter's running TTL frees nothing (its place was given away
         already) but its record is still kept.
         """
-        if admission is not None:
-            used = tokens_used
-            if used is None:
-                used = record.prompt_tokens + record.completion_tokens if record else 0
-            # Freed before the write, so a failing disk never holds a tenant's place.
-            self.limiter.finish(admission, used)
-        if record is not None and self.store is not None:
-            self.store.record([record])
+        self.finish_many([(admission, record, tokens_used)])
+
+    def finish_many(
+        self, items: Sequence[tuple[Admission | None, UsageRecord | None, int | None]]
+    ) -> None:
+        """finish() of each (admission, record, tokens_used), the records in one write."""
+        for admission, record, tokens_used in items:
+            if admission is not None:
+                used = tokens_used
+                if used is None:
+                    used = record.prompt_tokens + record.completion_tokens if record else 0
+                # Freed before the write, so a failing disk never holds a tenant's place.
+                self.limiter.finish(admission, used)
+        records = [record for _, record, _ in items if record is not None]
+        if records and self.store is not None:
+            self.store.record(records)
 
     def record(self, records: Sequence[UsageRecord]) -> None:
         """Record records sent again (a replica's outbox), each counted once by its id;

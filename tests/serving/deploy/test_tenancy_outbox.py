@@ -49,6 +49,7 @@ class FakeTenancy:
         self.service = TenancyService(url, LimitsSection())
         self.down: str | None = None
         self.finish, self.record = Method(self, "finish"), Method(self, "record")
+        self.finish_many = Method(self, "finish_many")
 
     def requests(self) -> int:
         return self.service.tenancy.store.totals()["interactive"]["requests"]
@@ -177,5 +178,34 @@ def test_the_batch_feeders_usage_is_kept_beside_its_store_and_sent_once(tenancy,
             service.usage.close()
             await service.batch.stop()
             service.batch.store.close()
+
+    asyncio.run(main())
+
+
+def test_finishes_that_end_together_share_calls_and_each_counts_once(tenancy, outbox):
+    """64 requests ending at once: a few finish_many calls carry them all (one at a time, each
+    with what came meanwhile), every record counted once; a batch the Tenancy refuses goes to
+    the outbox whole and arrives later, once."""
+    calls = []
+    real = tenancy.finish_many.remote
+    tenancy.finish_many.remote = lambda items: calls.append(len(items)) or real(items)
+
+    async def main():
+        client = HandleTenancy(tenancy, outbox, replay_s=3600)
+        await asyncio.gather(*(client.finish(None, record(completion_tokens=1), 0)
+                               for _ in range(64)))  # fmt: skip
+        assert sum(calls) == 64 and len(calls) < 8
+        assert tenancy.requests() == 64
+        tenancy.down = "refused"
+        await asyncio.gather(*(client.finish(None, record(completion_tokens=2), 0)
+                               for _ in range(16)))  # fmt: skip
+        assert tenancy.requests() == 64 and outbox.waiting()
+        tenancy.down = None
+        await client.finish(None, record(completion_tokens=3), 0)
+        await until(lambda: not outbox.waiting())
+        totals = tenancy.service.tenancy.store.totals()["interactive"]
+        assert totals["requests"] == 64 + 16 + 1
+        assert totals["completion_tokens"] == 64 + 2 * 16 + 3
+        client.close()
 
     asyncio.run(main())

@@ -1,5 +1,5 @@
-/* Attention of a step's short queries (decodes, verifications) over the paged KV cache on the
- * CPU, every sequence of the step in one call.
+/* Attention of a step's queries (decodes, verifications, prefill chunks) over the paged KV
+ * cache on the CPU, every sequence of the step in one call.
  *
  * For sequence s with n queries and a context of ctx tokens, query i sits at position
  * p = ctx - n + i and, for each of its heads h (reading KV head h / group),
@@ -41,87 +41,97 @@ static inline float exp_nonpositive(float x)
     return x != x ? x : e;
 }
 
-int32_t paged_attention_short(int64_t num_seqs, const int64_t *spans, const int64_t *table,
-                              int64_t table_row, const float *q, int64_t q_token,
-                              int64_t q_head, const float *k_cache, const float *v_cache,
-                              int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
-                              int64_t num_heads, float scale, float *out, int64_t out_token,
-                              int64_t out_head, int32_t num_threads)
+/* Queries of one sequence attended together: their accumulators stay small and in cache
+ * however long a prompt is, and each block of keys is read once for all of them. */
+enum { QUERY_CHUNK = 32 };
+
+int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_t *table,
+                            int64_t table_row, const float *q, int64_t q_token, int64_t q_head,
+                            const float *k_cache, const float *v_cache, int64_t block_size,
+                            int64_t num_kv_heads, int64_t head_dim, int64_t num_heads,
+                            float scale, float *out, int64_t out_token, int64_t out_head,
+                            int32_t num_threads)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t key_stride = num_kv_heads * head_dim; /* from one cached token to the next */
     const int64_t block_stride = block_size * key_stride;
+    const int64_t most_rows = QUERY_CHUNK * group;
     int32_t failed = 0;
     /* One (sequence, KV head) per iteration: its rows of out are written by that thread only. */
-#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads) if (num_threads > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic) num_threads(num_threads) if (num_threads > 1)
     for (int64_t s = 0; s < num_seqs; ++s) {
         for (int64_t kh = 0; kh < num_kv_heads; ++kh) {
             const int64_t first = spans[s * SPAN + FIRST], n = spans[s * SPAN + COUNT];
-            const int64_t ctx = spans[s * SPAN + CONTEXT], rows = n * group;
+            const int64_t ctx = spans[s * SPAN + CONTEXT];
             /* acc [rows, head_dim], then each row's running max and sum, then a block's scores */
-            float *acc = malloc(sizeof(float) * (rows * (head_dim + 2) + block_size));
+            float *acc = malloc(sizeof(float) * (most_rows * (head_dim + 2) + block_size));
             if (acc == NULL) {
 #pragma omp atomic write
                 failed = 1;
                 continue;
             }
-            float *top = acc + rows * head_dim, *sum = top + rows, *p = sum + rows;
-            for (int64_t r = 0; r < rows; ++r) {
-                top[r] = -INFINITY;
-                sum[r] = 0.0f;
-            }
-            for (int64_t e = 0; e < rows * head_dim; ++e)
-                acc[e] = 0.0f;
-            for (int64_t start = 0; start < ctx; start += block_size) {
-                const int64_t offset = table[s * table_row + start / block_size] * block_stride;
-                const float *kb = k_cache + offset + kh * head_dim;
-                const float *vb = v_cache + offset + kh * head_dim;
-                for (int64_t i = 0; i < n; ++i) {
-                    int64_t keys = ctx - n + i - start + 1; /* keys up to the query's position */
-                    if (keys <= 0)
-                        continue;
-                    if (keys > block_size)
-                        keys = block_size;
-                    for (int64_t g = 0; g < group; ++g) {
-                        const int64_t r = i * group + g;
-                        const float *qr = q + (first + i) * q_token + (kh * group + g) * q_head;
-                        float most = -INFINITY;
-                        for (int64_t j = 0; j < keys; ++j) {
-                            const float *kj = kb + j * key_stride;
-                            float dot = 0.0f;
+            float *top = acc + most_rows * head_dim, *sum = top + most_rows, *p = sum + most_rows;
+            for (int64_t lo = 0; lo < n; lo += QUERY_CHUNK) {
+                const int64_t hi = lo + QUERY_CHUNK < n ? lo + QUERY_CHUNK : n;
+                const int64_t rows = (hi - lo) * group;
+                for (int64_t r = 0; r < rows; ++r) {
+                    top[r] = -INFINITY;
+                    sum[r] = 0.0f;
+                }
+                for (int64_t e = 0; e < rows * head_dim; ++e)
+                    acc[e] = 0.0f;
+                const int64_t seen = ctx - n + hi; /* keys the chunk's last query sees */
+                for (int64_t start = 0; start < seen; start += block_size) {
+                    const int64_t offset = table[s * table_row + start / block_size] * block_stride;
+                    const float *kb = k_cache + offset + kh * head_dim;
+                    const float *vb = v_cache + offset + kh * head_dim;
+                    for (int64_t i = lo; i < hi; ++i) {
+                        int64_t keys = ctx - n + i - start + 1; /* keys up to the query's position */
+                        if (keys <= 0)
+                            continue;
+                        if (keys > block_size)
+                            keys = block_size;
+                        for (int64_t g = 0; g < group; ++g) {
+                            const int64_t r = (i - lo) * group + g;
+                            const float *qr = q + (first + i) * q_token + (kh * group + g) * q_head;
+                            float most = -INFINITY;
+                            for (int64_t j = 0; j < keys; ++j) {
+                                const float *kj = kb + j * key_stride;
+                                float dot = 0.0f;
+                                for (int64_t d = 0; d < head_dim; ++d)
+                                    dot += qr[d] * kj[d];
+                                p[j] = dot * scale;
+                                most = p[j] > most ? p[j] : most;
+                            }
+                            const float next = top[r] > most ? top[r] : most;
+                            const float shrink = exp_nonpositive(top[r] - next); /* first: 0 */
+                            float total = 0.0f;
+                            for (int64_t j = 0; j < keys; ++j) {
+                                p[j] = exp_nonpositive(p[j] - next);
+                                total += p[j];
+                            }
+                            sum[r] = sum[r] * shrink + total;
+                            top[r] = next;
+                            float *ar = acc + r * head_dim;
                             for (int64_t d = 0; d < head_dim; ++d)
-                                dot += qr[d] * kj[d];
-                            p[j] = dot * scale;
-                            most = p[j] > most ? p[j] : most;
-                        }
-                        const float next = top[r] > most ? top[r] : most;
-                        const float shrink = exp_nonpositive(top[r] - next); /* first block: 0 */
-                        float total = 0.0f;
-                        for (int64_t j = 0; j < keys; ++j) {
-                            p[j] = exp_nonpositive(p[j] - next);
-                            total += p[j];
-                        }
-                        sum[r] = sum[r] * shrink + total;
-                        top[r] = next;
-                        float *ar = acc + r * head_dim;
-                        for (int64_t d = 0; d < head_dim; ++d)
-                            ar[d] *= shrink;
-                        for (int64_t j = 0; j < keys; ++j) {
-                            const float *vj = vb + j * key_stride, pj = p[j];
-                            for (int64_t d = 0; d < head_dim; ++d)
-                                ar[d] += pj * vj[d];
+                                ar[d] *= shrink;
+                            for (int64_t j = 0; j < keys; ++j) {
+                                const float *vj = vb + j * key_stride, pj = p[j];
+                                for (int64_t d = 0; d < head_dim; ++d)
+                                    ar[d] += pj * vj[d];
+                            }
                         }
                     }
                 }
+                for (int64_t i = lo; i < hi; ++i)
+                    for (int64_t g = 0; g < group; ++g) {
+                        const int64_t r = (i - lo) * group + g;
+                        float *o = out + (first + i) * out_token + (kh * group + g) * out_head;
+                        const float *ar = acc + r * head_dim, inv = 1.0f / sum[r];
+                        for (int64_t d = 0; d < head_dim; ++d)
+                            o[d] = ar[d] * inv;
+                    }
             }
-            for (int64_t i = 0; i < n; ++i)
-                for (int64_t g = 0; g < group; ++g) {
-                    const int64_t r = i * group + g;
-                    float *o = out + (first + i) * out_token + (kh * group + g) * out_head;
-                    const float *ar = acc + r * head_dim, inv = 1.0f / sum[r];
-                    for (int64_t d = 0; d < head_dim; ++d)
-                        o[d] = ar[d] * inv;
-                }
             free(acc);
         }
     }

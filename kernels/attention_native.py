@@ -1,15 +1,15 @@
-"""A step's short queries' attention on the CPU as one compiled call per layer
-(kernels/attention_cpu.c).
+"""A step's attention on the CPU as one compiled call per layer (kernels/attention_cpu.c).
 
 The torch path copies every decoding sequence's context out of the paged cache into a
-padded batch, zeroes the padding and runs one masked SDPA: on a decode step of a small model
-those copies and the mask cost more than the attention's arithmetic, and more than all of
-the step's linears. The C kernel reads each key and value where the cache holds it, once per
-query head, with the softmax kept online, and reads nothing past a query's position.
+padded batch, zeroes the padding and runs one masked SDPA, and each prefill chunk's on its
+own: on a decode step of a small model those copies and the mask cost more than the
+attention's arithmetic, and more than all of the step's linears. The C kernel reads each key
+and value where the cache holds it, with the softmax kept online, for up to 32 queries of a
+sequence at a time, and reads nothing past a query's position.
 
 Built with the LoRA kernel into one library (kernels/native_build.py); where there is no
 compiler, or LORASERVE_CPU_NATIVE=0, `available()` is False and the torch path runs. The
-kernel follows the step's block table and spans into raw memory, so `attend_short` takes
+kernel follows the step's block table and spans into raw memory, so `attend` takes
 them only from an attention plan, whose table is clamped into the cache, and checks that
 the operands are the ones the plan describes.
 """
@@ -34,11 +34,11 @@ def _load() -> ctypes._CFuncPtr | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     argtypes = [i64, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_float,
                 ptr, i64, i64, ctypes.c_int32]  # fmt: skip
-    return native_build.load("paged_attention_short", argtypes, ctypes.c_int32,
+    return native_build.load("paged_attention_cpu", argtypes, ctypes.c_int32,
                              "the compiled CPU attention kernel")  # fmt: skip
 
 
-def attend_short(q, k_cache, v_cache, out, spans, table, num_tokens: int, num_blocks: int,
+def attend(q, k_cache, v_cache, out, spans, table, num_tokens: int, num_blocks: int,
                  scale: float) -> bool:  # fmt: skip
     """out[first + i, h] = softmax(q[first + i, h] . K_s[..p] * scale) V_s[..p] for each
     sequence s of spans, p = ctx - n + i its query i's position, K_s its blocks in table.

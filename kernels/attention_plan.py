@@ -36,7 +36,8 @@ class KVWrites:
 
 @dataclass(frozen=True)
 class ShortBatch:
-    """The short queries (decodes, verifications): S sequences, the longest L keys."""
+    """Sequences attended as one batch (the compiled kernel's: all; the torch path's: the short
+    queries, decodes and verifications): S sequences, the longest L keys."""
 
     table: torch.Tensor  # [S, L / block_size] int64 block ids, clamped into the cache
     spans: torch.Tensor  # [S, 3] int64: first query row, queries n_s, context length
@@ -73,6 +74,7 @@ class AttentionPlan:
     max_query_len: int
     short: ShortBatch | None  # None on CUDA (the Triton kernel takes the tables) or when none
     long: tuple[int, ...]  # sequences with more than SHORT_QUERY queries (torch path)
+    every: ShortBatch | None = None  # every sequence with a query, on the CPU (compiled path)
     writes: KVWrites | None = None  # the step's KV writes (plan_writes), when planned with it
 
 
@@ -102,15 +104,18 @@ def plan_attention(
     lens = tuple(context_lens.tolist() if lens is None else lens)
     counts = [b - a for a, b in pairwise(starts)]
     device = block_tables.device
-    short = None
+    short = every = None
     long_ = ()
     if device.type != "cuda":
         picked = [s for s, n in enumerate(counts) if 1 <= n <= SHORT_QUERY]
         long_ = tuple(s for s, n in enumerate(counts) if n > SHORT_QUERY)
         if picked:
             short = _short_batch(block_tables, starts, lens, picked, block_size, num_blocks)
+        queried = [s for s, n in enumerate(counts) if n]
+        if queried:
+            every = _short_batch(block_tables, starts, lens, queried, block_size, num_blocks)
     return AttentionPlan(starts, lens, block_tables, context_lens, query_start_loc,
-                         max(counts, default=0), short, long_, writes)  # fmt: skip
+                         max(counts, default=0), short, long_, writes=writes, every=every)  # fmt: skip
 
 
 def _short_batch(block_tables, starts, lens, picked, block_size, num_blocks) -> ShortBatch:
@@ -162,7 +167,9 @@ def paged_attention_planned(q, k_cache, v_cache, plan: AttentionPlan, scale: flo
 
 
 def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
-    """The torch path: short queries in one batched SDPA call, every longer query on its own.
+    """The CPU path: every sequence in one compiled call where it runs (float32; 2-4x the
+    speed of the torch path below, even for a 2,000-token prompt); else, in torch, the short
+    queries in one batched SDPA call and every longer query on its own.
 
     GQA goes to SDPA (enable_gqa) rather than through copies of K/V per query head: a batch of
     decodes is bound by reading K/V, and the copies made it ~20x slower.
@@ -173,12 +180,13 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
+    every = plan.every
+    native = every is not None and attention_native.available()
+    # one compiled call, reading the cache in place
+    if native and attention_native.attend(q, k_cache, v_cache, out, every.spans, every.table,
+                                          plan.starts[-1], every.num_blocks, scale):  # fmt: skip
+        return out
     b = plan.short
-    if b is not None and attention_native.available():
-        # decodes and verifications: one compiled call, reading the cache in place
-        done = attention_native.attend_short(q, k_cache, v_cache, out, b.spans, b.table,
-                                             plan.starts[-1], b.num_blocks, scale)  # fmt: skip
-        b = None if done else b
     if b is not None:  # the same in torch: one padded, batched SDPA call
         p = b.padded
         k = _gather_padded(k_cache, b.table, p.stale, compute, 0)  # (S, Hkv, L, D)

@@ -25,7 +25,7 @@ ENVIRONMENT = (
     ("LORASERVE_API_KEY", "The key `loraserve adapters` and `loraserve batch` send to a server."),
     ("LORASERVE_CHECKS", "`1`: a model checks every layer's attention arguments, where a server "
      "checks a step once (the tests set it)."),
-    ("LORASERVE_CPU_NATIVE", "`0`: the CPU decode step's LoRA and its attention run in torch "
+    ("LORASERVE_CPU_NATIVE", "`0`: the CPU decode step's LoRA and a step's attention run in torch "
      "instead of the compiled `kernels/lora_cpu.c` and `kernels/attention_cpu.c`."),
     ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "Entries in oneDNN's primitive cache, which holds one "
      "JIT-built primitive (about 0.3 MB) per CPU linear weight and row count; default 256 "

@@ -1,5 +1,6 @@
-"""The compiled CPU attention kernel (kernels/attention_cpu.c) against the float64 oracle: the
-short queries it takes, what it leaves to torch, and the operands it refuses. Every cache slot
+"""The compiled CPU attention kernel (kernels/attention_cpu.c) against the float64 oracle: every
+layout of a step (decodes, verifications, prefill chunks, prompts longer than its query
+chunk), what it leaves to torch, and the operands it refuses. Every cache slot
 outside a context holds NaN (attention_oracle.make_batch), so a read past a query's position
 shows as a NaN."""
 
@@ -14,31 +15,31 @@ from tests.kernels.test_paged_attention import CASES, batch_for, case_id, check
 
 pytestmark = needs_compiler
 
-# (new tokens, context length): decodes, verifications of k + 1 = 5 and 17 tokens (the widest
-# the short path takes), contexts on and off block edges, and one prefill left to torch
-SPECULATIVE = ((5, 40), (1, 3), (17, 17), (17, 70), (2, 33), (30, 30))
+# (new tokens, context length): decodes, verifications of k + 1 = 5 and 17 tokens, contexts on
+# and off block edges, prefills of one query chunk (32) and more, one on top of a cached prefix
+SPECULATIVE = ((5, 40), (1, 3), (17, 17), (17, 70), (2, 33), (30, 30), (70, 70), (33, 100))
 
 
 @pytest.fixture
 def calls(monkeypatch):
     """The kernel's runs (calls that did the work)."""
     ran = []
-    real = attention_native.attend_short
+    real = attention_native.attend
 
     def counted(*args):
         done = real(*args)
         ran.append(done)
         return done
 
-    monkeypatch.setattr(attention_native, "attend_short", counted)
+    monkeypatch.setattr(attention_native, "attend", counted)
     return ran
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_short_queries_match_the_oracle(case, calls):
+def test_every_layout_matches_the_oracle(case, calls):
     batch = batch_for(case, torch.float32, seed=5)
     check(batch, paged_attention(*batch.args()))
-    assert calls == [True]  # every layout here has a decode
+    assert calls == [True]  # one call for the whole step
 
 
 @pytest.mark.parametrize("heads", [(8, 2), (4, 4), (8, 1)])
@@ -56,9 +57,11 @@ def test_verification_widths_and_long_contexts(heads, threads, calls):
 
 
 def test_the_same_outputs_as_the_torch_path(monkeypatch):
-    """Within float32 rounding of torch's SDPA on a whole decode batch (64 rows, GQA 4/2)."""
-    batch = make_batch(tuple((1, 9 + 7 * i) for i in range(64)), num_heads=4, num_kv_heads=2,
-                       head_dim=64, block_size=16, dtype=torch.float32, seed=7)  # fmt: skip
+    """Within float32 rounding of torch's SDPA on a decode batch (64 rows, GQA 4/2) beside a
+    300-token prompt and a chunk of one on top of its cached prefix."""
+    layout = (*((1, 9 + 7 * i) for i in range(64)), (300, 300), (100, 400))
+    batch = make_batch(layout, num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+                       dtype=torch.float32, seed=7)  # fmt: skip
     compiled = paged_attention(*batch.args())
     monkeypatch.setattr(attention_native, "available", lambda: False)
     torch.testing.assert_close(compiled, paged_attention(*batch.args()), atol=2e-6, rtol=2e-6)

@@ -26,7 +26,7 @@ enum { FIRST, COUNT, CONTEXT, SPAN };
  * Below -87.3 the result is 0 or subnormal in expf too; here it is 0. NaN stays NaN. */
 static inline float exp_nonpositive(float x)
 {
-    const float clamped = x < -87.0f ? -87.0f : x;
+    const float clamped = x >= -87.0f ? x : -87.0f; /* NaN too: no undefined conversion */
     const float k = __builtin_floorf(clamped * 1.44269504088896341f + 0.5f);
     const float r = (clamped - k * 0.693359375f) - k * -2.12194440e-4f;
     float p = 1.9875691500e-4f;

@@ -39,26 +39,29 @@ def _load() -> ctypes._CFuncPtr | None:
 
 
 def attend(q, k_cache, v_cache, out, spans, table, num_tokens: int, num_blocks: int,
-                 scale: float) -> bool:  # fmt: skip
+           block_size: int, scale: float) -> bool:  # fmt: skip
     """out[first + i, h] = softmax(q[first + i, h] . K_s[..p] * scale) V_s[..p] for each
     sequence s of spans, p = ctx - n + i its query i's position, K_s its blocks in table.
 
     q, out: [T, H, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; spans: [S, 3]
     int64 (first query row, n, ctx); table: [S, >= ceil(max ctx / block_size)] int64 block ids
-    in [0, num_blocks), as plan_attention clamps them; num_tokens: the plan's T. Returns False, having done nothing,
+    in [0, num_blocks), as plan_attention clamps them; num_tokens: the plan's T; block_size:
+    the plan's, which the table's width is counted in. Returns False, having done nothing,
     where the operands don't fit the kernel (float32 on the CPU, last dimension contiguous):
     the caller runs the torch path. Call `available()` first.
     """
     if not all(_fits(t) for t in (q, k_cache, v_cache, out)):
         return False
     if not (spans.dtype == table.dtype == torch.int64 and spans.is_contiguous()
-            and table.stride(-1) == 1):  # fmt: skip
+            and table.stride(-1) == 1
+            and spans.device.type == table.device.type == "cpu"):  # fmt: skip
         return False
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, _, num_kv_heads, head_dim = k_cache.shape
     # The plan's bounds stand for these operands only if they are the ones it was made for.
     if (
-        q.shape != out.shape or q.shape[0] != num_tokens or v_cache.shape != k_cache.shape or not k_cache.is_contiguous()
-        or not v_cache.is_contiguous() or k_cache.shape[0] < num_blocks
+        q.shape != out.shape or q.shape[0] != num_tokens or v_cache.shape != k_cache.shape
+        or not k_cache.is_contiguous() or not v_cache.is_contiguous()
+        or k_cache.shape[0] < num_blocks or k_cache.shape[1] != block_size
         or q.shape[2] != head_dim or q.shape[1] % num_kv_heads
     ):  # fmt: skip
         raise ValueError(

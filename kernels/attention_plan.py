@@ -180,11 +180,7 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
-    every = plan.every
-    native = every is not None and attention_native.available()
-    # one compiled call, reading the cache in place
-    if native and attention_native.attend(q, k_cache, v_cache, out, every.spans, every.table,
-                                          plan.starts[-1], every.num_blocks, scale):  # fmt: skip
+    if _attend_compiled(q, k_cache, v_cache, out, plan, scale):
         return out
     b = plan.short
     if b is not None:  # the same in torch: one padded, batched SDPA call
@@ -208,6 +204,16 @@ def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
             o = attend(qs, k, v, attn_mask=mask)
         out[a:e] = o.transpose(0, 1).to(q.dtype)
     return out
+
+
+def _attend_compiled(q, k_cache, v_cache, out, plan: AttentionPlan, scale: float) -> bool:
+    """Every sequence of the plan in one compiled call, reading the cache in place; False,
+    having done nothing, where the kernel is not here or does not take these operands."""
+    b = plan.every
+    if b is None or not attention_native.available():
+        return False
+    return attention_native.attend(q, k_cache, v_cache, out, b.spans, b.table, plan.starts[-1],
+                                   b.num_blocks, b.block_size, scale)  # fmt: skip
 
 
 def _attend_grouped(q, k, v, mask, scale: float):

@@ -214,11 +214,13 @@ class Batches:
             try:
                 await self.call([item for item, _ in batch])
             except BaseException as exc:  # each sender handles its own (the outbox keeps it)
-                for _, sent in batch:
+                stopped = not isinstance(exc, Exception)  # cancelled: no call carries the rest
+                failure = RuntimeError(f"the call was stopped: {exc!r}") if stopped else exc
+                for _, sent in batch + (self._queued if stopped else []):
                     if not sent.done():
-                        sent.set_exception(exc if isinstance(exc, Exception) else
-                                           RuntimeError(f"the call was stopped: {exc!r}"))  # fmt: skip
-                if not isinstance(exc, Exception):
+                        sent.set_exception(failure)
+                if stopped:
+                    self._queued = []
                     raise
             else:
                 for _, sent in batch:

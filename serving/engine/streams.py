@@ -67,9 +67,8 @@ async def stream_outputs(
             yield out
             pause = pace() if pace is not None and not finished else 0.0
             if pause > 0 and not ended.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(pause):
-                        await ended.wait()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ended.wait(), pause)
     finally:
         if not finished:
             engine.abort(request.request_id)
@@ -102,15 +101,15 @@ class _Mailbox:
 
     def post(self, put: Callable[[RequestOutput], None], out: RequestOutput) -> None:
         """put(out) on the loop, soon; RuntimeError where the loop has closed."""
+        loop = self._loop()
+        if loop is None or loop.is_closed():  # a drain it was sent may never have run
+            raise RuntimeError("the stream's event loop has closed")
         with self._lock:
             self._posted.append((put, out))
             if self._scheduled:
                 return
             self._scheduled = True
         try:
-            loop = self._loop()
-            if loop is None:
-                raise RuntimeError("the stream's event loop is gone")
             loop.call_soon_threadsafe(self._drain)
         except RuntimeError:
             with self._lock:

@@ -8,6 +8,7 @@ the usage in SQLite and returns once it is committed, so callers run it in a wor
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -15,6 +16,8 @@ from serving.config import LimitsSection
 from serving.usage.limits import RATE_LIMITS, RUNNING_TTL_S, Admission, Limiter, Limits
 from serving.usage.record import UsageRecord
 from serving.usage.store import UsageStore
+
+log = logging.getLogger("loraserve.usage")
 
 
 class Tenancy:
@@ -54,14 +57,19 @@ class Tenancy:
     def finish_many(
         self, items: Sequence[tuple[Admission | None, UsageRecord | None, int | None]]
     ) -> None:
-        """finish() of each (admission, record, tokens_used), the records in one write."""
+        """finish() of each (admission, record, tokens_used), the records in one write; an
+        admission that cannot be released is logged, and holds up neither the others nor the
+        records."""
         for admission, record, tokens_used in items:
             if admission is not None:
                 used = tokens_used
                 if used is None:
                     used = record.prompt_tokens + record.completion_tokens if record else 0
                 # Freed before the write, so a failing disk never holds a tenant's place.
-                self.limiter.finish(admission, used)
+                try:
+                    self.limiter.finish(admission, used)
+                except Exception:
+                    log.exception("a %s admission was not released", admission.tenant)
         records = [record for _, record, _ in items if record is not None]
         if records and self.store is not None:
             self.store.record(records)

@@ -209,3 +209,28 @@ def test_finishes_that_end_together_share_calls_and_each_counts_once(tenancy, ou
         client.close()
 
     asyncio.run(main())
+
+
+def test_items_waiting_behind_a_stopped_call_are_failed_not_left_waiting():
+    """The call carrying a batch is cancelled (the replica stops): its items and those queued
+    behind it fail, so each sender keeps its record, rather than waiting for a call that will
+    never come."""
+
+    async def main():
+        started = asyncio.Event()
+
+        async def stuck(items):
+            started.set()
+            await asyncio.sleep(3600)
+
+        batches = tenancy_module.Batches(stuck)
+        first = asyncio.ensure_future(batches.send("a"))
+        await started.wait()
+        behind = asyncio.ensure_future(batches.send("b"))
+        await asyncio.sleep(0)
+        batches._running.cancel()
+        for sender in (first, behind):
+            with pytest.raises(RuntimeError, match="stopped"):
+                await asyncio.wait_for(sender, 5)
+
+    asyncio.run(main())

@@ -124,6 +124,7 @@ def test_a_closed_loop_s_streams_are_aborted():
         await asyncio.sleep(0.01)  # submitted; the stream waits for its first output
         task.cancel()
 
-    asyncio.run(open_stream())  # the loop closes
-    engine.run()
-    assert engine.aborted and set(engine.aborted) == {"r"}
+    asyncio.run(open_stream())  # the loop closes; the stream's own cleanup aborts once
+    before = len(engine.aborted)
+    engine.run()  # three outputs for a loop that is gone
+    assert len(engine.aborted) > before and set(engine.aborted) == {"r"}

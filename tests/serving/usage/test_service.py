@@ -173,3 +173,18 @@ def test_limits_from_config_merges_each_tenant_over_the_defaults():
     assert limits_of("free") == Limits(60, None, None)  # an explicit null lifts the default
     assert limits_of("anyone") == Limits(60, None, 4)
     assert limits_from_config(parse_config({}).limits)("x").unlimited
+
+
+def test_finish_many_releases_each_admission_and_writes_every_record(url, caplog):
+    """A batch of finishes from replicas: each admission freed and charged what it used, the
+    records written together; one that cannot be released (a bad count) is logged and holds
+    up neither the others nor the records."""
+    tenancy = Tenancy(UsageStore(url), lambda t: Limits(concurrent_requests=3), FakeClock())
+    first, bad, last = (tenancy.admit("acme", 10) for _ in range(3))
+    tenancy.finish_many([(first, _record(completion=1), None), (bad, _record(completion=2), -1),
+                         (last, _record(completion=3), 7)])  # fmt: skip
+    assert tenancy.window("acme")["running"] == 1  # only the bad one still holds its place
+    totals = tenancy.store.totals()["interactive"]
+    assert totals["requests"] == 3 and totals["completion_tokens"] == 1 + 2 + 3
+    assert "was not released" in caplog.text
+    tenancy.close()

@@ -109,11 +109,12 @@ def plan_attention(
     if device.type != "cuda":
         picked = [s for s, n in enumerate(counts) if 1 <= n <= SHORT_QUERY]
         long_ = tuple(s for s, n in enumerate(counts) if n > SHORT_QUERY)
-        if picked:
-            short = _short_batch(block_tables, starts, lens, picked, block_size, num_blocks)
         queried = [s for s, n in enumerate(counts) if n]
         if queried:
             every = _short_batch(block_tables, starts, lens, queried, block_size, num_blocks)
+        if picked:  # a step of decodes alone (the usual one) has them all short: the same batch
+            short = every if picked == queried else _short_batch(
+                block_tables, starts, lens, picked, block_size, num_blocks)  # fmt: skip
     return AttentionPlan(starts, lens, block_tables, context_lens, query_start_loc,
                          max(counts, default=0), short, long_, writes=writes, every=every)  # fmt: skip
 
@@ -163,10 +164,10 @@ def paged_attention_planned(q, k_cache, v_cache, plan: AttentionPlan, scale: flo
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, plan.query_start_loc,
             scale, max_query_len=plan.max_query_len,
         )  # fmt: skip
-    return _attention_torch(q, k_cache, v_cache, plan, scale)
+    return _attention_cpu(q, k_cache, v_cache, plan, scale)
 
 
-def _attention_torch(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
+def _attention_cpu(q, k_cache, v_cache, plan: AttentionPlan, scale: float):
     """The CPU path: every sequence in one compiled call where it runs (float32; 2-4x the
     speed of the torch path below, even for a 2,000-token prompt); else, in torch, the short
     queries in one batched SDPA call and every longer query on its own.

@@ -52,13 +52,8 @@ class TenancyService:
         except RateLimited as exc:
             return ("limited", exc.limit, str(exc), exc.retry_after_s, tuple(exc.headers))
 
-    def finish(
-        self, admission: Admission | None, record: UsageRecord | None, tokens_used: int
-    ) -> None:
-        self.tenancy.finish(admission, record, tokens_used)
-
     def finish_many(self, items: Sequence[tuple]) -> None:
-        """finish() of each (admission, record, tokens_used) a replica batched."""
+        """Tenancy.finish of each (admission, record, tokens_used) a replica batched."""
         self.tenancy.finish_many(items)
 
     def record(self, records: Sequence[UsageRecord]) -> None:

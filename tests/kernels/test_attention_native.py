@@ -89,8 +89,10 @@ def test_half_precision_and_a_switch_off_take_the_torch_path(monkeypatch, calls)
         (lambda q, k: (q, k[:2]), "the plan's table names"),
         (lambda q, k: (q[..., :8], k), "do not match the step's plan"),
         # as many slots in more, smaller blocks: the table's ids would name other tokens
-        (lambda q, k: (q, k.reshape(k.shape[0] * 2, k.shape[1] // 2, *k.shape[2:])),
-         "do not match the step's plan"),
+        (
+            lambda q, k: (q, k.reshape(k.shape[0] * 2, k.shape[1] // 2, *k.shape[2:])),
+            "do not match the step's plan",
+        ),
     ],
     ids=["fewer tokens", "smaller cache", "head_dim", "block_size"],
 )

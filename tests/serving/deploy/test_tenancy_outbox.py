@@ -48,8 +48,7 @@ class FakeTenancy:
     def __init__(self, url: str) -> None:
         self.service = TenancyService(url, LimitsSection())
         self.down: str | None = None
-        self.finish, self.record = Method(self, "finish"), Method(self, "record")
-        self.finish_many = Method(self, "finish_many")
+        self.finish_many, self.record = Method(self, "finish_many"), Method(self, "record")
 
     def requests(self) -> int:
         return self.service.tenancy.store.totals()["interactive"]["requests"]

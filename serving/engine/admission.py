@@ -19,8 +19,12 @@ def check_request(
     if bad is not None:
         raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab_size - 1})")
     sampling = request.sampling
-    if sampling.max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+    if sampling.max_tokens < 0:  # 0: the prompt alone (its prompt_logprobs), no token
+        raise ValueError(f"max_tokens must be at least 0, got {sampling.max_tokens}")
+    for name in ("logprobs", "prompt_logprobs"):
+        n = getattr(sampling, name)
+        if n is not None and n < 0:
+            raise ValueError(f"{name} must be at least 0, got {n}")
     if sampling.seed is not None and not 0 <= sampling.seed < 2**63:
         raise ValueError(f"seed must be in 0..2**63-1, got {sampling.seed}")
     bad = next((i for i in sampling.stop_token_ids if not 0 <= i < 2**63), None)

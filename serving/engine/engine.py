@@ -168,11 +168,11 @@ class Engine:
         drafts = {seq_id: p.tokens for seq_id, p in proposals.items()}
         slot_of = self.residency.slot_of if self.residency else None
         batch = build_batch(schedule.scheduled, self.config.block_size, slot_of, drafts)
-        plain = [
-            (requests[s.seq.request.request_id], row)
-            for s, row in zip(batch.sampled, batch.first_rows)
-            if s.seq.seq_id not in proposals
-        ]
+        plain, unsampled = [], []  # unsampled: max_tokens 0, done once their prompt is in
+        for s, row in zip(batch.sampled, batch.first_rows):
+            if s.seq.seq_id not in proposals:
+                t = requests[s.seq.request.request_id]
+                (unsampled if t.stop.max_tokens == 0 else plain).append((t, row))
         # Filled before the forward: on a GPU the host does this while the kernels run.
         masks = grammar_masks([t.grammar for t, _ in plain])
         start = time.perf_counter()
@@ -187,8 +187,14 @@ class Engine:
         for item in schedule.scheduled:
             if item.seq.seq_id not in proposals:  # verified sequences are marked once verified
                 self.blocks.mark_computed(item.seq, item.num_new_tokens)
+        for part in batch.prompt_rows:  # before any output: the first one carries them
+            t = requests[part.seq.request.request_id]
+            requests.guarded(t, lambda t=t, p=part: requests.score_prompt(t, p, logits))
+        for t, _ in unsampled:
+            requests.end_unsampled(t)
         if plain:
-            rows = logits if not proposals else logits[[row for _, row in plain]]
+            every = len(plain) == logits.shape[0]  # no proposals' or prompts' rows between
+            rows = logits if every else logits[[row for _, row in plain]]
             states = [t.sampling for t, _ in plain]
             try:
                 result = sample(rows, states, masks=masks)
@@ -197,6 +203,8 @@ class Engine:
             for (t, _), token, logprob, error in zip(
                 plain, result.token_ids, result.logprobs, result.errors
             ):
+                if not requests.live(t):  # its prompt's scoring failed it
+                    continue
                 if error is not None:
                     requests.fail(t, error, own=True)
                 else:

@@ -239,7 +239,9 @@ class BlockManager:
 
     def _match_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of seq's leading cached blocks, up to the first miss."""
-        if not self.enable_prefix_caching:
+        # A hit's positions would get no logits: a sequence that wants its prompt's computes
+        # them all (as vLLM does), and still registers its blocks for others.
+        if not self.enable_prefix_caching or seq.wants_prompt_logits:
             return []
         hits: list[int] = []
         parent = None

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 from adapters.errors import AdapterError, RegistryCorrupt, RegistryUnavailable
 from serving.engine.intake import Intake
 from serving.engine.kv_cache import prefix_key
+from serving.engine.prompt_logprobs import score_tokens
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.sampler import RowFault, SamplingState
 from serving.engine.sequence import Sequence
 from serving.engine.stopping import StopChecker
 from serving.engine.tracked import Sink, Tracked
+
+if TYPE_CHECKING:
+    from serving.engine.runner import PromptRows
 
 # An adapter the registry cannot hand over now (or whole) is not the request's doing.
 REGISTRY_FAULTS = (RegistryCorrupt, RegistryUnavailable)
@@ -67,6 +72,12 @@ class Lifecycle:
         )
         t = Tracked(seq, SamplingState.make(request.sampling, prompt), stop, sink)
         self.tracked[request.request_id] = t
+        if request.sampling.prompt_logprobs is not None:
+            seq.wants_prompt_logits = True
+            t.prompt_logprobs = [None] * len(prompt)
+        elif stop.max_tokens == 0:  # nothing to compute: no token, no prompt logprobs
+            self.finish(t, "length")
+            return
         if request.response_format is not None:
             self.grammars.add(t)  # scheduled once its grammar is compiled (take_compiled)
         else:
@@ -89,6 +100,24 @@ class Lifecycle:
         t.pin(self.residency)
 
     # ---- out ----
+
+    def score_prompt(self, t: Tracked, rows: PromptRows, logits) -> None:
+        """Record the prompt logprobs that rows of this step's logits give (a chunk's)."""
+        first = rows.start + 1
+        targets = t.seq.token_ids[first : first + rows.count]
+        n = t.seq.request.sampling.prompt_logprobs or 0
+        scored = score_tokens(logits[rows.row : rows.row + rows.count], targets, n)
+        t.prompt_logprobs[first : first + rows.count] = scored
+
+    def end_unsampled(self, t: Tracked) -> None:
+        """A max_tokens 0 request whose prompt is in: it ends with no token (and its
+        prompt logprobs), unless its own step work failed it already."""
+        if self.live(t):
+            self.finish(t, "length")
+
+    def live(self, t: Tracked) -> bool:
+        """Not finished (nor failed) yet."""
+        return self.tracked.get(t.seq.request.request_id) is t
 
     def emit_token(self, t: Tracked, token: int, logprob) -> None:
         seq = t.seq
@@ -134,7 +163,7 @@ class Lifecycle:
     def fail(self, t: Tracked, error: str, *, own: bool = False, busy: bool = False) -> None:
         """own: the request's own data is the cause (RequestOutput.own_fault), not the engine;
         busy: the engine could not serve it now, and may if it is sent again."""
-        if self.tracked.get(t.seq.request.request_id) is t:  # not already finished
+        if self.live(t):
             self.finish(t, "error", error=error, own=own, busy=busy)
 
     def fail_in_flight(self, exc: Exception) -> None:

@@ -34,6 +34,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n log-probabilities per generated token, None: off
+    # top-n log-probabilities of each prompt token given those before it (the first has
+    # none), under the request's adapter, before any logits processor; None: off
+    prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
 
     @property
@@ -43,11 +46,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """What shape a request's output must have: "json_object" (any JSON object) or
-    "json_schema" (a JSON value that validates against `schema`)."""
+    """What shape a request's output must have: "json_object" (any JSON object),
+    "json_schema" (a JSON value that validates against `schema`), or "structural_tag" (text
+    in xgrammar's structural-tag form, e.g. tool calls: serving/model/tool_formats.py)."""
 
-    kind: str  # "json_object" | "json_schema"
-    schema: str | None = None  # json_schema: the schema as JSON text (keys in the order sent)
+    kind: str  # "json_object" | "json_schema" | "structural_tag"
+    # json_schema: the schema as JSON text (keys in the order sent); structural_tag: the tag
+    # as JSON text, each {"type": "json_schema", "json_schema": ..., "strict"?: ...} node a
+    # schema compiled as a json_schema format's is
+    schema: str | None = None
     # json_schema: properties and items the schema does not name are refused, as OpenAI's
     # strict mode refuses them (unevaluatedProperties/unevaluatedItems: false)
     strict: bool = False
@@ -80,6 +87,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # the top-n (token id, logprob), best first
+    rank: int | None = None  # the token's rank in its distribution (1: likeliest); prompt's only
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,9 @@ class RequestOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] = ()
+    # With sampling.prompt_logprobs, on the request's first output only: one per prompt
+    # token, None for the first (nothing precedes it)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     error: str | None = None
     # With an error: True when the request's own data (its adapter's output, its sampling
     # parameters) is the cause, so the API answers it as the caller's problem, not a 5xx.

@@ -9,18 +9,35 @@ logits rows    [4, 5]  (A's prompt is complete; a chunk that is not yet complete
 
 A decoding sequence with proposals d1..dk also feeds them, at the positions after its last
 token, and gets k + 1 logits rows: the target scores every proposal in this one forward.
+
+A sequence that wants its prompt's logits (prompt_logprobs) gets a row for every position of
+its chunk: the row at position p scores prompt token p + 1, and on the last chunk the last
+row is its sampled one. With A asking, above: rows [0, 1, 2, 3, 4, 5], A's prompt rows
+0..3 score A1..A4, and 4 and 5 are sampled. Every other sequence's rows are as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kernels import cpu_lora_kernel_ready
 from serving.engine.scheduler import Scheduled
+from serving.engine.sequence import Sequence
 from serving.model.decode_graphs import DecodeGraphs
 from serving.model.step_plan import StepInputs, StepSeq, build_step, plan_step
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """A sequence's logits rows that score its own prompt tokens: rows row..row + count - 1
+    score the tokens at positions start + 1 .. start + count."""
+
+    seq: Sequence
+    row: int
+    start: int
+    count: int
 
 
 @dataclass(frozen=True)
@@ -28,6 +45,7 @@ class Batch:
     inputs: StepInputs
     sampled: list[Scheduled]  # the sequences that get a token this step, in logits-row order
     first_rows: list[int]  # per sampled sequence, its first row in the logits (k + 1 rows each)
+    prompt_rows: list[PromptRows] = field(default_factory=list)  # of the prompt_logprobs rows
 
 
 def build_batch(
@@ -41,21 +59,27 @@ def build_batch(
     proposals: seq_id -> proposed tokens, for decoding sequences whose blocks have room.
     """
     proposals = proposals or {}
-    seqs, sampled, first_rows, num_rows = [], [], [], 0
+    seqs, sampled, first_rows, prompt_rows, num_rows = [], [], [], [], 0
     for item in scheduled:
         seq, start = item.seq, item.seq.num_cached_tokens
         drafts = proposals.get(seq.seq_id, [])
         complete = start + item.num_new_tokens == seq.num_tokens  # all in: sample the next
-        logits = len(drafts) + 1 if complete else 0
+        # the chunk's positions whose next token is a prompt token (none once delivered)
+        scored = 0
+        if seq.wants_prompt_logits:
+            scored = max(0, min(start + item.num_new_tokens, seq.num_prompt_tokens - 1) - start)
+        logits = scored + (len(drafts) + 1 if complete else 0)
         seqs.append(StepSeq(
             seq.token_ids[start : start + item.num_new_tokens] + drafts, start,
             seq.block_table, slot_of(seq.request.adapter) if seq.request.adapter else -1, logits,
         ))  # fmt: skip
+        if scored:
+            prompt_rows.append(PromptRows(seq, num_rows, start, scored))
         if complete:
-            first_rows.append(num_rows)
+            first_rows.append(num_rows + scored)
             sampled.append(item)
         num_rows += logits
-    return Batch(build_step(seqs, block_size), sampled, first_rows)
+    return Batch(build_step(seqs, block_size), sampled, first_rows, prompt_rows)
 
 
 class Forward:

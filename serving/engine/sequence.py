@@ -31,6 +31,9 @@ class Sequence:
     num_prefix_hit_tokens: int = 0  # of those, how many came from the prefix cache (for usage)
     arrival: int = 0  # the step it arrived in, for FCFS
     queued: int = 0  # the step it last joined the waiting queue (its wait, for starve_steps)
+    # Its prompt's logits are wanted (prompt_logprobs not yet delivered): every prompt
+    # position gets a logits row, and no prefix-cache hit may skip one
+    wants_prompt_logits: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -81,6 +81,7 @@ def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
         new_token_ids=first.new_token_ids + then.new_token_ids,
         new_text=first.new_text + then.new_text,
         logprobs=first.logprobs + then.logprobs,
+        prompt_logprobs=first.prompt_logprobs or then.prompt_logprobs,  # on one of them only
     )
 
 

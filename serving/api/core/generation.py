@@ -44,6 +44,7 @@ class Outcome:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # as RequestOutput's, when asked
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -256,6 +257,7 @@ async def drain(gen: Generation) -> Outcome:
             text.append(out.new_text)
             outcome.token_ids.extend(out.new_token_ids)
             outcome.logprobs.extend(out.logprobs)
+            outcome.prompt_logprobs = out.prompt_logprobs or outcome.prompt_logprobs
             if out.finished:
                 outcome.finish_reason = out.finish_reason or "stop"
                 outcome.prompt_tokens = out.prompt_tokens

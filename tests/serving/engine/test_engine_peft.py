@@ -83,7 +83,7 @@ def test_async_stream_and_usage(world):
     ("prompt", "params", "message"),
     [
         ((1,) * 256, greedy(4), "the prompt has 256 tokens; the model serves at most 256"),
-        ((1, 2), greedy(0), "max_tokens must be at least 1"),
+        ((1, 2), greedy(-1), "max_tokens must be at least 0"),
         ((), greedy(4), "the prompt is empty"),
     ],
 )

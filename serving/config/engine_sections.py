@@ -12,6 +12,7 @@ from serving.config.section import MODEL_ID_RE, MODEL_ID_RULE, AutoOrPositive, L
 
 Quant = Literal["auto", "fp8", "none"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+ToolCallFormat = Literal["auto", "hermes", "llama3_json"]
 Method = Literal["none", "draft_model", "ngram"]
 
 
@@ -32,6 +33,11 @@ class ModelSection(Section):
     max_model_len: int = Field(2048, gt=0, description="Longest prompt + output, in tokens.")
     cuda_graphs: bool = Field(
         True, description="On a GPU, replay decode steps from CUDA graphs (no effect on a CPU)."
+    )
+    tool_call_format: ToolCallFormat = Field(
+        "auto",
+        description="How the model writes tool calls: auto = read from the chat template; "
+        "hermes (<tool_call> tags: Hermes, Qwen); llama3_json (Llama 3.1+).",
     )
 
     @field_validator("id")

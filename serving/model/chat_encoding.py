@@ -24,10 +24,15 @@ from serving.model.tokenizer import Tokenizer
 
 
 def encode_chat(
-    tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
 ) -> list[int]:
-    """ids of the rendered chat; a special token's text inside a content is never that token."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    """ids of the rendered chat, the functions of tools offered; a special token's text
+    inside a content is never that token."""
+    kwargs = {"add_generation_prompt": add_generation_prompt, "tools": tools}
+    text = tokenizer.apply_chat_template(messages, **kwargs)
     contents = [str(m.get("content", "")) for m in messages]
     specials = tokenizer.special_texts
     if not any(special in content for content in contents for special in specials):
@@ -36,7 +41,7 @@ def encode_chat(
     tag = secrets.token_hex(8)
     marks = {f"\ue000{tag}.{i}\ue001": i for i in range(len(messages))}
     marked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
-    rendered = tokenizer.apply_chat_template(marked, add_generation_prompt=add_generation_prompt)
+    rendered = tokenizer.apply_chat_template(marked, **kwargs)
     pieces = re.split("(" + "|".join(map(re.escape, marks)) + ")", rendered)
     if sorted(p for p in pieces if p in marks) != sorted(marks):
         raise ChatTemplateError(
@@ -47,7 +52,7 @@ def encode_chat(
     # the template trims that side of the content (Jinja's trim is str.strip).
     pad = " \n"
     padded = [{**m, "content": f"{pad}{mark}{pad}"} for m, mark in zip(messages, marks)]
-    probe = tokenizer.apply_chat_template(padded, add_generation_prompt=add_generation_prompt)
+    probe = tokenizer.apply_chat_template(padded, **kwargs)
     ids: list[int] = []
     for piece in pieces:
         if piece in marks:

@@ -47,11 +47,11 @@ limits:
 
 
 # The design doc's table, ROOT standing for the folder relative paths resolve against; plus
-# model.cuda_graphs, which the project's README adds to it, and the lora section's memory
+# model.cuda_graphs and model.tool_call_format, which the project adds to it, and the lora section's memory
 # in MiB (slab_mb, host_mb), which leaves its adapter counts unset by default.
 CONTRACT = """\
 model: {id: demo, path: ROOT/models/demo/base, quantization: auto, dtype: auto,
-        max_model_len: 2048, cuda_graphs: true}
+        max_model_len: 2048, cuda_graphs: true, tool_call_format: auto}
 draft: {method: none, path: ROOT/models/demo/draft, num_speculative_tokens: 4, ngram_min: 1,
         ngram_max: 4, max_batch_size: 8, adaptive: true}
 lora: {slab_mb: auto, host_mb: auto, max_loras: null, max_lora_rank: 64, max_cpu_loras: null,

@@ -11,6 +11,7 @@ MAX_CHARS_PER_TOKEN characters, so a longer text could not fit model.max_model_l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from starlette.concurrency import run_in_threadpool
@@ -28,13 +29,26 @@ MAX_CHARS_PER_TOKEN = 32
 
 
 async def chat_ids(
-    settings: AppSettings, messages: Sequence[ChatMessage], field: str = "messages"
+    settings: AppSettings,
+    messages: Sequence[ChatMessage],
+    field: str = "messages",
+    tools: list[dict] | None = None,
 ) -> list[int]:
-    """The token ids of a chat rendered by the chat template, ready for the reply; field
-    names what the client sent, for errors."""
-    chat = [{"role": m.role, "content": m.text()} for m in messages]
-    _cap_chars(settings, sum(len(turn["content"]) for turn in chat), field)
-    return checked(settings, await run_in_threadpool(_render_and_encode, settings, chat))
+    """The token ids of a chat rendered by the chat template (with the functions of tools
+    offered), ready for the reply; field names what the client sent, for errors."""
+    chat = [m.turn() for m in messages]
+    calls = json.dumps([(t.get("tool_calls"), t.get("tool_call_id")) for t in chat])
+    structured = json.dumps(tools) + calls if tools or any(t.keys() - {"role", "content"}
+                                                           for t in chat) else ""  # fmt: skip
+    _cap_chars(settings, sum(len(t["content"]) for t in chat) + len(structured), field)
+    # a call or a function is rendered as the template writes it, text and all: a special
+    # token's text there would become the token
+    special = next((s for s in settings.tokenizer.special_texts if s in structured), None)
+    if special is not None:
+        raise ApiError(400, f"tools and tool calls may not hold the text {special!r}, one of "
+                            "the model's special tokens", param="tools")  # fmt: skip
+    ids = await run_in_threadpool(_render_and_encode, settings, chat, tools)
+    return checked(settings, ids)
 
 
 async def text_ids(settings: AppSettings, text: str) -> list[int]:
@@ -44,9 +58,11 @@ async def text_ids(settings: AppSettings, text: str) -> list[int]:
     return checked(settings, ids)
 
 
-def _render_and_encode(settings: AppSettings, chat: list[dict]) -> list[int]:
+def _render_and_encode(
+    settings: AppSettings, chat: list[dict], tools: list[dict] | None = None
+) -> list[int]:
     try:
-        return encode_chat(settings.tokenizer, chat)
+        return encode_chat(settings.tokenizer, chat, tools=tools)
     except ChatTemplateError as exc:
         raise ApiError(400, str(exc)) from None
 

@@ -51,6 +51,8 @@ class AppSettings:
     owned_by: str = "loraserve"  # /v1/models' owned_by of the base model
     # tenant -> its limits (limits.* merged with limits.tenants.NAME; None = unlimited)
     limits_of: Callable[[str], Mapping[str, int | None]] = field(default=lambda tenant: {})
+    # model.tool_call_format: how the model writes tool calls; "auto": its chat template says
+    tool_call_format: str = "auto"
 
     @property
     def num_token_ids(self) -> int:
@@ -78,6 +80,7 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
         draft_spec=draft,
         max_lora_rank=cfg.lora.max_lora_rank,
         keys=keys,
+        tool_call_format=cfg.model.tool_call_format,
         insecure=cfg.server.insecure,
         max_body_bytes=cfg.server.max_body_mb * 2**20,
         max_batch_bytes=cfg.batch.max_payload_mb * 2**20,

@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from serving.api.core.generation import Outcome
+from serving.api.core.tools import call_id
 from serving.engine.request import RequestOutput, TokenLogprob
 from serving.model.tokenizer import Tokenizer
+from serving.model.tool_parse import ToolCall
 
 # The engine's reasons that OpenAI has no word for: an abort never reaches a client that
 # is still there, and errors are answered as errors.
@@ -46,7 +48,7 @@ def chat_logprobs(tokenizer: Tokenizer, logprobs: Sequence[TokenLogprob]) -> dic
 
     def entry(token_id: int, logprob: float) -> dict:
         raw = tokenizer.token_bytes(token_id)
-        return {"token": _token_text(raw), "logprob": logprob, "bytes": list(raw)}
+        return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
 
     return {
         "content": [
@@ -109,27 +111,53 @@ def completion_logprobs(
     raws = [tokenizer.token_bytes(lp.token_id) for lp in logprobs]
     offsets = TextOffsets() if offsets is None else offsets
     return {
-        "tokens": [_token_text(raw) for raw in raws],
+        "tokens": [token_text(raw) for raw in raws],
         "token_logprobs": [lp.logprob for lp in logprobs],
         "top_logprobs": [
-            {_token_text(tokenizer.token_bytes(t)): v for t, v in lp.top} for lp in logprobs
+            {token_text(tokenizer.token_bytes(t)): v for t, v in lp.top} for lp in logprobs
         ],
         "text_offset": [offsets.take(raw) for raw in raws],
     }
 
 
 def chat_completion(
-    rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None], n: int
+    rid: str,
+    model: str,
+    outcomes: Sequence[Outcome],
+    logprobs: Sequence[dict | None],
+    n: int,
+    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None,
 ) -> dict:
-    """One choice per outcome, in order (n per prompt); usage summed over them."""
-    return _completed("chat.completion", rid, model, outcomes, logprobs, n, _assistant_message)
+    """One choice per outcome, in order (n per prompt); usage summed over them. read_calls:
+    an answer's (content, tool calls), where the request offered tools."""
+
+    def choice(outcome: Outcome) -> dict:
+        content, calls = read_calls(outcome.text) if read_calls else (outcome.text, [])
+        message = {"role": "assistant", "content": content}
+        reason = finish_reason(outcome.finish_reason)
+        if calls:
+            message["tool_calls"] = [tool_call(c, call_id()) for c in calls]
+            reason = "tool_calls" if reason == "stop" else reason
+        return {"message": message, "finish_reason": reason}
+
+    return _completed("chat.completion", rid, model, outcomes, logprobs, n, choice)
+
+
+def tool_call(call: ToolCall, cid: str) -> dict:
+    """A call in a chat answer, as OpenAI gives it."""
+    return {"id": cid, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}  # fmt: skip
 
 
 def text_completion(
     rid: str, model: str, outcomes: Sequence[Outcome], logprobs: Sequence[dict | None], n: int
 ) -> dict:
     """One choice per outcome, in order (n per prompt); usage summed over them."""
-    return _completed("text_completion", rid, model, outcomes, logprobs, n, lambda t: {"text": t})
+
+    def choice(outcome: Outcome) -> dict:
+        return {"text": outcome.text, "finish_reason": finish_reason(outcome.finish_reason)}
+
+    return _completed("text_completion", rid, model, outcomes, logprobs, n, choice)
 
 
 def chat_chunk(rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
@@ -147,24 +175,15 @@ def _completed(
     outcomes: Sequence[Outcome],
     logprobs: Sequence[dict | None],
     n: int,
-    content: Callable[[str], dict],
+    choice: Callable[[Outcome], dict],
 ) -> dict:
-    """A whole answer: choice k is outcome k, its text as content(text) puts it; usage summed."""
+    """A whole answer: choice k is outcome k as choice(outcome) puts it; usage summed."""
     choices = [
-        {
-            "index": k,
-            **content(outcome.text),
-            "finish_reason": finish_reason(outcome.finish_reason),
-            "logprobs": lp,
-        }
+        {"index": k, **choice(outcome), "logprobs": lp}
         for k, (outcome, lp) in enumerate(zip(outcomes, logprobs, strict=True))
     ]
     summed = summed_usage(dict(enumerate(outcomes)), n)
     return _envelope(kind, rid, now(), model, choices, usage=summed)
-
-
-def _assistant_message(text: str) -> dict:
-    return {"message": {"role": "assistant", "content": text}}
 
 
 def _envelope(kind: str, rid: str, created: int, model: str, choices: list[dict], **extra) -> dict:
@@ -179,7 +198,7 @@ def _envelope(kind: str, rid: str, created: int, model: str, choices: list[dict]
     }
 
 
-def _token_text(raw: bytes) -> str:
+def token_text(raw: bytes) -> str:
     """A token's bytes as its text, or, part of a character, as OpenAI writes such a token:
     'bytes:\\xf0\\x9f' (distinct per token, where the text would be U+FFFD for each)."""
     try:

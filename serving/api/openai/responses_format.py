@@ -14,7 +14,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from serving.api.core.generation import failed
 from serving.api.openai.responses_schemas import ResponsesRequest
+from serving.engine.request import RequestOutput
+
+# A failed response's error.code, from OpenAI's list: the caller's input, a limit, or ours.
+ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
 @dataclass
@@ -29,23 +34,28 @@ class ResponseView:
 
     def response(self, status: str, text: str | None = None, finish: str | None = None,
                  usage: dict | None = None, logprobs: list | None = None,
-                 error: dict | None = None) -> dict:  # fmt: skip
-        """The response object; text None: no output yet."""
+                 error: dict | None = None, calls: list[dict] | None = None) -> dict:  # fmt: skip
+        """The response object; text None: no output yet (or, with calls, none but them);
+        calls: the function_call items that follow the message."""
         b = self.body
         fmt = b.text.format if b.text is not None and b.text.format is not None else None
         output = [] if text is None else [self.message(text, finish, logprobs)]
+        output += calls or []
         return {
             "id": self.rid, "object": "response", "created_at": self.created_at,
             "status": status, "error": error,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
             else None,
             "instructions": b.instructions, "max_output_tokens": b.output_limit(),
-            "model": b.model, "output": output, "parallel_tool_calls": False,
+            "model": b.model, "output": output,
+            "parallel_tool_calls": bool(b.tools) and b.parallel_tool_calls is not False,
             "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
             "store": False, "temperature": 1.0 if b.temperature is None else b.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt
                      else {"type": "text"}},
-            "tool_choice": "none", "tools": [], "top_p": 1.0 if b.top_p is None else b.top_p,
+            "tool_choice": _tool_choice(b),
+            "tools": [t.model_dump(exclude_none=True) for t in b.tools or ()],
+            "top_p": 1.0 if b.top_p is None else b.top_p,
             "truncation": b.truncation or "disabled", "usage": usage, "user": b.user,
             "metadata": b.metadata or {},
         }  # fmt: skip
@@ -70,6 +80,29 @@ class ResponseView:
     def text_event(self, kind: str, **payload) -> dict:
         """An event about the message's one text part."""
         return self.event(kind, item_id=self.msg_id, output_index=0, content_index=0, **payload)
+
+
+def failed_events(view: ResponseView, out: RequestOutput) -> list[dict]:
+    """The events that end a stream whose request failed: error, then response.failed."""
+    error = failed(out)
+    code = ERROR_CODES.get(error.status, "server_error")
+    problem = {"code": code, "message": error.message}
+    return [view.event("error", code=code, message=error.message, param=None),
+            view.event("response.failed", response=view.response("failed", error=problem))]  # fmt: skip
+
+
+def function_call(name: str, arguments: str, call_id: str, status: str = "completed") -> dict:
+    """A function_call output item, as OpenAI gives it (fc_ id; call_id is what the
+    function_call_output item answering it names)."""
+    return {"type": "function_call", "id": "fc_" + call_id.removeprefix("call_"),
+            "call_id": call_id, "name": name, "arguments": arguments, "status": status}  # fmt: skip
+
+
+def _tool_choice(body: ResponsesRequest) -> str | dict:
+    choice = body.tool_choice
+    if choice is None:
+        return "auto" if body.tools else "none"
+    return choice if isinstance(choice, str) else choice.model_dump()
 
 
 def response_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

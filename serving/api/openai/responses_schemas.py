@@ -3,13 +3,15 @@
 A response is stateless here: `input` (a text, or a list of turns, earlier responses'
 output messages among them) and `instructions` make one chat, answered by one assistant
 message. Nothing is stored, so `previous_response_id` and `background` are refused, and the
-answer says `"store": false`. Text in and text out only: tools, images and files are
-refused by name, as on /v1/chat/completions.
+answer says `"store": false`. Text in and text out, and function tools: `tools` (Responses'
+flat shape), `tool_choice`, and `function_call` and `function_call_output` items in the
+input, read as the chat route's tool calls and tool turns. Images, files and the hosted
+tools are refused by name.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,10 +25,11 @@ from pydantic import (
 
 from adapters.errors import quoted
 from serving.api.core.body_fields import MaxTokens
-from serving.api.core.messages import ChatMessage
+from serving.api.core.messages import CalledFunction, ChatMessage, MessageToolCall
 from serving.api.core.response_format import JsonSchema, OpenAIResponseFormat
 from serving.api.core.text import Metadata, Text
-from serving.api.openai.schemas import MAX_TOP_LOGPROBS, OpenAIBody
+from serving.api.core.tools import MAX_TOOLS, FunctionDef, NamedChoice, Tool, ToolChoice
+from serving.api.openai.schemas import MAX_TOP_LOGPROBS, UNSERVED, OpenAIBody
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 # What an item of `input` may hold that this server cannot read: refused by name.
@@ -71,10 +74,30 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
+class FunctionTool(FunctionDef):
+    """Responses' function tool: the function's fields beside "type"."""
+
+    type: Literal["function"] = Field(..., description='Only "function" tools are served.')
+
+
+class NamedFunction(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
 class ResponsesRequest(OpenAIBody):
     """POST /v1/responses."""
 
+    unserved: ClassVar[dict] = UNSERVED
     input: Text | list[dict[str, Any]] = Field(..., description="A text, or a list of turns.")
+    tools: list[FunctionTool] | None = Field(
+        None, max_length=MAX_TOOLS, description="Functions the model may call."
+    )
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = Field(
+        None,
+        description='"none", "auto" (the default with tools), "required", or '
+        '{"type": "function", "name": ...}.',
+    )
     instructions: Text | None = Field(None, description="A system turn put before the input.")
     max_output_tokens: MaxTokens | None = Field(None, description="Tokens to generate at most.")
     text: TextConfig | None = Field(None, description='{"format": ...}: text or JSON output.')
@@ -107,7 +130,26 @@ class ResponsesRequest(OpenAIBody):
                 raise ValueError(f"{field}: {why}")
         if data.get("n") not in (None, 1):
             raise ValueError("n: a response has one output; send n requests for more")
+        for k, tool in enumerate(data.get("tools") or ()):
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind != "function":
+                raise ValueError(f"tools[{k}]: only function tools are served, not "
+                                 f"{quoted(str(kind))}")  # fmt: skip
         return data
+
+    def chat_tools(self) -> list[Tool] | None:
+        """tools in the chat route's shape."""
+        if self.tools is None:
+            return None
+        return [Tool(type="function", function=FunctionDef.model_validate(
+            t.model_dump(exclude={"type"}))) for t in self.tools]  # fmt: skip
+
+    def chat_tool_choice(self) -> ToolChoice | None:
+        """tool_choice in the chat route's shape."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunction):
+            return NamedChoice(type="function", function={"name": choice.name})
+        return choice
 
     @field_validator("include")
     @classmethod
@@ -130,7 +172,13 @@ class ResponsesRequest(OpenAIBody):
         if isinstance(self.input, str):
             return [*turns, ChatMessage(role="user", content=self.input)]
         for k, item in enumerate(self.input):
-            turns.append(_turn(k, item))
+            turn = _turn(k, item)
+            last = turns[-1] if turns else None
+            if turn.tool_calls and last is not None and last.role == "assistant":
+                # calls after an assistant's text, or after its other calls: one turn
+                last.tool_calls = [*(last.tool_calls or []), *turn.tool_calls]
+                continue
+            turns.append(turn)
         if not turns:
             raise ValueError("input: needs at least one turn")
         return turns
@@ -151,9 +199,11 @@ def _turn(k: int, item: object) -> ChatMessage:
     if not isinstance(item, dict):
         raise ValueError(f"{where}: expected a message object")
     kind = item.get("type", "message")
+    if kind in ("function_call", "function_call_output"):
+        return _tool_turn(where, kind, item)
     if kind != "message":
         raise ValueError(f"{where}: items of type {quoted(str(kind))} are not supported "
-                         "(tools and reasoning items are not served)")  # fmt: skip
+                         "(messages, function_call and function_call_output are)")  # fmt: skip
     role, content = item.get("role"), item.get("content")
     if role not in ("user", "assistant", "system", "developer"):
         raise ValueError(f"{where}.role: expected user, assistant, system or developer")
@@ -176,3 +226,21 @@ def _turn(k: int, item: object) -> ChatMessage:
     except ValidationError as exc:  # e.g. a lone surrogate in the text
         message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
         raise ValueError(f"{where}.content: {message}") from None
+
+
+def _tool_turn(where: str, kind: str, item: dict) -> ChatMessage:
+    """A function_call item as an assistant's call, a function_call_output as a tool turn."""
+    try:
+        if kind == "function_call":
+            call = MessageToolCall(id=item.get("call_id"), function=CalledFunction(
+                name=item.get("name"), arguments=item.get("arguments")))  # fmt: skip
+            return ChatMessage(role="assistant", content=None, tool_calls=[call])
+        output = item.get("output")
+        if isinstance(output, list):  # text parts
+            output = "".join(p.get("text", "") for p in output if isinstance(p, dict))
+        return ChatMessage(role="tool", content=output, tool_call_id=item.get("call_id"))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        at = ".".join(str(p) for p in error["loc"] if p != "function")
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{where}{'.' + at if at else ''}: {message}") from None

@@ -11,6 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated
 
@@ -31,7 +32,10 @@ from serving.api.core.resolve import (
     adapter_from_model,
 )
 from serving.api.core.sse import event_stream
+from serving.api.core.tool_deltas import ToolDeltas
+from serving.api.core.tools import ToolPlan, template_tools, tool_plan
 from serving.api.openai import format as fmt
+from serving.api.openai.echo import PromptPart, chat_extras, joined
 from serving.api.openai.schemas import ChatCompletionRequest, CompletionRequest
 from serving.api.openai.start import one_per_queued_item, sampling_for, start_choices, version_for
 from serving.engine.request import RequestOutput
@@ -46,19 +50,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     t0, s = time.perf_counter(), ctx.settings
     version = await version_for(ctx, caller, body)
     params = sampling_for(body, s)
+    plan = tool_plan(s, body.tools, body.tool_choice, body.parallel_tool_calls)
     rid = new_id("chatcmpl")
     one_per_queued_item(request, 1, body.n)
-    ids = await chat_ids(s, body.messages)
+    ids = await chat_ids(s, body.messages, tools=template_tools(body.tools))
     if body.output_limit() is None and queued_call(request) is None:  # (queued items: no limits)
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=body.n)
-    gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
+    constraint = plan.constraint if plan else None
+    gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0,
+                               constraint=constraint)  # fmt: skip
     if body.stream:
-        return event_stream(gens, _chat_events(ctx, gens, rid, body), s.send_timeout_s)
+        return event_stream(gens, _chat_events(ctx, gens, rid, body, plan), s.send_timeout_s)
     outcomes = await collect_all(gens, request)
     logprobs = [
         fmt.chat_logprobs(s.tokenizer, o.logprobs) if body.logprobs else None for o in outcomes
     ]
-    return answer(gens[-1], fmt.chat_completion(rid, body.model, outcomes, logprobs, body.n))
+    read = plan.read if plan else None
+    content = fmt.chat_completion(rid, body.model, outcomes, logprobs, body.n, read)
+    return answer(gens[-1], content | chat_extras(s.tokenizer, body, outcomes))
 
 
 @router.post("/v1/completions", summary="Text completion")
@@ -70,14 +79,22 @@ async def completions(body: CompletionRequest, request: Request, ctx: Ctx, calle
     one_per_queued_item(request, len(prompts), body.n)
     ids = [await text_ids(s, p) if isinstance(p, str) else given_ids(s, p) for p in prompts]
     gens = await start_choices(ctx, caller, request, body, rid, ids, params, version, t0)
+    part = PromptPart(s.tokenizer, body, prompts, ids)
     if body.stream:
-        return event_stream(gens, _completion_events(ctx, gens, rid, body), s.send_timeout_s)
+        events = _completion_events(ctx, gens, rid, body, part)
+        return event_stream(gens, events, s.send_timeout_s)
     outcomes = await collect_all(gens, request)
-    logprobs = [
-        fmt.completion_logprobs(s.tokenizer, o.logprobs) if body.logprobs is not None else None
-        for o in outcomes
-    ]
-    return answer(gens[-1], fmt.text_completion(rid, body.model, outcomes, logprobs, body.n))
+    logprobs = []
+    for k, o in enumerate(outcomes):
+        offsets = fmt.TextOffsets()  # the prompt's tokens first, with echo
+        head = part.logprobs(k, o.prompt_logprobs, offsets)
+        tail = fmt.completion_logprobs(s.tokenizer, o.logprobs, offsets)
+        logprobs.append(None if body.logprobs is None else joined(head, tail) if head else tail)
+    shown = [replace(o, text=part.text(k) + o.text) for k, o in enumerate(outcomes)]
+    content = fmt.text_completion(rid, body.model, shown, logprobs, body.n)
+    for choice, o in zip(content["choices"], outcomes, strict=True):
+        choice.update(part.extras(o.prompt_logprobs))
+    return answer(gens[-1], content)
 
 
 @router.get("/v1/models", summary="The base model and the adapters this key may use")
@@ -115,11 +132,16 @@ async def model_card(model: str, ctx: Ctx, caller: Caller):
 
 
 async def _chat_events(
-    ctx: ApiContext, gens: list[Generation], rid: str, body: ChatCompletionRequest
+    ctx: ApiContext,
+    gens: list[Generation],
+    rid: str,
+    body: ChatCompletionRequest,
+    plan: ToolPlan | None,
 ) -> AsyncIterator[str]:
     created, tokenizer = fmt.now(), ctx.settings.tokenizer
     extra = {"usage": None} if body.include_usage() else {}
     last: dict[int, RequestOutput] = {}
+    readers = [ToolDeltas(plan) for _ in gens] if plan else None
 
     def chunk(k: int, delta: dict, reason: str | None = None, logprobs=None) -> str:
         choice = {"index": k, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
@@ -133,12 +155,23 @@ async def _chat_events(
                 for event in failed_stream_end("/v1", out):
                     yield event
                 return
-            if out.new_text or (body.logprobs and out.logprobs):
-                lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
-                yield chunk(k, {"content": out.new_text}, logprobs=lp)
+            lp = fmt.chat_logprobs(tokenizer, out.logprobs) if body.logprobs else None
+            if readers is None:
+                if out.new_text or (body.logprobs and out.logprobs):
+                    yield chunk(k, {"content": out.new_text}, logprobs=lp)
+            else:  # text read into content and calls; logprobs ride with the first delta
+                deltas = readers[k].deltas(out.new_text) + (readers[k].end() if out.finished
+                                                             else [])  # fmt: skip
+                if not deltas and body.logprobs and out.logprobs:
+                    deltas = [{"content": ""}]
+                for j, delta in enumerate(deltas):
+                    yield chunk(k, delta, logprobs=lp if j == 0 else None)
             if out.finished:
                 last[k] = out
-                yield chunk(k, {}, fmt.finish_reason(out.finish_reason))
+                reason = fmt.finish_reason(out.finish_reason)
+                if readers and readers[k].calls and reason == "stop":
+                    reason = "tool_calls"
+                yield chunk(k, {}, reason)
     if body.include_usage():
         usage = fmt.summed_usage(last, body.n)
         yield json.dumps(fmt.chat_chunk(rid, created, body.model, [], usage=usage))
@@ -146,12 +179,13 @@ async def _chat_events(
 
 
 async def _completion_events(
-    ctx: ApiContext, gens: list[Generation], rid: str, body: CompletionRequest
+    ctx: ApiContext, gens: list[Generation], rid: str, body: CompletionRequest, part: PromptPart
 ) -> AsyncIterator[str]:
     created, tokenizer = fmt.now(), ctx.settings.tokenizer
     offsets = [fmt.TextOffsets() for _ in gens]  # each choice's own
     extra = {"usage": None} if body.include_usage() else {}
     last: dict[int, RequestOutput] = {}
+    opened: set[int] = set()
 
     def chunk(k: int, text: str, reason: str | None = None, logprobs=None) -> str:
         choice = {"index": k, "text": text, "logprobs": logprobs, "finish_reason": reason}
@@ -163,6 +197,10 @@ async def _completion_events(
                 for event in failed_stream_end("/v1", out):
                     yield event
                 return
+            if body.echo and k not in opened:  # the prompt first, as vLLM streams an echo
+                opened.add(k)
+                yield chunk(k, part.text(k), logprobs=part.logprobs(k, out.prompt_logprobs,
+                                                                    offsets[k]))  # fmt: skip
             if out.new_text or (body.logprobs is not None and out.logprobs):
                 lp = None
                 if body.logprobs is not None:

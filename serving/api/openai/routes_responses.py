@@ -19,22 +19,28 @@ from serving.api.core.caller import Principal, authenticate
 from serving.api.core.choices import collect_all, merged
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.generation import Generation, answer, failed, new_id
+from serving.api.core.generation import Generation, answer, new_id
 from serving.api.core.metering import fitted_to_token_limit
 from serving.api.core.prompts import chat_ids
 from serving.api.core.queued_call import queued_call
 from serving.api.core.settings import AppSettings
 from serving.api.core.sse import event_stream
+from serving.api.core.tools import call_id, template_tools, tool_plan
 from serving.api.openai import format as fmt
-from serving.api.openai.responses_format import ResponseView, final_status, response_usage
+from serving.api.openai.responses_calls import tool_events
+from serving.api.openai.responses_format import (
+    ResponseView,
+    failed_events,
+    final_status,
+    function_call,
+    response_usage,
+)
 from serving.api.openai.responses_schemas import ResponsesRequest
 from serving.api.openai.start import sampling_for, start_choices, version_for
 
 router = APIRouter(tags=["OpenAI"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
-# A failed response's error.code, from OpenAI's list: the caller's input, a limit, or ours.
-RESPONSE_ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
 @router.post("/v1/responses", summary="Response (OpenAI's Responses API; nothing is stored)")
@@ -42,29 +48,40 @@ async def responses(body: ResponsesRequest, request: Request, ctx: Ctx, caller: 
     t0, s = time.perf_counter(), ctx.settings
     version = await version_for(ctx, caller, body)
     params = sampling_for(body, s)
+    tools = body.chat_tools()
+    plan = tool_plan(s, tools, body.chat_tool_choice(), body.parallel_tool_calls)
     rid = new_id("resp").replace("-", "_")
-    ids = await _prompt_ids(s, body)
+    ids = await _prompt_ids(s, body, template_tools(tools))
     if body.output_limit() is None and queued_call(request) is None:
         params = fitted_to_token_limit(ctx, caller, params, len(ids), choices=1)
-    gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0)
+    gens = await start_choices(ctx, caller, request, body, rid, [ids], params, version, t0,
+                               constraint=plan.constraint if plan else None)  # fmt: skip
     view = ResponseView(rid, new_id("msg").replace("-", "_"), fmt.now(), body)
     if body.stream:
-        return event_stream(gens, _events(ctx, gens[0], view), s.send_timeout_s)
+        events = tool_events(gens[0], view, plan) if plan else _events(ctx, gens[0], view)
+        return event_stream(gens, events, s.send_timeout_s)
     [outcome] = await collect_all(gens, request)
     logprobs = _logprobs(ctx, body, outcome.logprobs)
     usage = response_usage(outcome.prompt_tokens, outcome.completion_tokens,
                            outcome.cached_tokens)  # fmt: skip
     status = final_status(outcome.finish_reason)
-    return answer(gens[0], view.response(status, outcome.text, outcome.finish_reason, usage,
-                                         logprobs))  # fmt: skip
+    text, calls = plan.read(outcome.text) if plan else (outcome.text, [])
+    items = [function_call(c.name, c.arguments, call_id()) for c in calls]
+    if calls and text is None:
+        logprobs = None  # no message to carry them
+    return answer(gens[0], view.response(status, text, outcome.finish_reason, usage,
+                                         logprobs, calls=items))  # fmt: skip
 
 
-async def _prompt_ids(settings: AppSettings, body: ResponsesRequest) -> list[int]:
-    """The chat's token ids. With truncation "auto", as OpenAI's, the fewest oldest turns go
-    (system turns stay; the last turn never goes) for the rest to leave room for output."""
+async def _prompt_ids(
+    settings: AppSettings, body: ResponsesRequest, tools: list[dict] | None
+) -> list[int]:
+    """The chat's token ids, the functions of tools offered. With truncation "auto", as
+    OpenAI's, the fewest oldest turns go (system turns stay; the last turn never goes) for
+    the rest to leave room for output."""
     turns = body.messages()
     try:
-        return await chat_ids(settings, turns, field="input")
+        return await chat_ids(settings, turns, field="input", tools=tools)
     except ApiError as exc:
         if body.truncation != "auto" or exc.code != "context_length_exceeded":
             raise
@@ -81,7 +98,7 @@ async def _prompt_ids(settings: AppSettings, body: ResponsesRequest) -> list[int
     while lo <= hi:
         mid = (lo + hi) // 2
         try:
-            found = await chat_ids(settings, without(mid), field="input")
+            found = await chat_ids(settings, without(mid), field="input", tools=tools)
             hi = mid - 1
         except ApiError as exc:
             if exc.code != "context_length_exceeded":
@@ -107,11 +124,8 @@ async def _events(ctx: ApiContext, gen: Generation, view: ResponseView) -> Async
     async with contextlib.aclosing(merged([gen])) as outputs:  # closed when the stream is
         async for _, out in outputs:
             if out.finish_reason == "error":
-                error = failed(out)
-                code = RESPONSE_ERROR_CODES.get(error.status, "server_error")
-                yield view.event("error", code=code, message=error.message, param=None)
-                problem = {"code": code, "message": error.message}
-                yield view.event("response.failed", response=view.response("failed", error=problem))
+                for event in failed_events(view, out):
+                    yield event
                 return
             lp = _logprobs(ctx, view.body, out.logprobs)
             if out.new_text or lp:

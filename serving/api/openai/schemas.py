@@ -4,7 +4,7 @@ unknown fields are ignored, as OpenAI-compatible servers do."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -12,6 +12,7 @@ from serving.api.core.body_fields import MaxTokens, SamplingFields
 from serving.api.core.messages import ChatMessage
 from serving.api.core.response_format import OpenAIResponseFormat
 from serving.api.core.text import Text
+from serving.api.core.tools import ToolChoice, Tools
 
 MAX_STOPS = 16
 MAX_PROMPTS = 64  # prompts of one completion request, each a generation of its own
@@ -29,17 +30,24 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
-# OpenAI fields that would change the answer and that this server does not serve: refused,
-# not ignored (unknown fields are ignored, so these are named). field -> what leaves it off.
+# OpenAI fields that would change the answer and that a route does not serve: refused, not
+# ignored (unknown fields are ignored, so these are named). field -> (the value that leaves
+# it off, that value spelt, what to use instead).
 UNSERVED = {
-    "tools": ([], "an empty list"),
-    "tool_choice": ("none", '"none"'), "functions": ([], "an empty list"),
-    "function_call": ("none", '"none"'), "suffix": ("", "an empty string"), "best_of": (1, "1"),
+    "functions": ([], "an empty list", "tools"),
+    "function_call": ("none", '"none"', "tool_choice"),
+    "suffix": ("", "an empty string", None), "best_of": (1, "1", None),
+}  # fmt: skip
+CHAT_ONLY = {  # served on /v1/chat/completions
+    "tools": ([], "an empty list", "/v1/chat/completions"),
+    "tool_choice": ("none", '"none"', "/v1/chat/completions"),
+    "parallel_tool_calls": (True, "true", "/v1/chat/completions"),
 }  # fmt: skip
 
 
 class OpenAIBody(SamplingFields):
     model_config = ConfigDict(extra="ignore")
+    unserved: ClassVar[dict] = UNSERVED | CHAT_ONLY
 
     model: Text = Field(..., description="The model id, an adapter name or <model>:<adapter>.")
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate for each prompt.")
@@ -81,10 +89,12 @@ class OpenAIBody(SamplingFields):
     @model_validator(mode="before")
     @classmethod
     def _unserved_fields_are_off(cls, data: object) -> object:
-        for field, (off, spelt) in UNSERVED.items() if isinstance(data, dict) else ():
+        for field, (off, spelt, instead) in cls.unserved.items() if isinstance(data, dict) else ():
             value = data.get(field)
             if value is not None and not (value == off and type(value) is type(off)):
-                raise ValueError(f"{field} is not supported (send {spelt}, or leave it out)")
+                use = f"; use {instead}" if instead else ""
+                raise ValueError(f"{field} is not supported here (send {spelt}, or leave it "
+                                 f"out{use})")  # fmt: skip
         return data
 
     @field_validator("stop")
@@ -112,11 +122,44 @@ class OpenAIBody(SamplingFields):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    # vLLM's prompt log-probabilities (serving/api/openai/echo.py answers them)
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description="vLLM's: each prompt token's log-probability and the top-n (0..20)."
+    )
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_whole(self) -> OpenAIBody:
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not served with stream: true (send stream: "
+                             "false; on /v1/completions, echo streams the prompt's logprobs)")  # fmt: skip
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _echo_only_where_served(cls, data: object) -> object:
+        # a body without the field (chat's) would ignore it, and answer without the prompt
+        if isinstance(data, dict) and "echo" not in cls.model_fields and data.get("echo"):
+            raise ValueError("echo is not served on /v1/chat/completions (send prompt_logprobs "
+                             "for the prompt's log-probabilities, or use /v1/completions)")  # fmt: skip
+        return data
+
+    def num_prompt_logprobs(self) -> int | None:
+        """The top-n the engine scores each prompt token with; None: it scores none."""
+        return self.prompt_logprobs
+
 
 class ChatCompletionRequest(OpenAIBody):
     """POST /v1/chat/completions."""
 
+    unserved: ClassVar[dict] = UNSERVED
     messages: list[ChatMessage]
+    tools: Tools | None = Field(None, description="Functions the model may call.")
+    tool_choice: ToolChoice | None = Field(
+        None,
+        description='"none", "auto" (the default with tools), "required", or '
+        '{"type": "function", "function": {"name": ...}}.',
+    )
+    parallel_tool_calls: bool | None = Field(None, description="More than one call (default).")
     max_completion_tokens: MaxTokens | None = Field(None, description="Same as max_tokens.")
     logprobs: bool = Field(False, description="Return each output token's log-probability.")
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
@@ -132,6 +175,14 @@ class ChatCompletionRequest(OpenAIBody):
     def _logprobs_need_flag(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> ChatCompletionRequest:
+        fmt = self.response_format
+        if self.tools and self.tool_choice != "none" and fmt is not None and fmt.type != "text":
+            raise ValueError("response_format and tools cannot constrain one answer together: "
+                             'leave response_format out, or send tool_choice "none"')  # fmt: skip
         return self
 
     def output_limit(self) -> int | None:
@@ -150,7 +201,13 @@ class CompletionRequest(OpenAIBody):
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
         None, description="Return the top-n log-probabilities of each output token."
     )
-    echo: bool = Field(False, description="Not supported: must be false.")
+    echo: bool = Field(
+        False, description="Return the prompt before the completion (its logprobs too)."
+    )
+    # 0 only with echo: the prompt alone, as lm-evaluation-harness scores a continuation
+    max_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        None, description=f"Tokens to generate at most; default {DEFAULT_COMPLETION_TOKENS}."
+    )
 
     @field_validator("prompt")
     @classmethod
@@ -182,12 +239,17 @@ class CompletionRequest(OpenAIBody):
         one = isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
         return [self.prompt] if one else list(self.prompt)
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported")
-        return value
+    @model_validator(mode="after")
+    def _nothing_to_answer(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 (0 is served with echo: true, "
+                             "which answers the prompt alone)")  # fmt: skip
+        return self
+
+    def num_prompt_logprobs(self) -> int | None:
+        """vLLM's rule: echo with logprobs scores the prompt with the logprobs' top-n."""
+        asked = [self.prompt_logprobs, self.logprobs if self.echo else None]
+        return max((n for n in asked if n is not None), default=None)
 
     def output_limit(self) -> int | None:
         return DEFAULT_COMPLETION_TOKENS if self.max_tokens is None else self.max_tokens

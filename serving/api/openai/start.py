@@ -26,10 +26,13 @@ from serving.api.core.response_format import engine_format
 from serving.engine.request import GenerateRequest
 
 
-async def start_choices(ctx, caller, request, body, rid, prompts, params, version, t0) -> list:
+async def start_choices(
+    ctx, caller, request, body, rid, prompts, params, version, t0, constraint=None
+) -> list:
     """One generation per choice, started together: prompt p's j-th of n is choice p*n + j,
     with seed + j when a seed is given, so the choices differ yet repeat. A prompt is
-    billed once, with its first choice."""
+    billed once, with its first choice. constraint: the output's shape (tool calls), in
+    place of the body's response_format."""
     salt, who, n = cache_salt(ctx, caller), start_terms(request, t0, version), body.n
     requests = []
     for p, ids in enumerate(prompts):
@@ -38,7 +41,7 @@ async def start_choices(ctx, caller, request, body, rid, prompts, params, versio
             seeded = (
                 params if params.seed is None else replace(params, seed=(params.seed + j) % 2**63)
             )
-            requests.append(_request(rid_, ids, seeded, version, salt, body))
+            requests.append(_request(rid_, ids, seeded, version, salt, body, constraint))
     check_choices_fit(ctx, caller, requests)
     bills = [PromptBill() if n > 1 else None for _ in prompts]
     return await start_all([
@@ -56,7 +59,7 @@ def one_per_queued_item(request: Request, prompts: int, n: int) -> None:
 
 def sampling_for(body, settings):
     """SamplingParams of a chat or text completion body (OpenAI's default temperature 1)."""
-    return sampling(
+    params = sampling(
         body,
         settings,
         max_tokens=body.output_limit(),
@@ -64,12 +67,15 @@ def sampling_for(body, settings):
         stop=body.stop_strings(),
         logprobs=body.num_logprobs(),
     )
+    return replace(params, prompt_logprobs=body.num_prompt_logprobs())
 
 
-def _request(rid, ids, params, version: Version | None, salt: str | None, body) -> GenerateRequest:
+def _request(
+    rid, ids, params, version: Version | None, salt: str | None, body, constraint=None
+) -> GenerateRequest:
     return GenerateRequest(
         rid, tuple(ids), params, version and version.qualified, cache_salt=salt,
-        response_format=engine_format(body.response_format),
+        response_format=constraint or engine_format(body.response_format),
     )  # fmt: skip
 
 

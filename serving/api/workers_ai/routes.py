@@ -37,6 +37,8 @@ from serving.api.core.prompts import chat_ids, sampling, text_ids
 from serving.api.core.resolve import adapter_from_lora, resolve_version
 from serving.api.core.response_format import engine_format
 from serving.api.core.sse import event_stream
+from serving.api.core.tool_deltas import ToolDeltas
+from serving.api.core.tools import ToolPlan, template_tools, tool_plan
 from serving.api.workers_ai.queued import workers_poll, workers_status
 from serving.api.workers_ai.schemas import WorkersAIRequest
 from serving.batch.records import WORKERS_AI, NewItem
@@ -68,12 +70,16 @@ async def run(
         return await _poll(body.request_id, ctx, caller)
     ref = adapter_from_lora(s, body.lora) if body.lora is not None else None
     version = await resolve_version(s, caller, ref)
+    tools = body.chat_tools()
+    plan = tool_plan(s, tools, None, None)  # Workers AI's tools: the model may call them
+    offered = template_tools(tools)
     if body.messages is not None:
-        ids = await chat_ids(s, body.messages)
+        ids = await chat_ids(s, body.messages, tools=offered)
     elif body.raw:
         ids = await text_ids(s, body.prompt)
     else:
-        ids = await chat_ids(s, [ChatMessage(role="user", content=body.prompt)], "prompt")
+        turn = ChatMessage(role="user", content=body.prompt)
+        ids = await chat_ids(s, [turn], "prompt", tools=offered)
     params = sampling(
         body,
         s,
@@ -89,16 +95,19 @@ async def run(
             params,
             version and version.qualified,
             cache_salt=cache_salt(ctx, caller),
-            response_format=engine_format(body.response_format),
+            response_format=plan.constraint if plan else engine_format(body.response_format),
         ),
         caller=caller,
         **start_terms(request, t0, version),
     )
     if body.stream:
-        return event_stream(gen, _events(gen), s.send_timeout_s)
+        return event_stream(gen, _events(gen, plan), s.send_timeout_s)
     [outcome] = await collect_all([gen], request)
     usage = _usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
     result = {"response": outcome.text, "usage": usage}
+    if plan is not None:  # Workers AI's shape: the text beside the calls, arguments as objects
+        text, calls = plan.read(outcome.text)
+        result.update(response=text, tool_calls=[_call(c.name, c.arguments) for c in calls])
     return answer(gen, {"result": result, "success": True, "errors": [], "messages": []})
 
 
@@ -141,17 +150,41 @@ async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
     return {"result": workers_status(job), "success": True, "errors": [], "messages": []}
 
 
-async def _events(gen: Generation) -> AsyncIterator[str]:
+async def _events(gen: Generation, plan: ToolPlan | None) -> AsyncIterator[str]:
+    """{"response": text} events, the last with usage; with tools, text that is a call is
+    held, and the calls go out whole with the last event."""
+    reader, calls = ToolDeltas(plan) if plan else None, {}
     async for out in gen:
         if out.finish_reason == "error":
             for event in failed_stream_end("/ai/run", out):
                 yield event
             return
-        if out.new_text and not out.finished:
-            yield json.dumps({"response": out.new_text})
+        text = out.new_text
+        if reader is not None:
+            deltas = reader.deltas(text) + (reader.end() if out.finished else [])
+            text = "".join(d.get("content", "") for d in deltas)
+            for d in deltas:
+                for call in d.get("tool_calls", ()):
+                    got = calls.setdefault(call["index"], {"name": "", "arguments": ""})
+                    got["name"] += call["function"].get("name") or ""
+                    got["arguments"] += call["function"]["arguments"]
+        if text and not out.finished:
+            yield json.dumps({"response": text})
         if out.finished:
-            yield json.dumps({"response": out.new_text, "usage": _output_usage(out)})
+            last = {"response": text, "usage": _output_usage(out)}
+            if reader is not None:
+                last["tool_calls"] = [_call(c["name"], c["arguments"]) for c in calls.values()]
+            yield json.dumps(last)
     yield DONE
+
+
+def _call(name: str, arguments: str) -> dict:
+    """A call as Workers AI answers it: its arguments an object (text that is no JSON, from
+    a call cut short, stays text)."""
+    try:
+        return {"name": name, "arguments": json.loads(arguments)}
+    except ValueError:
+        return {"name": name, "arguments": arguments}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

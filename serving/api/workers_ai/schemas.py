@@ -4,7 +4,9 @@ are refused, so a misspelt one is an error rather than a silent default."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from typing import Any
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from serving.api.core.body_fields import (
     MAX_BATCH_ITEMS,
@@ -15,6 +17,7 @@ from serving.api.core.body_fields import (
 from serving.api.core.messages import ChatMessage
 from serving.api.core.response_format import WorkersResponseFormat
 from serving.api.core.text import Text, short_text
+from serving.api.core.tools import MAX_TOOLS, FunctionDef, Tool
 
 
 class _WorkersBody(SamplingFields):
@@ -33,6 +36,29 @@ class _WorkersBody(SamplingFields):
     response_format: WorkersResponseFormat | None = Field(
         None, description="JSON output: json_object, or json_schema with the schema itself."
     )
+    tools: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=MAX_TOOLS,
+        description="Functions the model may call: "
+        '{"name", "description", "parameters"}, or {"type": "function", "function": {...}}.',
+    )  # kept as sent: a queued item is stored as its body and read again
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_read(cls, value: list[dict] | None) -> list[dict] | None:
+        for k, tool in enumerate(value or ()):
+            try:
+                _tool(tool)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(p) for p in (k, *error["loc"]))
+                raise ValueError(f"{where}: {str(error['msg']).removeprefix('Value error, ')}"
+                                 ) from None  # fmt: skip
+        return value
+
+    def chat_tools(self) -> list[Tool] | None:
+        """tools in the chat route's shape."""
+        return None if self.tools is None else [_tool(t) for t in self.tools]
 
     def _other_form(self) -> bool:
         """Whether the body is a batch submission or poll rather than a generation."""
@@ -48,6 +74,9 @@ class _WorkersBody(SamplingFields):
             raise ValueError("messages must not be empty")
         if self.raw and self.messages is not None:
             raise ValueError("raw applies to prompt only; messages always use the chat template")
+        if self.tools and (self.raw or self.response_format is not None):
+            raise ValueError("tools need the chat template and the output to themselves: "
+                             "leave out raw and response_format")  # fmt: skip
         return self
 
 
@@ -95,3 +124,10 @@ class WorkersAIRequest(_WorkersBody):
             if self.response_format is not None:
                 raise ValueError("response_format applies to one request: set it in each item")
         return self
+
+
+def _tool(tool: dict) -> Tool:
+    """A Workers-AI tool (its function's fields, or OpenAI's wrapper of them) as a Tool."""
+    if "function" in tool or "type" in tool:
+        return Tool.model_validate(tool)
+    return Tool(type="function", function=FunctionDef.model_validate(tool))

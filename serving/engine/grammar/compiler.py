@@ -22,7 +22,7 @@ from concurrent.futures import Future
 
 from serving.engine.grammar.cost import cost_problem
 from serving.engine.grammar.ebnf import no_raw_controls, reparseable
-from serving.engine.grammar.formats import prepared
+from serving.engine.grammar.formats import prepared, tag_schemas
 from serving.engine.grammar.process import CompileProcess
 from serving.engine.grammar.workers import CompilePool, CompilerBusy, GrammarError, Job
 from serving.engine.request import ResponseFormat
@@ -96,7 +96,7 @@ class GrammarCompiler:
                 return job.future
         try:
             schema, strict = self._schema(fmt)
-            job = self._pool.submit(schema, strict, deadline, tenant)
+            job = self._pool.submit(schema, strict, deadline, tenant, fmt.kind)
         except (GrammarError, CompilerBusy) as exc:
             refused: Future = Future()
             refused.set_exception(exc)
@@ -161,14 +161,24 @@ class GrammarCompiler:
         """(the schema as xgrammar is to read it, strict); GrammarError if it costs too much."""
         if fmt.kind == "json_object":
             return JSON_OBJECT, False
-        if fmt.kind != "json_schema" or fmt.schema is None:
+        if fmt.kind not in ("json_schema", "structural_tag") or fmt.schema is None:
             raise GrammarError(f"unknown response format {fmt.kind!r}")
-        schema = prepared(json.loads(fmt.schema))
-        # The API refuses these first; a direct caller too.
-        problem = cost_problem(schema, fmt.strict)
+        if fmt.kind == "structural_tag":
+            tag = json.loads(fmt.schema)
+            for node in tag_schemas(tag):
+                node["json_schema"] = self._checked(node["json_schema"], node.get("strict", False))
+            return json.dumps(tag), False
+        return json.dumps(self._checked(json.loads(fmt.schema), fmt.strict)), fmt.strict
+
+    @staticmethod
+    def _checked(schema: object, strict: bool) -> object:
+        """schema as xgrammar is to read it; GrammarError if it costs too much (the API
+        refuses these first; a direct caller too)."""
+        schema = prepared(schema)
+        problem = cost_problem(schema, strict)
         if problem:
             raise GrammarError(problem)
-        return json.dumps(schema), fmt.strict
+        return schema
 
     def _tokenizer_info(self):
         with self._lock:

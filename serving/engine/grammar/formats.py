@@ -72,6 +72,20 @@ def prepared(node: object) -> object:
     return out
 
 
+def tag_schemas(node: object):
+    """The {"type": "json_schema"} nodes of a structural tag (parsed JSON), each a dict the
+    caller may change in place."""
+    if isinstance(node, list):
+        for item in node:
+            yield from tag_schemas(item)
+    elif isinstance(node, dict):
+        if node.get("type") == "json_schema":
+            yield node
+            return
+        for value in node.values():
+            yield from tag_schemas(value)
+
+
 COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
 
 

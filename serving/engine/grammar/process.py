@@ -45,9 +45,10 @@ class CompileProcess:
     def pid(self) -> int:
         return self._proc.pid
 
-    def compile(self, schema: str, strict: bool) -> None:
-        """Start compiling schema (JSON text, as prepared for xgrammar); reply() answers it."""
-        self._send({"schema": schema, "strict": strict})
+    def compile(self, schema: str, strict: bool, kind: str = "json_schema") -> None:
+        """Start compiling schema (JSON text, as prepared for xgrammar: a JSON schema, or a
+        structural tag when kind says so); reply() answers it."""
+        self._send({"schema": schema, "strict": strict, "kind": kind})
 
     def reply(self, timeout: float) -> dict | None:
         """{"ok": the serialized grammar} or {"error": why}; None if none came within timeout.
@@ -85,6 +86,7 @@ def serve() -> None:
     from xgrammar.base import _core
 
     from serving.engine.grammar.ebnf import no_raw_controls, reparseable
+    from serving.engine.grammar.formats import tag_schemas
 
     os.nice(NICE)
     if sys.platform == "linux":  # a parent killed mid-compile ends this one too (PR_SET_PDEATHSIG)
@@ -98,6 +100,16 @@ def serve() -> None:
         stdout.write(json.dumps(message).encode() + b"\n")
         stdout.flush()
 
+    def json_args(schema: str, strict: bool) -> tuple:
+        # Compact JSON (", " and ": " between items, no other whitespace): a model that
+        # may add whitespace anywhere can pad forever, and never close the object.
+        # (schema, any_whitespace, indent, separators, strict, max whitespace, print, any order)
+        return schema, False, None, None, strict, None, False, False
+
+    def json_ebnf(schema: str, strict: bool) -> str:
+        grammar = _core.Grammar.from_json_schema(*json_args(schema, strict))
+        return no_raw_controls(reparseable(str(grammar.to_string())))
+
     info = _core.TokenizerInfo.deserialize_json(json.loads(stdin.readline())["tokenizer_info"])
     # (tokenizer info, threads, cache, cache limit, dynamic compilation): one thread, as the
     # parent's pool decides how many compile at once; no cache, the parent keeps results.
@@ -106,12 +118,17 @@ def serve() -> None:
     for line in stdin:
         request = json.loads(line)
         try:
-            # Compact JSON (", " and ": " between items, no other whitespace): a model that
-            # may add whitespace anywhere can pad forever, and never close the object.
-            # (schema, any_whitespace, indent, separators, strict, max whitespace, print, any order)
-            grammar = _core.Grammar.from_json_schema(
-                request["schema"], False, None, None, request["strict"], None, False, False
-            )
+            if request.get("kind") == "structural_tag":
+                # each schema of the tag compiles as a json_schema format's does
+                tag = json.loads(request["schema"])
+                for node in tag_schemas(tag):
+                    node["grammar"] = json_ebnf(json.dumps(node.pop("json_schema")),
+                                                node.pop("strict", False))  # fmt: skip
+                    node["type"] = "grammar"
+                grammar = _core.Grammar.from_structural_tag(json.dumps(tag))
+            else:
+                grammar = _core.Grammar.from_json_schema(*json_args(request["schema"],
+                                                                    request["strict"]))  # fmt: skip
             ebnf = no_raw_controls(reparseable(str(grammar.to_string())))
             compiled = compiler.compile_grammar_from_strings(ebnf, "root")
             answer({"ok": str(compiled.serialize_json())})

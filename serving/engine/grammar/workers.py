@@ -52,6 +52,7 @@ class Job:
     strict: bool
     deadline: float  # the monotonic time after which no request waits for it any more
     owner: str | None = None  # who submitted it (a tenant); None: a server of one user
+    kind: str = "json_schema"  # or "structural_tag": what schema holds
     future: Future = field(default_factory=Future)
     started: float | None = None  # when a worker began it; None while queued
     waiters: int = 1  # requests waiting on it; 0: stopped, or dropped from the queue
@@ -94,7 +95,14 @@ class CompilePool:
                 self._threads.append(thread)
                 thread.start()
 
-    def submit(self, schema: str, strict: bool, deadline: float, owner: str | None = None) -> Job:
+    def submit(
+        self,
+        schema: str,
+        strict: bool,
+        deadline: float,
+        owner: str | None = None,
+        kind: str = "json_schema",
+    ) -> Job:
         """Queue a compile; CompilerBusy once shut down, OwnerBusy when owner's queue is full."""
         self.start()
         with self._cond:
@@ -103,7 +111,7 @@ class CompilePool:
             queue = self._queues.setdefault(owner, deque())
             if len(queue) >= self.max_queued:
                 raise OwnerBusy(self._owner_busy())
-            job = Job(schema, strict, deadline, owner)
+            job = Job(schema, strict, deadline, owner, kind)
             queue.append(job)
             self._cond.notify_all()
         return job
@@ -212,7 +220,7 @@ class CompilePool:
 
     def _run(self, process, job: Job) -> tuple[object, bool]:
         """(job's grammar or why it failed, whether its process must be killed)."""
-        process.compile(job.schema, job.strict)
+        process.compile(job.schema, job.strict, job.kind)
         limit = job.started + self.time_limit_s
         while True:
             reply = process.reply(min(POLL_S, limit - time.monotonic()))

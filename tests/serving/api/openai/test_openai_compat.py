@@ -49,11 +49,12 @@ def answer_of(body):
     [
         ("/v1/completions", "suffix", "\n}"),
         ("/v1/completions", "best_of", 2),
-        ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("/v1/chat/completions", "tool_choice", "required"),
+        ("/v1/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("/v1/completions", "tool_choice", "required"),
         ("/v1/chat/completions", "functions", [{"name": "f"}]),
+        ("/v1/chat/completions", "function_call", "auto"),
         ("/v1/completions", "suffix", "none"),  # each field's own "off", not another's
-        ("/v1/chat/completions", "tools", "none"),
+        ("/v1/completions", "tools", "none"),
         ("/v1/completions", "best_of", {}),
     ],
 )

@@ -1,7 +1,7 @@
 """Speculation keeps constrained decoding exact.
 
-Greedy: a mixed batch of constrained rows (three schemas and json_object, over adapters and
-base-only) with free rows, staggered, gets the same tokens and finish reasons with either
+Greedy: a mixed batch of constrained rows (three schemas, json_object and tool calls, over
+adapters and base-only) with free rows, staggered, gets the same tokens and finish reasons with either
 proposer as without speculation, token for token, also when the KV pool is small enough to
 preempt. Prompts hold JSON like the outputs', so n-gram proposals run into what the grammar
 refuses and are cut there; a perfect draft under the grammar's masks is always accepted.
@@ -32,14 +32,18 @@ from serving.engine.request import GenerateRequest, SamplingParams
 from serving.engine.scheduler import SchedulerConfig
 from serving.engine.speculative.config import SpecConfig
 from serving.model.tokenizer import load_tokenizer
+from serving.model.tool_formats import HERMES
 from tests.serving.engine.speculative.spec_world import runtime_model, spec_engine
 from tests.serving.engine.speculative.test_distribution import chi_square_p, tiny
 from tests.serving.engine.speculative.test_greedy_equality import run_staggered
 from tests.serving.engine.test_engine_peft import Collector, greedy
 from tests.serving.engine.test_structured import FORMATS, fmt
+from tests.serving.engine.test_structured_tools import tool_format
 from tests.serving.engine.world import ADAPTERS, build_world
 from tests.serving.model.hf_folders import save_tokenizer
 
+# the JSON formats, and tool calls in a family's syntax (a structural tag)
+ROW_FORMATS = [f for f, _ in FORMATS] + [tool_format(HERMES, "required")]
 SCHED = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_loras=8)
 EXAMPLE = '{"color": "red", "size": 3} {"active": true, "age": 7, "name": "ab"}'
 
@@ -64,8 +68,9 @@ def mixed_requests(world, count=12, seed=0):
             continue
         name = names[i % len(names)]
         version = world.versions[name] if name else None
-        f = FORMATS[i % len(FORMATS)][0]
-        params = SamplingParams(max_tokens=64, temperature=0.0)
+        f = ROW_FORMATS[i % len(ROW_FORMATS)]
+        tool_row = f is ROW_FORMATS[-1]  # a call's own spelling takes tokens of its own
+        params = SamplingParams(max_tokens=160 if tool_row else 64, temperature=0.0)
         out.append(GenerateRequest(f"c{i}", prompt, params, version, response_format=f))
     return out
 

@@ -1,7 +1,8 @@
-"""Build the demo kit: tokenizer, base model, draft model and three LoRA adapters.
+"""Build the demo kit: tokenizer, base model, draft model and four LoRA adapters.
 
-    python models/demo/build.py                # the committed kit, into models/demo (~45 min, 2 cores)
+    python models/demo/build.py                # the committed kit, into models/demo (~50 min, 2 cores)
     python models/demo/build.py --smoke --out /tmp/kit   # every stage, a few steps each
+    python models/demo/build.py --only-tools   # the tools adapter alone, on the kit's base
 
 Fixed seeds and step counts make it reproducible up to CPU numerics; the results are
 checked against thresholds, not exact values, and written to metrics.json.
@@ -42,7 +43,8 @@ from kit.models import (
     save_model,
     with_lora,
 )
-from kit.tokenizer import stop_ids, train_tokenizer
+from kit.tokenizer import save_tokenizer, stop_ids, train_tokenizer
+from kit.tool_calls import ToolExamples, call_accuracy
 from kit.transforms import TRANSFORMS, known_words
 
 # The committed kit's schedules: fixed step counts, so a rebuild repeats the same work.
@@ -52,6 +54,9 @@ ADAPTER_TRAINING = train.Schedule(steps=400, batch=8, seq=192, lr=2e-3, warmup=2
 COMPANION_TRAINING = train.Schedule(
     steps=250, batch=8, seq=192, lr=2e-3, warmup=20, weight_decay=0.0
 )
+# the tools adapter's examples list up to three functions' schemas: longer rows
+TOOLS_TRAINING = train.Schedule(steps=600, batch=8, seq=384, lr=2e-3, warmup=20, weight_decay=0.0)
+TOOLS_THRESHOLD = 0.8  # share of held-out requests answered with exactly the wanted call
 DEMO_DIR = Path(__file__).resolve().parent
 
 
@@ -66,6 +71,8 @@ class Plan:
     draft: train.Schedule = DRAFT_TRAINING
     adapter: train.Schedule = ADAPTER_TRAINING
     draft_adapter: train.Schedule = COMPANION_TRAINING
+    tools: train.Schedule = TOOLS_TRAINING
+    tool_evals: int = 40
     rank: int = 8
     chat_rows: int = 2  # rows of each base/draft batch drawn from the chat conversations
     val_windows: int = 96
@@ -83,6 +90,8 @@ SMOKE = Plan(
     draft=train.Schedule(steps=2, batch=4, seq=64, lr=1e-3, warmup=1),
     adapter=train.Schedule(steps=2, batch=2, seq=64, lr=1e-3, warmup=1),
     draft_adapter=train.Schedule(steps=2, batch=2, seq=64, lr=1e-3, warmup=1),
+    tools=train.Schedule(steps=2, batch=2, seq=384, lr=1e-3, warmup=1),
+    tool_evals=2,
     chat_rows=1,
     val_windows=4,
     eval_prompts=2,
@@ -103,6 +112,11 @@ def main(
     ),
     seed: int = typer.Option(0, help="seed of every random choice"),
     threads: int = typer.Option(2, help="torch CPU threads"),
+    only_tools: bool = typer.Option(
+        False,
+        help="train only the tools adapter on the base under --out (and write the "
+        "chat template); the rest of metrics.json is kept",
+    ),
 ) -> None:
     torch.set_num_threads(threads)
     hf_logging.set_verbosity_error()
@@ -112,8 +126,13 @@ def main(
     )  # PEFT, on a path base
     plan = SMOKE if smoke else Plan()
     started = time.perf_counter()
-    metrics = build(plan, out, seed, reuse_models)
-    metrics["build_seconds"] = round(time.perf_counter() - started, 1)
+    if only_tools:
+        metrics = json.loads((out / "metrics.json").read_text())
+        add_tools_adapter(plan, out, LlamaForCausalLM.from_pretrained(out / "base").eval(),
+                          Tokenizer.from_file(str(out / "base" / "tokenizer.json")), seed, metrics)  # fmt: skip
+    else:
+        metrics = build(plan, out, seed, reuse_models)
+        metrics["build_seconds"] = round(time.perf_counter() - started, 1)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     report.print_summary(metrics)
     failures = report.check(metrics) if plan.check else []
@@ -212,7 +231,30 @@ def build(plan: Plan, out: Path, seed: int, reuse_models: bool = False) -> dict:
         metrics["samples"][t.name] = tok.decode(outputs[-1])
     metrics["samples"]["base"] = tok.decode(base_outputs[-1])
     metrics["samples"]["prompt"] = tok.decode(prompts[-1])
+    add_tools_adapter(plan, out, base, tok, seed, metrics)
     return metrics
+
+
+def add_tools_adapter(
+    plan: Plan, out: Path, base, tok: Tokenizer, seed: int, metrics: dict
+) -> None:
+    """Train the tools adapter on base, save it, and put its figures into metrics; the kit's
+    tokenizer files are written again, so their chat template is the one it learnt."""
+    adapted = train_adapter("adapter tools", base, ToolExamples(tok, seed), plan.tools, plan.rank,
+                            seed)  # fmt: skip
+    save_adapter(adapted.model, out / "adapters" / "tools", "models/demo/base")
+    for part in ("base", "draft"):
+        save_tokenizer(tok, out / part, base.config.max_position_embeddings)
+    stops = tuple(stop_ids(tok))
+
+    def accuracy(model) -> float:  # held-out requests: another seed than training's
+        return call_accuracy(lambda p: evaluate.greedy(model, p, 60, 1.0, stops), tok, seed + 7,
+                             plan.tool_evals)  # fmt: skip
+
+    metrics["training"][adapted.log.label] = report.log_summary(adapted.log)
+    metrics["effects"]["tools"] = {"measure": "call_accuracy", "base": accuracy(base),
+                                   "adapter": accuracy(adapted.model),
+                                   "threshold": TOOLS_THRESHOLD}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -12,20 +12,21 @@ from serving.engine.engine import Engine, EngineConfig
 from serving.model.loader import load_model
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
-ADAPTERS = ("upper", "comment", "rot13")
+ADAPTERS = ("upper", "comment", "rot13")  # the style adapters, each with a draft companion
+TOOLS = "tools"  # the tool-calling adapter (no companion)
 
 sys.path.insert(0, str(DEMO))  # the kit's own transformations and measures
-from kit import corpus, transforms  # noqa: E402
+from kit import corpus, tool_calls, transforms  # noqa: E402
 
-__all__ = ["ADAPTERS", "DEMO", "corpus", "demo_engine", "transforms"]
+__all__ = ["ADAPTERS", "DEMO", "TOOLS", "corpus", "demo_engine", "tool_calls", "transforms"]
 
 
 def demo_engine(quantization: str = "none") -> tuple[Engine, dict[str, str]]:
-    """An engine on the kit's base with its three adapters; returns it and name -> version."""
+    """An engine on the kit's base with its four adapters; returns it and name -> version."""
     loaded = load_model(DEMO / "base", quantization=quantization, dtype="float32")
     spec = BaseModelSpec.from_dir(DEMO / "base")
     adapters = {}
-    for name in ADAPTERS:
+    for name in (*ADAPTERS, TOOLS):
         adapter = load_adapter(DEMO / "adapters" / name, base=spec)
         adapters[f"{name}@{adapter.digest}"] = adapter
     slab = AdapterSlab(spec, num_slots=4, max_rank=16, max_cpu_loras=0, loader=adapters.__getitem__)

@@ -1,6 +1,7 @@
 """The committed demo kit: it loads like any checkpoint, and each adapter visibly does its job."""
 
 import json
+import random
 import subprocess
 import sys
 
@@ -11,9 +12,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from adapters.format.adapter import load_adapter
 from adapters.format.base_model import BaseModelSpec
 from serving.config import load_config
-from serving.engine.request import GenerateRequest, SamplingParams
+from serving.engine.request import GenerateRequest, ResponseFormat, SamplingParams
 from serving.model.loader import load_model
-from tests.models.kit import ADAPTERS, DEMO, corpus, demo_engine, transforms
+from serving.model.tool_formats import HERMES, detect, structural_tag
+from serving.model.tool_parse import parse_calls
+from tests.models.kit import ADAPTERS, DEMO, TOOLS, corpus, demo_engine, tool_calls, transforms
 from tests.serving.engine.test_engine_peft import Collector
 
 RAW = ["def fibonacci(n):\n", "class Stack:\n", "def read_config(path):\n", "import os\n\n"]
@@ -102,7 +105,7 @@ def test_demo_config_serves_the_kit():
     assert cfg.model.path == DEMO / "base" and cfg.model.quantization == "auto"
     assert cfg.draft.path == DEMO / "draft"
     assert cfg.draft.method in ("none", "draft_model")
-    assert set(cfg.lora.preload) == set(ADAPTERS)
+    assert set(cfg.lora.preload) == {*ADAPTERS, TOOLS}
     for name, path in cfg.lora.preload.items():
         assert (path / "adapter_model.safetensors").exists(), name
 
@@ -124,10 +127,54 @@ def test_build_script_runs_end_to_end_in_smoke_mode(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics["effects"]) == set(ADAPTERS)
+    assert set(metrics["effects"]) == {*ADAPTERS, TOOLS}
     assert metrics["training"]["base"]["steps"] == 3
     loaded = load_model(out / "base", quantization="none")
     assert loaded.config.num_layers == 2
     spec = BaseModelSpec.from_dir(out / "base")
-    for name in ADAPTERS:
+    for name in (*ADAPTERS, TOOLS):
         assert load_adapter(out / "adapters" / name, base=spec).rank == 8
+
+
+def test_the_template_offers_tools_as_transformers_renders_them():
+    """The served template reads as the hermes family, and renders a chat with tools, calls
+    and a tool's answer exactly as transformers does."""
+    loaded = load_model(DEMO / "base", quantization="none")
+    hf_tok = AutoTokenizer.from_pretrained(DEMO / "base")
+    assert detect(loaded.tokenizer.chat_template) is HERMES
+    tools, chat, _ = tool_calls.example(random.Random(3))
+    for messages in (chat, [{"role": "user", "content": "hi"}]):
+        ours = loaded.tokenizer.apply_chat_template(messages, tools=tools)
+        assert ours == hf_tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=True)  # fmt: skip
+
+
+def test_the_tools_adapter_calls_what_is_asked_under_the_constraint():
+    """Held-out requests, served with tool_choice auto's constraint: each answer is the
+    call (name and arguments) or the sentence the kit's example wants."""
+    engine, versions = demo_engine()
+    tok = engine.tokenizer
+    rng, cases, got = random.Random(11), [], Collector()
+    for i in range(8):
+        tools, chat, want = tool_calls.example(rng)
+        functions = [(t["function"]["name"], t["function"]["parameters"], False) for t in tools]
+        fmt = ResponseFormat("structural_tag",
+                             json.dumps(structural_tag(HERMES, functions, "auto", True)))  # fmt: skip
+        prompt = tok.encode(tok.apply_chat_template(chat, tools=tools), add_special_tokens=False)
+        params = SamplingParams(max_tokens=60, temperature=0.0)
+        request = GenerateRequest(
+            f"t{i}", tuple(prompt), params, versions[TOOLS], response_format=fmt
+        )
+        engine.submit(request, got.sink)
+        cases.append(want)
+    engine.run_until_idle()
+    for i, want in enumerate(cases):
+        content, calls = parse_calls(HERMES, tok.decode(got.tokens[f"t{i}"]))
+        if want.startswith("<tool_call>"):
+            call = json.loads(want.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+            assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+                (call["name"], call["arguments"])
+            ], i
+        else:
+            assert not calls and content == want, i
+    engine.shutdown()

@@ -93,6 +93,9 @@ def print_summary(metrics: dict) -> None:
         "",
     )
     for name, e in metrics["effects"].items():
+        if name not in a:  # an adapter without a draft companion (tools)
+            table.add_row(name, e["measure"], f"{e['base']:.2f}", f"{e['adapter']:.2f}", "", "")
+            continue
         b, c = a[name]["base_draft"], a[name]["companion"]
         table.add_row(name, e["measure"], f"{e['base']:.2f}", f"{e['adapter']:.2f}",
                       f"{b['acceptance_rate']:.2f} ({b['tokens_per_step']:.2f})",

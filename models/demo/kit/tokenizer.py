@@ -6,19 +6,32 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-import jinja2
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from serving.model.chat_template import render_chat_template  # the server's sandbox
 
 EOS = "<|endoftext|>"  # ends a document; the pad token too
 END = "<|end|>"  # ends a chat turn
 ROLES = ("system", "user", "assistant")
 SPECIALS = (EOS, END, *(f"<|{r}|>" for r in ROLES))
-# One turn per message, each closed by <|end|>; the model answers after <|assistant|>.
+# One turn per message, each closed by <|end|>; the model answers after <|assistant|>. With
+# tools, a system turn first lists them and says how a call is written (Hermes' <tool_call>
+# spelling); a tool's answer comes back as a user turn in <tool_response>. A chat without
+# tools renders exactly as before tools were added.
 CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\nYou may call these functions. To call one, answer with\n"
+    '<tool_call>\n{"name": <its name>, "arguments": <its arguments>}\n</tool_call>\n'
+    "{% for tool in tools %}{{ tool['function'] | tojson }}\n{% endfor %}<|end|>\n{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('roles are system, user and assistant') }}{% endif %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('roles are system, user, assistant and tool') }}{% endif %}"
+    "{% if message['role'] == 'tool' %}"
+    "<|user|>\n<tool_response>\n{{ message['content'] }}\n</tool_response><|end|>\n"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}<|assistant|>\n"
+    "{% for call in message['tool_calls'] %}{% if not loop.first %}{{ '\\n' }}{% endif %}"
+    '<tool_call>\n{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
+    "{{ call['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|end|>\n"
+    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
@@ -41,11 +54,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    """The chat template's text for messages, as transformers would render it."""
-    env = jinja2.Environment(keep_trailing_newline=True)
-    return env.from_string(CHAT_TEMPLATE).render(
-        messages=messages, add_generation_prompt=add_generation_prompt
+def render_chat(
+    messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None
+) -> str:
+    """The chat template's text for messages (and tools), as the server renders it."""
+    return render_chat_template(
+        CHAT_TEMPLATE, messages, add_generation_prompt=add_generation_prompt, tools=tools
     )
 
 

@@ -1,6 +1,7 @@
 """Constrained decoding (structured output) on the demo kit: what the grammars cost (CPU).
 
     python -m bench.structured [--quick] [--batches 1 8 32] [--rounds 5] [--threads 1]
+    python -m bench.structured --format tools [--batches 32]
     python -m bench.structured --libraries [--quick]
 
 Two tables, from one run:
@@ -13,7 +14,11 @@ Two tables, from one run:
             (the engine's: scheduling, sampling, masks, emitting), and the masks' own cost
             per step, timed directly over the grammar states the constrained run went
             through: fill (grammar_masks), apply (the sampler's copy of the logits +
-            TokenMasks.apply) and accept (each row's token).
+            TokenMasks.apply) and accept (each row's token). "mixed" runs every other row
+            constrained and the rest free at their matched lengths: the cost of constrained
+            rows to a batch they share, against "matched".
+            --format tools: the rows are chat requests offering four functions, held to
+            one call under tool_choice "required" (the chat route's structural tag).
   compile   each format's first compile on a fresh GrammarCompiler of one compile process
             (with the process's start and the vocabulary's one-time setup) and on one whose
             process is up, and a cached one.
@@ -30,7 +35,14 @@ from pathlib import Path
 import torch
 
 from bench.structured_libraries import library_rows
-from bench.structured_workload import RECORD, SCHEMAS, prompts, response_format
+from bench.structured_workload import (
+    RECORD,
+    SCHEMAS,
+    prompts,
+    response_format,
+    tool_call_format,
+    tool_prompts,
+)
 from bench.timing import machine
 from serving.engine.engine import Engine, EngineConfig
 from serving.engine.grammar.compiler import GrammarCompiler
@@ -62,12 +74,14 @@ class TimedModel:
 
 
 def serve(engine: Engine, batch: list[list[int]], fmt, max_tokens: list[int]) -> dict:
-    """All of batch served at once (request i: up to max_tokens[i] tokens): seconds, engine
-    steps, seconds in the model's forward, each request's output tokens."""
+    """All of batch served at once (request i: up to max_tokens[i] tokens, under fmt, or
+    fmt[i] when fmt is a list): seconds, engine steps, seconds in the model's forward,
+    each request's output tokens."""
     outputs: dict[str, list[int]] = {}
+    fmts = fmt if isinstance(fmt, list) else [fmt] * len(batch)
     for i, (p, n) in enumerate(zip(batch, max_tokens, strict=True)):
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-        request = GenerateRequest(f"r{i}", tuple(p), params, response_format=fmt)
+        request = GenerateRequest(f"r{i}", tuple(p), params, response_format=fmts[i])
         engine.submit(
             request, lambda o: outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
         )
@@ -115,8 +129,10 @@ def decode_row(engine: Engine, batch: list[list[int]], fmt: ResponseFormat, roun
     batch shrinks as its rows finish; a server would fill the freed rows with new requests).
     """
     lengths = [len(out) for out in serve(engine, batch, fmt, [MAX_TOKENS] * len(batch))["outputs"]]
+    half = [fmt if i % 2 == 0 else None for i in range(len(batch))]
     plans = {"free": (None, [MAX_TOKENS] * len(batch)), "matched": (None, lengths),
-             "constrained": (fmt, [MAX_TOKENS] * len(batch))}  # fmt: skip
+             "constrained": (fmt, [MAX_TOKENS] * len(batch)),
+             "mixed": (half, [MAX_TOKENS if f else n for f, n in zip(half, lengths)])}  # fmt: skip
     runs: dict[str, list[dict]] = {name: [] for name in plans}
     for _ in range(rounds):  # interleaved, so all see the same machine
         for name, (f, max_tokens) in plans.items():
@@ -138,18 +154,22 @@ def decode_row(engine: Engine, batch: list[list[int]], fmt: ResponseFormat, roun
     return row
 
 
-def decode_table(base, batches: list[int], rounds: int) -> list[str]:
+def decode_table(base, batches: list[int], rounds: int, tools: bool = False) -> list[str]:
     config = EngineConfig(max_model_len=2048, num_blocks=2048, block_size=16,
                           scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096))  # fmt: skip
     engine = Engine(TimedModel(base.model), base.tokenizer, config)
-    fmt, ps = response_format(RECORD), prompts(base.tokenizer)
+    if tools:
+        fmt, ps = tool_call_format(), tool_prompts(base.tokenizer)
+    else:
+        fmt, ps = response_format(RECORD), prompts(base.tokenizer)
     serve(engine, ps, None, [8] * len(ps))  # warm-up: the prompts in the prefix cache
     serve(engine, ps, fmt, [8] * len(ps))  # and the grammar compiled
     out = [f"| batch | free tok/s ({MAX_TOKENS} tokens) | matched tok/s | constrained tok/s "
            "| constrained / matched | constrained / free | constrained tokens (mean) "
            "| step ms (matched / constrained) | forward ms | rest of the step ms "
-           "| masks ms/step (fill + apply + accept) | masks / constrained step |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+           "| masks ms/step (fill + apply + accept) | masks / constrained step "
+           "| mixed tok/s | mixed / matched |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for b in batches:
         r = decode_row(engine, [ps[i % len(ps)] for i in range(b)], fmt, rounds)
         ms = {k: 1e3 * v for k, v in r.items()}  # the seconds among them, in ms
@@ -162,7 +182,8 @@ def decode_table(base, batches: list[int], rounds: int) -> list[str]:
             f"| {ms['matched forward']:.2f} / {ms['constrained forward']:.2f} "
             f"| {rest['matched']:.2f} / {rest['constrained']:.2f} "
             f"| {ms['masks']:.3f} ({ms['fill']:.3f} + {ms['apply']:.3f} + {ms['accept']:.3f}) "
-            f"| {r['masks'] / r['constrained step']:.1%} |"
+            f"| {r['masks'] / r['constrained step']:.1%} "
+            f"| {r['mixed']:.0f} | {r['mixed'] / r['matched']:.2f}x |"
         )
     engine.shutdown()
     return out
@@ -214,6 +235,8 @@ def main() -> None:
     # wait for a core that another process holds (see bench/README.md)
     ap.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     ap.add_argument("--kit", type=Path, default=DEMO, help="the demo kit's folder")
+    ap.add_argument("--format", choices=["record", "tools"], default="record",
+                    help="the constrained rows: RECORD, or one tool call")  # fmt: skip
     args = ap.parse_args()
     batches, rounds = ([1, 8], 1) if args.quick else (args.batches, args.rounds)
     torch.set_num_threads(args.threads)
@@ -222,9 +245,13 @@ def main() -> None:
     if args.libraries:
         print("\n".join(library_rows(base.tokenizer, base.model.config.vocab_size, args.quick)))
         return
-    print(f"decode: greedy, max_tokens {MAX_TOKENS}, medians of {rounds} interleaved rounds\n")
+    print(f"decode ({args.format}): greedy, max_tokens {MAX_TOKENS}, medians of {rounds} "
+          "interleaved rounds\n")  # fmt: skip
     with torch.inference_mode():
-        print("\n".join(decode_table(base, batches, rounds)) + "\n", flush=True)
+        table = decode_table(base, batches, rounds, args.format == "tools")
+        print("\n".join(table) + "\n", flush=True)
+    if args.format == "tools":
+        return
     reps = 1 if args.quick else 11
     print(f"compile: medians of {reps}\n")
     print("\n".join(compile_table(base.tokenizer, base.model.config.vocab_size, reps)))

@@ -3,8 +3,11 @@ the engine, and the chat prompts (bench/structured.py, structured_libraries.py, 
 
 from __future__ import annotations
 
+import json
+
 from serving.api.core.schema_rules import canonical, check_schema
 from serving.engine.request import ResponseFormat
+from serving.model.tool_formats import HERMES, structural_tag
 
 
 def string(min_length: int, max_length: int) -> dict:
@@ -64,3 +67,26 @@ def prompts(tok) -> list[list[int]]:
     """Chat prompts asking for a record of a standard-library module."""
     asks = [f"Describe the module {m} as JSON: title, author, summary, keywords." for m in MODULES]
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": a}])) for a in asks]
+
+
+# The tool-call rows' functions: TOOLS' four, each its arguments' schema, offered as a chat
+# request's tools and called in the demo template's <tool_call> spelling
+FUNCTIONS = {one["properties"]["name"]["const"]: one["properties"]["arguments"]
+             for one in TOOLS["anyOf"]}  # fmt: skip
+OFFERED = [{"type": "function", "function": {"name": n, "parameters": s}}
+           for n, s in FUNCTIONS.items()]  # fmt: skip
+
+
+def tool_call_format() -> ResponseFormat:
+    """What the chat route passes the engine for tool_choice "required", one call."""
+    functions = [(n, canonical(check_schema(s)), False) for n, s in FUNCTIONS.items()]
+    tag = structural_tag(HERMES, [(n, json.loads(s), strict) for n, s, strict in functions],
+                         "required", False)  # fmt: skip
+    return ResponseFormat("structural_tag", json.dumps(tag))
+
+
+def tool_prompts(tok) -> list[list[int]]:
+    """Chat prompts that offer FUNCTIONS and ask for one of them."""
+    asks = [f"Find the documentation of {m}, then email it to me." for m in MODULES]
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": a}], tools=OFFERED))
+            for a in asks]  # fmt: skip

@@ -12,7 +12,7 @@ from serving.config.section import MODEL_ID_RE, MODEL_ID_RULE, AutoOrPositive, L
 
 Quant = Literal["auto", "fp8", "none"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
-ToolCallFormat = Literal["auto", "hermes", "llama3_json"]
+ToolCallFormat = Literal["auto", "hermes", "llama3_json", "mistral"]
 Method = Literal["none", "draft_model", "ngram"]
 
 
@@ -37,7 +37,8 @@ class ModelSection(Section):
     tool_call_format: ToolCallFormat = Field(
         "auto",
         description="How the model writes tool calls: auto = read from the chat template; "
-        "hermes (<tool_call> tags: Hermes, Qwen); llama3_json (Llama 3.1+).",
+        "hermes (<tool_call> tags: Hermes, Qwen); llama3_json (Llama 3.1+); mistral "
+        "([TOOL_CALLS] and a list).",
     )
 
     @field_validator("id")

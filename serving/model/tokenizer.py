@@ -22,6 +22,7 @@ from serving.model.chat_template import compile_chat_template, render_chat_templ
 from serving.model.errors import ChatTemplateError, ModelLoadError
 from serving.model.hf_config import read_eos_token_ids
 from serving.model.token_bytes import token_bytes_table
+from serving.model.tool_formats import MARKERS
 
 # the named special tokens transformers exposes to chat templates
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -57,6 +58,11 @@ class Tokenizer:
         self.special_texts: tuple[str, ...] = tuple(
             t.content for t in backend.get_added_tokens_decoder().values() if t.special
         )
+        # Special tokens that spell a tool call ([TOOL_CALLS]): kept in decoded text
+        self.marker_ids: frozenset[int] = frozenset(
+            i for i, t in backend.get_added_tokens_decoder().items()
+            if t.special and t.content in MARKERS
+        )  # fmt: skip
         self.special_tokens = dict(special_tokens)
         self.chat_template = chat_template
         # transformers 5 ignores the setting for BPE, where it would remove real spaces
@@ -117,8 +123,22 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of ids; incomplete UTF-8 at either end decodes to U+FFFD."""
-        text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text = self._decode(list(ids), skip_special_tokens)
         return _clean_up(text) if self.cleans_up_spaces else text
+
+    def _decode(self, ids: list[int], skip: bool) -> str:
+        """ids' text; skip leaves out special tokens, but for the markers of tool calls."""
+        if not skip or not self.marker_ids.intersection(ids):
+            return self._backend.decode(ids, skip_special_tokens=skip)
+        pieces, run = [], []
+        for i in ids:
+            if i in self.marker_ids:
+                pieces += [self._backend.decode(run, skip_special_tokens=True),
+                           self._backend.id_to_token(i)]  # fmt: skip
+                run = []
+            else:
+                run.append(i)
+        return "".join(pieces) + self._backend.decode(run, skip_special_tokens=True)
 
     def decode_stream(self, skip_special_tokens: bool = True) -> DecodeStream:
         """A fresh incremental decoder for one generated sequence."""
@@ -213,7 +233,7 @@ class DecodeStream:
         return piece
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer._backend.decode(ids, skip_special_tokens=self._skip)
+        return self._tokenizer._decode(ids, self._skip)
 
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:

@@ -7,9 +7,11 @@ Each family's text comes from one ToolFormat: the chat route parses a model's ou
 | --- | --- | --- |
 | `hermes` (Hermes, Qwen 2.5 and 3) | `<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>` | a newline |
 | `llama3_json` (Llama 3.1, 3.2, 3.3) | `{"name": "f", "parameters": {...}}` | `; ` |
+| `mistral` (Mistral 7B v0.3, Mixtral 8x22B, Mistral Nemo) | `[TOOL_CALLS] [{"name": "f", "arguments": {...}}]`, the calls in one list | `, ` |
 
 The family is read from the chat template (`detect`), or set by `model.tool_call_format`
-where the template does not say.
+where the template does not say. `[TOOL_CALLS]` is a special token: the tokenizer keeps it
+in output text (MARKERS), and the grammar may emit it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 CONFIG_KEY = "model.tool_call_format"
+# Special tokens that are part of a call's spelling: kept in decoded text and in the
+# grammar's vocabulary, where other special tokens are left out of both
+MARKERS = ("[TOOL_CALLS]",)
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,9 @@ class ToolFormat:
     args_key: str  # the key of the arguments object
     end: str  # a call's text after its arguments
     separator: str  # between two calls
+    opening: str = ""  # when the calls sit in one list: the text that opens it
+    closing: str = ""  # and that closes it
+    id_length: int | None = None  # its template's rule for call ids; None: OpenAI's
 
     def begin(self, function: str) -> str:
         """A call's text up to its arguments."""
@@ -40,13 +48,18 @@ HERMES = ToolFormat(
     "hermes", "<tool_call>", '<tool_call>\n{"name": "', "arguments", "}\n</tool_call>", "\n"
 )
 LLAMA3_JSON = ToolFormat("llama3_json", '{"name": ', '{"name": "', "parameters", "}", "; ")
-FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON)}
+# its templates refuse a call id that is not 9 letters and digits
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", '{"name": "', "arguments", "}", ", ",
+                     opening="[TOOL_CALLS] [", closing="]", id_length=9)  # fmt: skip
+FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL)}
 
 
 def detect(template: str | None) -> ToolFormat | None:
     """The family a chat template writes tool calls in; None when it names none."""
     if not template or "tools" not in template:
         return None
+    if "[TOOL_CALLS]" in template:
+        return MISTRAL
     if "<tool_call>" in template:
         return HERMES
     if '"parameters"' in template or "<|python_tag|>" in template:
@@ -67,12 +80,18 @@ def structural_tag(
          "end": fmt.end}
         for name, schema, strict in tools
     ]  # fmt: skip
+    if choice not in ("auto", "required"):
+        tags = [t for t, (name, _, _) in zip(tags, tools, strict=True) if name == choice]
+    one = choice not in ("auto", "required") or not parallel
+    if fmt.opening:  # the calls sit in one list, opened once
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
+                 "at_least_one": True, "stop_after_first": one}  # fmt: skip
+        tags = [{"type": "tag", "begin": fmt.opening, "content": calls, "end": fmt.closing}]
+        one = True
     if choice == "auto":
         body = {"type": "triggered_tags", "triggers": [fmt.trigger], "tags": tags,
-                "at_least_one": False, "stop_after_first": not parallel}  # fmt: skip
+                "at_least_one": False, "stop_after_first": one}  # fmt: skip
     else:
-        named = [t for t, (name, _, _) in zip(tags, tools, strict=True) if name == choice]
-        body = {"type": "tags_with_separator", "tags": named if choice != "required" else tags,
-                "separator": fmt.separator, "at_least_one": True,
-                "stop_after_first": choice != "required" or not parallel}  # fmt: skip
+        body = {"type": "tags_with_separator", "tags": tags, "separator": fmt.separator,
+                "at_least_one": True, "stop_after_first": one}  # fmt: skip
     return {"type": "structural_tag", "format": body}

@@ -48,14 +48,17 @@ class CallReader:
     """feed(text) -> the events that text completes; finish() -> the rest, at the end."""
 
     def __init__(self, fmt: ToolFormat) -> None:
-        opening = fmt.head[: fmt.head.index("{")].strip()
-        self._head = regex.compile(regex.escape(opening) + _NAME)
-        self._tail = regex.compile(
-            "".join(r"\s*" + regex.escape(part) for part in fmt.end.split())
-        )  # fmt: skip
+        # the calls sit in one list (opening ... closing), or each opens on its own
+        self._list = bool(fmt.opening)
+        opening = fmt.opening if self._list else fmt.head[: fmt.head.index("{")]
+        self._head = regex.compile(_spaced(opening) + _NAME)
+        self._item = regex.compile(_NAME)  # a list's later calls
+        self._next = regex.compile(r"\s*([,\]])")  # after a list's call: another, or the end
+        self._tail = regex.compile(_spaced(fmt.end))
         self._trigger = fmt.trigger
         self._buf, self._pos = "", 0
-        self._state = "text"  # text -> head -> args -> tail -> text ...
+        # text -> head -> args -> tail -> text; in a list, tail -> next -> item -> args ...
+        self._state = "text"
         self.calls = 0
         self.failed = False  # a call began and did not parse: the rest is content
         self._depth, self._in_string, self._escaped = 0, False, False
@@ -70,7 +73,7 @@ class CallReader:
     def finish(self) -> list:
         """The events left at the end: held text is content; an open call failed."""
         events = self.feed("")
-        if self._state != "text":
+        if self._state != "text":  # a call, or a list of them, left open
             self.failed = True
         rest = self._buf[self._pos :]
         self._pos = len(self._buf)
@@ -92,8 +95,17 @@ class CallReader:
             return False
         if self._state == "text":
             return self._text(rest, events)
-        if self._state == "head":
-            match = self._head.match(rest, partial=True)
+        if self._state == "next":
+            match = self._next.match(rest, partial=True)
+            if match is None:
+                return self._fail()
+            if match.partial:
+                return False
+            self._pos += match.end()
+            self._state = "item" if match.group(1) == "," else "text"
+            return True
+        if self._state in ("head", "item"):
+            match = (self._head if self._state == "head" else self._item).match(rest, partial=True)
             if match is None:
                 return self._fail()
             if match.partial:
@@ -110,7 +122,7 @@ class CallReader:
         if match.partial:
             return False
         self._pos += match.end()
-        self._state, self.calls = "text", self.calls + 1
+        self._state, self.calls = "next" if self._list else "text", self.calls + 1
         return True
 
     def _text(self, rest: str, events: list) -> bool:
@@ -194,6 +206,11 @@ def parse_calls(fmt: ToolFormat, text: str) -> tuple[str | None, list[ToolCall]]
             arguments[event.index] += event.fragment
     calls = [ToolCall(n, a) for n, a in zip(names, arguments, strict=True)]
     return content.strip() or None, calls
+
+
+def _spaced(text: str) -> str:
+    """A pattern of text's words with any whitespace before and between them."""
+    return "".join(r"\s*" + regex.escape(word) for word in text.split())
 
 
 def _unescape(name: str) -> str:

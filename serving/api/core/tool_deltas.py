@@ -4,15 +4,15 @@ call opens with its index, id, type and name (arguments ""), then its arguments 
 
 from __future__ import annotations
 
-from serving.api.core.tools import ToolPlan, call_id
-from serving.model.tool_parse import Arguments, CallOpened, CallReader, Content
+from serving.api.core.tools import ToolPlan
+from serving.model.tool_parse import CallOpened, CallReader, Content
 
 
 class ToolDeltas:
     """One choice's reader: deltas(new text) -> the deltas it completes; end() the rest."""
 
     def __init__(self, plan: ToolPlan) -> None:
-        self._reader = CallReader(plan.format)
+        self._reader, self._plan = CallReader(plan.format), plan
 
     @property
     def calls(self) -> int:
@@ -20,20 +20,20 @@ class ToolDeltas:
         return self._reader.calls
 
     def deltas(self, text: str) -> list[dict]:
-        return _merged([_delta(e) for e in self._reader.feed(text)])
+        return _merged([self._delta(e) for e in self._reader.feed(text)])
 
     def end(self) -> list[dict]:
-        return _merged([_delta(e) for e in self._reader.finish()])
+        return _merged([self._delta(e) for e in self._reader.finish()])
 
-
-def _delta(event) -> dict:
-    if isinstance(event, Content):
-        return {"content": event.text}
-    if isinstance(event, CallOpened):
-        return {"tool_calls": [{"index": event.index, "id": call_id(), "type": "function",
-                                "function": {"name": event.name, "arguments": ""}}]}  # fmt: skip
-    assert isinstance(event, Arguments)
-    return {"tool_calls": [{"index": event.index, "function": {"arguments": event.fragment}}]}
+    def _delta(self, event) -> dict:
+        if isinstance(event, Content):
+            return {"content": event.text}
+        if isinstance(event, CallOpened):
+            return {"tool_calls": [{"index": event.index, "id": self._plan.call_id(),
+                                    "type": "function",
+                                    "function": {"name": event.name, "arguments": ""}}]}  # fmt: skip
+        return {"tool_calls": [{"index": event.index,
+                                "function": {"arguments": event.fragment}}]}  # fmt: skip
 
 
 def _merged(deltas: list[dict]) -> list[dict]:

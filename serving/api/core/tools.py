@@ -91,6 +91,10 @@ class ToolPlan:
         """(content, calls) of a whole answer."""
         return parse_calls(self.format, text)
 
+    def call_id(self) -> str:
+        """A new call's id: OpenAI's spelling, or the one the model's template insists on."""
+        return call_id(self.format.id_length)
+
 
 def choice_name(choice: ToolChoice | None, tools: list[Tool] | None) -> str:
     """ "none", "auto", "required" or the named function; a 400 names a choice that cannot be."""
@@ -145,8 +149,10 @@ def model_tool_format(settings: AppSettings) -> ToolFormat:
     return fmt
 
 
-def call_id() -> str:
-    """A new tool call's id, as OpenAI spells them."""
+def call_id(length: int | None = None) -> str:
+    """A new tool call's id: as OpenAI spells them, or `length` letters and digits."""
+    if length is not None:
+        return secrets.token_hex(length)[:length]
     return f"call_{secrets.token_hex(12)}"
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from serving.api.core.generation import Outcome
-from serving.api.core.tools import call_id
+from serving.api.core.tools import ToolPlan
 from serving.engine.request import RequestOutput, TokenLogprob
 from serving.model.tokenizer import Tokenizer
 from serving.model.tool_parse import ToolCall
@@ -126,17 +126,17 @@ def chat_completion(
     outcomes: Sequence[Outcome],
     logprobs: Sequence[dict | None],
     n: int,
-    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None,
+    plan: ToolPlan | None = None,
 ) -> dict:
-    """One choice per outcome, in order (n per prompt); usage summed over them. read_calls:
-    an answer's (content, tool calls), where the request offered tools."""
+    """One choice per outcome, in order (n per prompt); usage summed over them. plan: the
+    request's tools, by which each answer is read into content and calls."""
 
     def choice(outcome: Outcome) -> dict:
-        content, calls = read_calls(outcome.text) if read_calls else (outcome.text, [])
+        content, calls = plan.read(outcome.text) if plan else (outcome.text, [])
         message = {"role": "assistant", "content": content}
         reason = finish_reason(outcome.finish_reason)
         if calls:
-            message["tool_calls"] = [tool_call(c, call_id()) for c in calls]
+            message["tool_calls"] = [tool_call(c, plan.call_id()) for c in calls]
             reason = "tool_calls" if reason == "stop" else reason
         return {"message": message, "finish_reason": reason}
 

@@ -65,8 +65,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, ctx: C
     logprobs = [
         fmt.chat_logprobs(s.tokenizer, o.logprobs) if body.logprobs else None for o in outcomes
     ]
-    read = plan.read if plan else None
-    content = fmt.chat_completion(rid, body.model, outcomes, logprobs, body.n, read)
+    content = fmt.chat_completion(rid, body.model, outcomes, logprobs, body.n, plan)
     return answer(gens[-1], content | chat_extras(s.tokenizer, body, outcomes))
 
 

@@ -25,7 +25,7 @@ from serving.api.core.prompts import chat_ids
 from serving.api.core.queued_call import queued_call
 from serving.api.core.settings import AppSettings
 from serving.api.core.sse import event_stream
-from serving.api.core.tools import call_id, template_tools, tool_plan
+from serving.api.core.tools import template_tools, tool_plan
 from serving.api.openai import format as fmt
 from serving.api.openai.responses_calls import tool_events
 from serving.api.openai.responses_format import (
@@ -66,7 +66,7 @@ async def responses(body: ResponsesRequest, request: Request, ctx: Ctx, caller: 
                            outcome.cached_tokens)  # fmt: skip
     status = final_status(outcome.finish_reason)
     text, calls = plan.read(outcome.text) if plan else (outcome.text, [])
-    items = [function_call(c.name, c.arguments, call_id()) for c in calls]
+    items = [function_call(c.name, c.arguments, plan.call_id()) for c in calls]
     if calls and text is None:
         logprobs = None  # no message to carry them
     return answer(gens[0], view.response(status, text, outcome.finish_reason, usage,

@@ -202,9 +202,10 @@ def _make_tokenizer_info(tokenizer, vocab_size: int):
 
     vocab = tokenizer.encoded_vocab()
     stops = set(tokenizer.eos_token_ids)
-    # Special tokens other than the stops never appear in text: an empty string is one the
-    # grammar never allows (xgrammar treats it as special).
-    for i in tokenizer.special_token_ids() - stops:
+    # Special tokens other than the stops (and the markers that spell a tool call) never
+    # appear in text: an empty string is one the grammar never allows (xgrammar treats it
+    # as special).
+    for i in tokenizer.special_token_ids() - stops - tokenizer.marker_ids:
         vocab[i] = ""
     meta = xgrammar.TokenizerInfo._detect_metadata_from_hf(tokenizer.to_json())
     return xgrammar.TokenizerInfo(

@@ -14,7 +14,7 @@ import pytest
 import xgrammar
 
 from serving.engine.request import ResponseFormat
-from serving.model.tool_formats import HERMES, LLAMA3_JSON, structural_tag
+from serving.model.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, structural_tag
 from tests.serving.engine.test_structured import compiled, params, req, run
 from tests.serving.engine.world import build_world
 
@@ -36,6 +36,9 @@ def tool_format(fmt, choice, parallel=False) -> ResponseFormat:
 def calls_of(fmt, text: str) -> list[tuple[str, dict]]:
     """The calls of an answer that is calls only, cut by the family's spelling."""
     out = []
+    if fmt is MISTRAL:  # one JSON list after the marker
+        assert text.startswith("[TOOL_CALLS]"), text
+        return [(c["name"], c["arguments"]) for c in json.loads(text.removeprefix("[TOOL_CALLS]"))]
     if fmt is HERMES:
         *pieces, rest = text.split("</tool_call>")
         assert rest == "" and all(p.strip().startswith("<tool_call>") for p in pieces), text
@@ -54,7 +57,7 @@ def world(tmp_path_factory):
     return build_world(tmp_path_factory.mktemp("structured-tools"))
 
 
-@pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON, MISTRAL], ids=lambda f: f.name)
 def test_required_and_named_rows_are_valid_calls_and_free_rows_untouched(world, engines, fmt):
     choices = ["required", "add", "get_weather", "required"]
     names = ["upper", "rot13", None, "mlp"]

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import tokenizers
 from transformers import AutoTokenizer
 
 from serving.model.errors import ModelLoadError
@@ -137,3 +138,20 @@ def test_token_bytes_join_to_the_texts_bytes(pair):
     # a model's embedding may have rows past the vocabulary: such an id decodes to nothing
     past = ours.vocab_size + 3
     assert ours.token_bytes(past) == b"" and ours.decode([past]) == ""
+
+
+def test_a_tool_call_marker_stays_in_decoded_text(tmp_path):
+    """[TOOL_CALLS] (Mistral's special token that opens calls) is kept in the text, streamed
+    or whole, where other special tokens are left out."""
+    folder = save_tokenizer(tmp_path, "byte_level_bpe")
+    backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.add_special_tokens([tokenizers.AddedToken("[TOOL_CALLS]", special=True)])
+    backend.save(str(folder / "tokenizer.json"))
+    tok = load_tokenizer(folder)
+    marker = backend.token_to_id("[TOOL_CALLS]")
+    ids = [backend.token_to_id("<s>"), marker, *tok.encode(' [{"name": "f"}]', False)]
+    assert tok.marker_ids == {marker}
+    assert tok.decode(ids) == '[TOOL_CALLS] [{"name": "f"}]'
+    stream = tok.decode_stream()
+    assert "".join(stream.step(i) for i in ids) + stream.finish() == tok.decode(ids)
+    assert tok.decode(ids, skip_special_tokens=False).startswith("<s>[TOOL_CALLS]")

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.model.tool_formats import HERMES, LLAMA3_JSON, detect
+from serving.model.tool_formats import HERMES, LLAMA3_JSON, MISTRAL, detect
 from serving.model.tool_parse import (
     Arguments,
     CallOpened,
@@ -26,12 +26,17 @@ HERMES_TEXT = (
 LLAMA_TEXT = (
     f'{{"name": "get_weather", "parameters": {WEATHER}}}; {{"name": "now", "parameters": {{}}}}'
 )
+MISTRAL_TEXT = (
+    f'Checking. [TOOL_CALLS] [{{"name": "get_weather", "arguments": {WEATHER}}}, '
+    '{"name": "now", "arguments": {}}]'
+)
 CALLS = [ToolCall("get_weather", WEATHER), ToolCall("now", "{}")]
 
 
 def test_whole_answers_in_each_family():
     assert parse_calls(HERMES, HERMES_TEXT) == ("Let me look.", CALLS)
     assert parse_calls(LLAMA3_JSON, LLAMA_TEXT) == (None, CALLS)
+    assert parse_calls(MISTRAL, MISTRAL_TEXT) == ("Checking.", CALLS)
     # an unconstrained model's spacing
     loose = '<tool_call>{ "name" : "now" ,"arguments":{"a": 1} }</tool_call>'
     assert parse_calls(HERMES, loose) == (None, [ToolCall("now", '{"a": 1}')])
@@ -47,6 +52,11 @@ def test_text_that_is_no_call_is_content():
     ]:
         assert parse_calls(HERMES, text) == (text, []), text
     assert parse_calls(LLAMA3_JSON, "The answer is 4.") == ("The answer is 4.", [])
+    for text in [
+        '[TOOL_CALLS] [{"name": "f", "arguments": {}}',  # the list left open
+        '[TOOL_CALLS] {"name": "f", "arguments": {}}',
+    ]:  # no list
+        assert parse_calls(MISTRAL, text) == (text, []), text
 
 
 def streamed(fmt, pieces):
@@ -65,7 +75,8 @@ def streamed(fmt, pieces):
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_any_split_of_a_stream_reads_as_the_whole(data):
-    fmt, text = data.draw(st.sampled_from([(HERMES, HERMES_TEXT), (LLAMA3_JSON, LLAMA_TEXT)]))
+    fmt, text = data.draw(st.sampled_from([(HERMES, HERMES_TEXT), (LLAMA3_JSON, LLAMA_TEXT),
+                                           (MISTRAL, MISTRAL_TEXT)]))  # fmt: skip
     cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=12)))
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
     content, calls = streamed(fmt, pieces)
@@ -87,5 +98,6 @@ def test_the_family_is_read_from_the_template():
     assert detect("{% if tools %}...<tool_call>{{ t | tojson }}</tool_call>{% endif %}") is HERMES
     llama = '{% if tools %}Respond as {"name": name, "parameters": dict}{% endif %}'
     assert detect(llama) is LLAMA3_JSON
+    assert detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS] [") is MISTRAL
     assert detect("{% for m in messages %}{{ m.content }}{% endfor %}") is None
     assert detect(None) is None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 # (stage, pattern on a frame "function (path)"), the first match winning for a frame; the
 # specific files come before the packages that hold them (the tokenizer before serving/model).
 STAGES: tuple[tuple[str, str], ...] = (
-    ("detokenize", r"/tokenizers/|/serving/model/tokenizer\.py|^decode_stream |"
+    ("detokenize", r"/tokenizers/|/serving/model/(tokenizer|decode_stream)\.py|^decode_stream |"
                    r"/vllm/v1/engine/detokenizer\.py|/transformers/tokenization"),
     ("SSE and JSON", r"/serving/api/core/sse\.py|/sse_starlette/|/json/|/_json\.c|"
                      r"^model_dump_json "),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from serving.engine.request import SamplingParams
-from serving.model.tokenizer import DecodeStream
+from serving.model.decode_stream import DecodeStream
 
 
 @dataclass

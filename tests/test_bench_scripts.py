@@ -182,11 +182,16 @@ def test_kernels_bench_variants_quick():
 
 @pytest.mark.slow
 def test_structured_bench_quick():
-    # The demo engine free and constrained at batch 1 and 8, then the compile table.
+    # The demo engine free, constrained and mixed at batch 1 and 8, then the compile table;
+    # with --format tools, rows held to a tool call and no compile table.
     out = _run("bench.structured", "--quick")
     rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 8 |"))]
-    assert len(rows) == 2 and all(line.endswith("% |") for line in rows), out
+    assert len(rows) == 2 and all(line.endswith("x |") for line in rows), out
     assert "| record |" in out and "| json_object |" in out
+    out = _run("bench.structured", "--quick", "--format", "tools")
+    rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 8 |"))]
+    assert len(rows) == 2 and all(line.endswith("x |") for line in rows), out
+    assert "decode (tools)" in out and "| record |" not in out
 
 
 @pytest.mark.slow

@@ -96,6 +96,18 @@ class ToolPlan:
         return call_id(self.format.id_length)
 
 
+def one_constraint(tools: list | None, choice: object, response_format) -> None:
+    """ValueError when both tools (called) and a response_format would shape one answer."""
+    if (
+        tools
+        and choice != "none"
+        and response_format is not None
+        and (response_format.type != "text")
+    ):
+        raise ValueError("response_format and tools cannot constrain one answer together: "
+                         'leave response_format out, or send tool_choice "none"')  # fmt: skip
+
+
 def choice_name(choice: ToolChoice | None, tools: list[Tool] | None) -> str:
     """ "none", "auto", "required" or the named function; a 400 names a choice that cannot be."""
     if choice is None:

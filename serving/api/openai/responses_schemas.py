@@ -28,7 +28,14 @@ from serving.api.core.body_fields import MaxTokens
 from serving.api.core.messages import CalledFunction, ChatMessage, MessageToolCall
 from serving.api.core.response_format import JsonSchema, OpenAIResponseFormat
 from serving.api.core.text import Metadata, Text
-from serving.api.core.tools import MAX_TOOLS, FunctionDef, NamedChoice, Tool, ToolChoice
+from serving.api.core.tools import (
+    MAX_TOOLS,
+    FunctionDef,
+    NamedChoice,
+    Tool,
+    ToolChoice,
+    one_constraint,
+)
 from serving.api.openai.schemas import MAX_TOP_LOGPROBS, UNSERVED, OpenAIBody
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -163,6 +170,7 @@ class ResponsesRequest(OpenAIBody):
     def _format_is_valid(self) -> ResponsesRequest:
         if self.text is not None and self.text.format is not None:
             self.response_format = self.text.format.response_format()
+        one_constraint(self.tools, self.tool_choice, self.response_format)
         self.messages()  # a turn this server cannot read is the caller's 400, here
         return self
 

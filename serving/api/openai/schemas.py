@@ -12,7 +12,7 @@ from serving.api.core.body_fields import MaxTokens, SamplingFields
 from serving.api.core.messages import ChatMessage
 from serving.api.core.response_format import OpenAIResponseFormat
 from serving.api.core.text import Text
-from serving.api.core.tools import ToolChoice, Tools
+from serving.api.core.tools import ToolChoice, Tools, one_constraint
 
 MAX_STOPS = 16
 MAX_PROMPTS = 64  # prompts of one completion request, each a generation of its own
@@ -179,10 +179,7 @@ class ChatCompletionRequest(OpenAIBody):
 
     @model_validator(mode="after")
     def _one_constraint(self) -> ChatCompletionRequest:
-        fmt = self.response_format
-        if self.tools and self.tool_choice != "none" and fmt is not None and fmt.type != "text":
-            raise ValueError("response_format and tools cannot constrain one answer together: "
-                             'leave response_format out, or send tool_choice "none"')  # fmt: skip
+        one_constraint(self.tools, self.tool_choice, self.response_format)
         return self
 
     def output_limit(self) -> int | None:

@@ -120,6 +120,8 @@ def test_logprobs_are_included_when_asked(client):
         ({"background": True}, "background responses are not supported"),
         ({"n": 2}, "a response has one output"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]: only function tools are served"),
+        ({"tools": [{"type": "function", "name": "f"}], "text": {"format": {"type": "json_object"}}},
+         "response_format and tools cannot constrain one answer together"),
         ({"include": ["file_search_call.results"]}, "'file_search_call.results' is not supported"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0]: only text is supported, not 'input_image'"),

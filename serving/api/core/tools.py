@@ -96,16 +96,15 @@ class ToolPlan:
         return call_id(self.format.id_length)
 
 
-def one_constraint(tools: list | None, choice: object, response_format) -> None:
-    """ValueError when both tools (called) and a response_format would shape one answer."""
-    if (
-        tools
-        and choice != "none"
-        and response_format is not None
-        and (response_format.type != "text")
-    ):
-        raise ValueError("response_format and tools cannot constrain one answer together: "
-                         'leave response_format out, or send tool_choice "none"')  # fmt: skip
+def one_constraint(
+    tools: list | None, choice: object, response_format, field: str = "response_format"
+) -> None:
+    """ValueError when both tools (called) and a response format (the body's `field`) would
+    shape one answer."""
+    shaped = response_format is not None and response_format.type != "text"
+    if tools and choice != "none" and shaped:
+        raise ValueError(f"{field} and tools cannot constrain one answer together: leave "
+                         f'{field} out, or send tool_choice "none"')  # fmt: skip
 
 
 def choice_name(choice: ToolChoice | None, tools: list[Tool] | None) -> str:

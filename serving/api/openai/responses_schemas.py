@@ -170,7 +170,7 @@ class ResponsesRequest(OpenAIBody):
     def _format_is_valid(self) -> ResponsesRequest:
         if self.text is not None and self.text.format is not None:
             self.response_format = self.text.format.response_format()
-        one_constraint(self.tools, self.tool_choice, self.response_format)
+        one_constraint(self.tools, self.tool_choice, self.response_format, "text.format")
         self.messages()  # a turn this server cannot read is the caller's 400, here
         return self
 

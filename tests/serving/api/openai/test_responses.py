@@ -121,7 +121,7 @@ def test_logprobs_are_included_when_asked(client):
         ({"n": 2}, "a response has one output"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]: only function tools are served"),
         ({"tools": [{"type": "function", "name": "f"}], "text": {"format": {"type": "json_object"}}},
-         "response_format and tools cannot constrain one answer together"),
+         "text.format and tools cannot constrain one answer together: leave text.format out"),
         ({"include": ["file_search_call.results"]}, "'file_search_call.results' is not supported"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
          "input[0].content[0]: only text is supported, not 'input_image'"),

@@ -131,10 +131,14 @@ class ResponsesRequest(OpenAIBody):
             "background": "background responses are not supported",
             "response_format": "use text.format on /v1/responses",
             "prompt": "stored prompts are not supported",
+            "echo": "not served on /v1/responses: use /v1/completions",
         }
         for field, why in refused.items():
             if data.get(field) not in (None, False):
                 raise ValueError(f"{field}: {why}")
+        if data.get("prompt_logprobs") is not None:  # 0 asks too: the tokens' own logprobs
+            raise ValueError("prompt_logprobs: not served on /v1/responses: use "
+                             "/v1/chat/completions")  # fmt: skip
         if data.get("n") not in (None, 1):
             raise ValueError("n: a response has one output; send n requests for more")
         for k, tool in enumerate(data.get("tools") or ()):

@@ -134,15 +134,6 @@ class OpenAIBody(SamplingFields):
                              "false; on /v1/completions, echo streams the prompt's logprobs)")  # fmt: skip
         return self
 
-    @model_validator(mode="before")
-    @classmethod
-    def _echo_only_where_served(cls, data: object) -> object:
-        # a body without the field (chat's) would ignore it, and answer without the prompt
-        if isinstance(data, dict) and "echo" not in cls.model_fields and data.get("echo"):
-            raise ValueError("echo is not served on /v1/chat/completions (send prompt_logprobs "
-                             "for the prompt's log-probabilities, or use /v1/completions)")  # fmt: skip
-        return data
-
     def num_prompt_logprobs(self) -> int | None:
         """The top-n the engine scores each prompt token with; None: it scores none."""
         return self.prompt_logprobs
@@ -160,6 +151,16 @@ class ChatCompletionRequest(OpenAIBody):
         '{"type": "function", "function": {"name": ...}}.',
     )
     parallel_tool_calls: bool | None = Field(None, description="More than one call (default).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_echo(cls, data: object) -> object:
+        # chat has no such field: it would be ignored, and the answer come without the prompt
+        if isinstance(data, dict) and data.get("echo"):
+            raise ValueError("echo is not served on /v1/chat/completions (send prompt_logprobs "
+                             "for the prompt's log-probabilities, or use /v1/completions)")  # fmt: skip
+        return data
+
     max_completion_tokens: MaxTokens | None = Field(None, description="Same as max_tokens.")
     logprobs: bool = Field(False, description="Return each output token's log-probability.")
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None

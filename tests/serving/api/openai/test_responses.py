@@ -120,6 +120,8 @@ def test_logprobs_are_included_when_asked(client):
         ({"background": True}, "background responses are not supported"),
         ({"n": 2}, "a response has one output"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]: only function tools are served"),
+        ({"prompt_logprobs": 0}, "prompt_logprobs: not served on /v1/responses"),
+        ({"echo": True}, "echo: not served on /v1/responses"),
         ({"tools": [{"type": "function", "name": "f"}], "text": {"format": {"type": "json_object"}}},
          "text.format and tools cannot constrain one answer together: leave text.format out"),
         ({"include": ["file_search_call.results"]}, "'file_search_call.results' is not supported"),

@@ -37,9 +37,9 @@ async def chat_ids(
     """The token ids of a chat rendered by the chat template (with the functions of tools
     offered), ready for the reply; field names what the client sent, for errors."""
     chat = [m.turn() for m in messages]
-    calls = json.dumps([(t.get("tool_calls"), t.get("tool_call_id")) for t in chat])
-    structured = json.dumps(tools) + calls if tools or any(t.keys() - {"role", "content"}
-                                                           for t in chat) else ""  # fmt: skip
+    # what the template writes besides the contents: calls, their ids, a tool's name
+    extras = [{k: v for k, v in t.items() if k not in ("role", "content")} for t in chat]
+    structured = json.dumps([tools, extras]) if tools or any(extras) else ""
     _cap_chars(settings, sum(len(t["content"]) for t in chat) + len(structured), field)
     # a call or a function is rendered as the template writes it, text and all: a special
     # token's text there would become the token

@@ -95,34 +95,23 @@ class CallReader:
             return False
         if self._state == "text":
             return self._text(rest, events)
-        if self._state == "next":
-            match = self._next.match(rest, partial=True)
-            if match is None:
-                return self._fail()
-            if match.partial:
-                return False
-            self._pos += match.end()
-            self._state = "item" if match.group(1) == "," else "text"
-            return True
-        if self._state in ("head", "item"):
-            match = (self._head if self._state == "head" else self._item).match(rest, partial=True)
-            if match is None:
-                return self._fail()
-            if match.partial:
-                return False
-            events.append(CallOpened(self.calls, _unescape(match.group(1))))
-            self._pos += match.end()
-            self._state, self._depth = "args", 0
-            return True
         if self._state == "args":
             return self._arguments(rest, events)
-        match = self._tail.match(rest, partial=True)
+        pattern = {"head": self._head, "item": self._item, "next": self._next,
+                   "tail": self._tail}[self._state]  # fmt: skip
+        match = pattern.match(rest, partial=True)
         if match is None:
             return self._fail()
         if match.partial:
             return False
         self._pos += match.end()
-        self._state, self.calls = "next" if self._list else "text", self.calls + 1
+        if self._state in ("head", "item"):  # the call's name: its arguments come next
+            events.append(CallOpened(self.calls, _unescape(match.group(1))))
+            self._state, self._depth = "args", 0
+        elif self._state == "next":  # another call of the list, or its end
+            self._state = "item" if match.group(1) == "," else "text"
+        else:  # the call's end
+            self._state, self.calls = "next" if self._list else "text", self.calls + 1
         return True
 
     def _text(self, rest: str, events: list) -> bool:

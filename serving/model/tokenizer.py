@@ -127,7 +127,7 @@ class Tokenizer:
 
     def _decode(self, ids: list[int], skip: bool) -> str:
         """ids' text; skip leaves out special tokens, but for the markers of tool calls."""
-        if not skip or not self.marker_ids.intersection(ids):
+        if not skip or not self.marker_ids or self.marker_ids.isdisjoint(ids):  # most models: none
             return self._backend.decode(ids, skip_special_tokens=skip)
         pieces, run = [], []
         for i in ids:

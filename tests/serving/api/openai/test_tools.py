@@ -234,3 +234,14 @@ def test_a_responses_stream_sends_call_events(client):
     [call] = events[-1].response.output
     assert call.type == "function_call" and call.arguments == want.arguments
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_the_config_key_names_the_format_a_template_does_not(world, tmp_path):
+    """model.tool_call_format set: a template that writes no calls still gets them read and
+    constrained in that family's spelling."""
+    with serve(world, tmp_path, max_model_len=512, tool_call_format="llama3_json") as s:
+        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key=ACME, max_retries=0)
+        r = c.chat.completions.create(model="demo", messages=ASK, tools=TOOLS, **FIXED,
+                                      tool_choice="required", parallel_tool_calls=False)  # fmt: skip
+        assert r.choices[0].finish_reason == "tool_calls"
+        valid_calls(r.choices[0].message.tool_calls)

@@ -109,7 +109,7 @@ def one_constraint(
 
 def choice_name(choice: ToolChoice | None, tools: list[Tool] | None) -> str:
     """ "none", "auto", "required" or the named function; a 400 names a choice that cannot be."""
-    if choice is None:
+    if choice is None or (choice == "auto" and not tools):  # auto with nothing to call: none
         return "auto" if tools else "none"
     if isinstance(choice, NamedChoice):
         name = choice.function.name

@@ -245,3 +245,11 @@ def test_the_config_key_names_the_format_a_template_does_not(world, tmp_path):
                                       tool_choice="required", parallel_tool_calls=False)  # fmt: skip
         assert r.choices[0].finish_reason == "tool_calls"
         valid_calls(r.choices[0].message.tool_calls)
+
+
+def test_auto_without_tools_is_a_plain_answer(client):
+    """tool_choice "auto" with no tools (a client's default) answers as if it were absent."""
+    r = client.chat.completions.create(model="demo", messages=ASK, tool_choice="auto", max_tokens=2)
+    assert r.choices[0].message.tool_calls is None
+    rr = client.responses.create(model="demo", input="hi", tool_choice="auto", max_output_tokens=2)
+    assert not [item for item in rr.output if item.type == "function_call"]

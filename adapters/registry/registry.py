@@ -50,6 +50,7 @@ from adapters.registry.names import (
     validate_tenant,
 )
 from adapters.registry.records import Entry, Version, entry_record, version_record
+from adapters.registry.staged import StagedAdapters
 from adapters.registry.store import Store
 from adapters.registry.version_files import load_version
 
@@ -69,6 +70,7 @@ class Registry:
         self._skipped_lock = threading.Lock()
         self._store = Store(uri, create=create, **storage_options)
         self._cat = Catalogue(self._store, self._skip)
+        self.staged = StagedAdapters(self._store)  # adapters uploaded a file at a time
 
     def publish(
         self, name: str, adapter: Adapter, owner: str = "default", *, create_only: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from serving.api.admin import (
     routes_adapters,
@@ -23,6 +23,7 @@ from serving.api.batch.input import LineBodies
 from serving.api.batch.items import run_item
 from serving.api.batch.local_store import LocalBatch, memory_batch
 from serving.api.core.batch_store import BatchClient
+from serving.api.core.cloudflare_paths import ACCOUNT_PREFIXES
 from serving.api.core.context import ApiContext
 from serving.api.core.errors import install_error_handlers
 from serving.api.core.generator import Generator
@@ -39,6 +40,9 @@ from serving.api.openai import routes as routes_openai
 from serving.api.openai import routes_responses
 from serving.api.openai.responses_schemas import ResponsesRequest
 from serving.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from serving.api.workers_ai import accounts as routes_accounts
+from serving.api.workers_ai import finetunes as routes_finetunes
+from serving.api.workers_ai import models as routes_workers_models
 from serving.api.workers_ai import routes as routes_workers_ai
 from serving.api.workers_ai.json_body import WorkersJsonBody
 
@@ -109,7 +113,16 @@ def create_app(
     # Outermost: even the gate's refusals name their request.
     app.add_middleware(RequestId)
     install_error_handlers(app)
-    routes = (routes_workers_ai, routes_openai, routes_responses, routes_batch, routes_adapters,
+    # The Workers-AI wing answers at /ai/... and under each of Cloudflare's account prefixes,
+    # in the key's own account only.
+    wing = (routes_workers_ai, routes_finetunes, routes_workers_models)
+    for prefix in ACCOUNT_PREFIXES:
+        in_account = [Depends(routes_accounts.in_account)]
+        for module in wing:
+            app.include_router(module.router, prefix=f"{prefix}/{{account_id}}",
+                               dependencies=in_account,
+                               include_in_schema=prefix == ACCOUNT_PREFIXES[0])  # fmt: skip
+    routes = (*wing, routes_accounts, routes_openai, routes_responses, routes_batch, routes_adapters,
               routes_usage, routes_stats, routes_ops, routes_dashboard)  # fmt: skip
     for module in routes:
         app.include_router(module.router)

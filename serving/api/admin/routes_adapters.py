@@ -13,26 +13,24 @@ and run in worker threads.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, File, Form, Query, UploadFile
 from starlette.concurrency import run_in_threadpool
 
 from adapters.errors import AdapterError
-from adapters.format.adapter import Adapter, parse_adapter
 from adapters.format.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
 from adapters.registry.names import validate_name
-from adapters.registry.records import Entry, Version
+from adapters.registry.records import Entry
 from adapters.registry.registry import Registry
 from adapters.registry.visibility import manageable, visible_entry
 from serving.api.admin.adapter_json import entry_json, version_json
 from serving.api.core.adapter_errors import adapter_http_error
+from serving.api.core.adapter_upload import publish_upload, validate_upload
 from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.quotas import check_quota, holdings, tenant_lock
-from serving.api.core.settings import AppSettings
+from serving.api.core.quotas import tenant_lock
 
 router = APIRouter(tags=["Adapters"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
@@ -74,9 +72,10 @@ async def upload(
     draft = None
     if draft_config is not None:
         draft = {CONFIG: await draft_config.read(), WEIGHTS: await draft_weights.read()}
-    adapter = await run_in_threadpool(_validate, ctx.settings, files, draft)
+    adapter = await run_in_threadpool(validate_upload, ctx.settings, files, draft)
     limits = ctx.settings.limits_of(owner)
-    version = await _registry_call(_publish, ctx.settings.registry, name, adapter, owner, limits)
+    version = await _registry_call(publish_upload, ctx.settings.registry, name, adapter, owner,
+                                   limits)
     return {**version_json(version), "warnings": list(adapter.warnings)}
 
 
@@ -129,43 +128,6 @@ def _target_tenant(caller: Principal, tenant: str | None) -> str:
             code="permission_denied",
         )
     return tenant
-
-
-def _validate(settings: AppSettings, files: dict, draft_files: dict | None) -> Adapter:
-    if draft_files is not None and settings.draft_spec is None:
-        # Nothing to check it against, and nothing would serve it: stored unchecked, it
-        # would fail only once a draft model is configured.
-        raise ApiError(400, "this server runs no draft model (draft.method is not "
-                            "draft_model): upload the adapter without its draft companion")  # fmt: skip
-    try:
-        draft = None
-        if draft_files is not None:
-            draft = parse_adapter(
-                draft_files,
-                base=settings.draft_spec,
-                max_rank=settings.max_lora_rank,
-                label="draft",
-            )
-        return parse_adapter(
-            files,
-            base=settings.base_spec,
-            base_name=settings.model_id,
-            max_rank=settings.max_lora_rank,
-            draft=draft,
-        )
-    except AdapterError as exc:
-        raise ApiError(400, str(exc)) from None
-
-
-def _publish(registry: Registry, name: str, adapter: Adapter, owner: str, limits) -> Version:
-    with tenant_lock(owner):
-        if any(limits.get(k) is not None for k in ("max_adapters", "max_adapter_mb")):
-            check_quota(holdings(registry, owner), name, adapter.digest, adapter.num_bytes, limits)
-        version = registry.publish(name, adapter, owner)
-        # When the name moved there, not when the content was first stored: that may have
-        # been another tenant's upload of the same bytes, which this one must not learn of.
-        moved = registry.show(name, owner).updated
-    return dataclasses.replace(version, created=moved)
 
 
 def _visible(registry: Registry, caller: Principal, name: str, tenant: str | None) -> Entry:

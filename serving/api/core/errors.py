@@ -1,6 +1,8 @@
 """Every error the API answers, as JSON in the style of the route that was asked.
 
-    /ai/...      {"success": false, "errors": [{"code": 400, "message": "..."}], "result": null}
+    /ai/... and Cloudflare's paths (serving.api.core.cloudflare_paths)
+                 {"success": false, "errors": [{"code": 400, "message": "..."}],
+                  "messages": [], "result": null}
     elsewhere    {"error": {"message": "...", "type": "invalid_request_error", "param": null,
                             "code": null}}
 
@@ -23,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
+
+from serving.api.core.cloudflare_paths import is_cloudflare_shaped
 
 log = logging.getLogger("loraserve.api")
 
@@ -61,17 +65,13 @@ class ApiError(Exception):
         return type(self), (self.status, self.message, self.code, self.headers, self.param)
 
 
-def is_workers_ai(path: str) -> bool:
-    """Whether path is a Workers-AI route, which answers errors in its own shape."""
-    return path == "/ai" or path.startswith("/ai/")
-
-
 def error_body(
     path: str, status: int, message: str, code: str | None = None, param: str | None = None
 ) -> dict:
     """The JSON body of an error answered on path."""
-    if is_workers_ai(path):
-        return {"success": False, "errors": [{"code": status, "message": message}], "result": None}
+    if is_cloudflare_shaped(path):
+        errors = [{"code": status, "message": message}]
+        return {"success": False, "errors": errors, "messages": [], "result": None}
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

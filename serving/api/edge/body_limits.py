@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serving.api.core.cloudflare_paths import ai_path
 from serving.api.core.errors import send_error
 from serving.api.edge.http_middleware import HttpMiddleware, first_headers
 
@@ -83,8 +84,14 @@ class BodyLimit(HttpMiddleware):
 
 
 def _is_upload(scope: Scope) -> bool:
-    """A POST of an adapter (the route takes no other body)."""
-    return scope.get("path", "") == "/v1/adapters" and scope.get("method") == "POST"
+    """A POST of an adapter, or of one of a finetune's files (the routes take no other body)."""
+    if scope.get("method") != "POST":
+        return False
+    path = scope.get("path", "")
+    wing = ai_path(path) or ""
+    return path == "/v1/adapters" or (
+        wing.startswith("/ai/finetunes/") and wing.endswith("/finetune-assets")
+    )
 
 
 def _is_batch_payload(scope: Scope) -> bool:
@@ -92,7 +99,7 @@ def _is_batch_payload(scope: Scope) -> bool:
     path = scope.get("path", "")
     if path == "/v1/files":
         return True
-    if not path.startswith("/ai/run/"):
+    if not (ai_path(path) or "").startswith("/ai/run/"):
         return False
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     # the values FastAPI reads as true for the route's bool parameter

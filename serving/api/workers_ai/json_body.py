@@ -1,4 +1,4 @@
-"""/ai/run reads its body as JSON whatever its Content-Type says, as Workers AI's REST API
+"""/ai/run (under Cloudflare's account prefixes too) reads its body as JSON whatever its Content-Type says, as Workers AI's REST API
 does: Cloudflare's own examples send it with curl -d (form-urlencoded) or fetch() with a
 string body (text/plain), and no Content-Type at all is common.
 
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from serving.api.core.cloudflare_paths import ai_path
+
 PREFIX = "/ai/run/"
 READ_AS_JSON = ("", "text/plain", "application/x-www-form-urlencoded")
 
 
 class WorkersJsonBody:
-    """ASGI middleware: a POST to /ai/run/... with such a Content-Type is JSON."""
+    """ASGI middleware: a POST to /ai/run/... (or an account's) with such a Content-Type is JSON."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -24,7 +26,7 @@ class WorkersJsonBody:
         if (
             scope["type"] == "http"
             and scope["method"] == "POST"
-            and scope["path"].startswith(PREFIX)
+            and (ai_path(scope["path"]) or "").startswith(PREFIX)
         ):
             scope = _as_json(scope)
         await self.app(scope, receive, send)

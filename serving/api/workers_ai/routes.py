@@ -1,6 +1,7 @@
 """POST /ai/run/{model}: Cloudflare Workers-AI shaped text generation.
 
-`model` must be the served model's id; the adapter comes from `lora`. A `prompt` is
+`model` must be the served model's id; the adapter comes from `lora` (a name, or a
+finetune's id: serving.api.workers_ai.finetunes). A `prompt` is
 wrapped by the chat template as one user turn unless `raw`; `messages` always are.
 Streams are server-sent events `data: {"response": "..."}`, the last carrying `usage`,
 then `data: [DONE]`. With ?queueRequest=true the body's `requests` are queued as one batch
@@ -39,6 +40,7 @@ from serving.api.core.response_format import engine_format
 from serving.api.core.sse import event_stream
 from serving.api.core.tool_deltas import ToolDeltas
 from serving.api.core.tools import ToolPlan, template_tools, tool_plan
+from serving.api.workers_ai.finetunes import envelope, finetune_version
 from serving.api.workers_ai.queued import workers_poll, workers_status
 from serving.api.workers_ai.schemas import WorkersAIRequest
 from serving.batch.records import WORKERS_AI, NewItem
@@ -69,7 +71,8 @@ async def run(
     if body.request_id is not None:
         return await _poll(body.request_id, ctx, caller)
     ref = adapter_from_lora(s, body.lora) if body.lora is not None else None
-    version = await resolve_version(s, caller, ref)
+    by_id = await finetune_version(s, caller, body.lora) if body.lora is not None else None
+    version = by_id or await resolve_version(s, caller, ref)  # a finetune's id, else a name
     tools = body.chat_tools()
     plan = tool_plan(s, tools, None, None)  # Workers AI's tools: the model may call them
     offered = template_tools(tools)
@@ -108,7 +111,7 @@ async def run(
     if plan is not None:  # Workers AI's shape: the text beside the calls, arguments as objects
         text, calls = plan.read(outcome.text)
         result.update(response=text, tool_calls=[_call(c.name, c.arguments) for c in calls])
-    return answer(gen, {"result": result, "success": True, "errors": [], "messages": []})
+    return answer(gen, envelope(result))
 
 
 async def _queue(model: str, body: WorkersAIRequest, ctx: ApiContext, caller: Principal, queue):
@@ -132,7 +135,7 @@ async def _queue(model: str, body: WorkersAIRequest, ctx: ApiContext, caller: Pr
                                  api=WORKERS_AI, endpoint="/ai/run", items=items,
                                  max_pending=most)  # fmt: skip
     result = {"status": "queued", "request_id": job.id, "model": model}
-    return {"result": result, "success": True, "errors": [], "messages": []}
+    return envelope(result)
 
 
 async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
@@ -147,7 +150,7 @@ async def _poll(request_id: str, ctx: ApiContext, caller: Principal):
         )  # fmt: skip
     if job.finished is not None:  # every response, sent a page at a time as it is read
         return await streamed(workers_poll(ctx.batch, caller.tenant, job), "application/json")
-    return {"result": workers_status(job), "success": True, "errors": [], "messages": []}
+    return envelope(workers_status(job))
 
 
 async def _events(gen: Generation, plan: ToolPlan | None) -> AsyncIterator[str]:

@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from adapters.registry import publishing
-from serving.api.admin import routes_adapters
-from serving.api.core import quotas
+from serving.api.core import adapter_upload, quotas
 from serving.api.core.caller import Principal, key_id
 from serving.api.core.errors import ApiError
 from serving.api.core.quotas import Holdings, check_quota, holdings
@@ -114,7 +113,7 @@ def test_concurrent_uploads_never_take_a_tenant_past_max_adapters(served, monkey
 def test_concurrent_creates_of_one_name_end_with_one_winner_and_a_409(served, monkeypatch):
     """Two API processes (each its own tenant lock) create one name at once: the registry's
     own claim lets one win and answers the other a clean 409."""
-    monkeypatch.setattr(routes_adapters, "tenant_lock", lambda tenant: threading.Lock())
+    monkeypatch.setattr(adapter_upload, "tenant_lock", lambda tenant: threading.Lock())
     looked = threading.Barrier(2, timeout=30)
     real = publishing.store_version
 

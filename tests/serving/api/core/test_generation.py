@@ -134,6 +134,7 @@ def test_an_unexpected_fault_is_a_generic_json_500(world, tmp_path):
     assert r.json() == {
         "success": False,
         "errors": [{"code": 500, "message": "internal server error"}],
+        "messages": [],
         "result": None,
     }
     assert "internal detail" not in r.text

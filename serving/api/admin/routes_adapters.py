@@ -74,8 +74,9 @@ async def upload(
         draft = {CONFIG: await draft_config.read(), WEIGHTS: await draft_weights.read()}
     adapter = await run_in_threadpool(validate_upload, ctx.settings, files, draft)
     limits = ctx.settings.limits_of(owner)
-    version = await _registry_call(publish_upload, ctx.settings.registry, name, adapter, owner,
-                                   limits)
+    version = await _registry_call(
+        publish_upload, ctx.settings.registry, name, adapter, owner, limits
+    )
     return {**version_json(version), "warnings": list(adapter.warnings)}
 
 

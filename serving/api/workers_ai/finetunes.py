@@ -196,16 +196,21 @@ def _receive(settings: AppSettings, staged: Staged, file_name: str, data: bytes,
     """Keep one file; with both in, check the adapter whole and publish it. A file that fails
     is not kept."""
     registry = settings.registry
-    files = {**registry.staged.files(staged.id), file_name: data}
-    if not all(name in files for name in ASSETS):
-        if file_name == CONFIG:  # checked alone now, rather than when the weights arrive
-            try:
-                parse_config(data, "adapter", settings.max_lora_rank)
-            except AdapterError as exc:
-                raise ApiError(400, str(exc)) from None
-        return registry.staged.put_file(staged, file_name, data)
+    # Under the tenant's lock, so that two calls bringing the two files at once (in this
+    # process) cannot each find the other's missing and leave the finetune unpublished.
+    with tenant_lock(staged.owner):
+        files = {**registry.staged.files(staged.id), file_name: data}
+        if not all(name in files for name in ASSETS):
+            if file_name == CONFIG:  # checked alone now, rather than when the weights arrive
+                try:
+                    parse_config(data, "adapter", settings.max_lora_rank)
+                except AdapterError as exc:
+                    raise ApiError(400, str(exc)) from None
+            return registry.staged.put_file(staged, file_name, data)
+        if staged.public and registry.public_owner(staged.name) not in (None, staged.owner):
+            raise NameConflict(f"another account's adapter {staged.name!r} is public already")
     adapter = validate_upload(settings, {name: files[name] for name in ASSETS}, None)
-    publish_upload(registry, staged.name, adapter, staged.owner, limits)
+    publish_upload(registry, staged.name, adapter, staged.owner, limits)  # takes the lock
     if staged.public:
         with tenant_lock(staged.owner):
             registry.set_public(staged.name, staged.owner, True)

@@ -172,7 +172,7 @@ def test_bad_input_is_a_json_error(served, method, path, kwargs, status, message
     assert r.status_code == status, r.text
     body = r.json()
     if path.startswith("/ai/"):
-        assert set(body) == {"success", "errors", "result"} and body["success"] is False
+        assert set(body) == {"success", "errors", "messages", "result"} and body["success"] is False
         assert body["result"] is None and body["errors"][0]["code"] == status
         text = body["errors"][0]["message"]
     else:

@@ -2,6 +2,7 @@
 once both files are in and checked, a failed upload leaves it as it was, a key acts in its
 own account only, and every answer, errors included, is in Cloudflare's envelope."""
 
+import threading
 import uuid
 
 import httpx
@@ -190,3 +191,21 @@ def test_unknown_paths_and_limits_answer_in_the_envelope(served):
     assert r.status_code == 404 and error_of(r)
     r = call(served, "GET", f"{ACCOUNT}/ai/finetunes/public", params={"orderBy": "colour"})
     assert r.status_code == 400 and "orderBy" in error_of(r)
+
+
+def test_both_files_at_once_publish_the_finetune(served):
+    made = create(served, "ft-together").json()["result"]
+    files = files_of(served, "qk")
+    answers = {}
+    threads = [
+        threading.Thread(target=lambda n=n: answers.update({n: asset(served, made["id"], n,
+                                                                       files[n])}))
+        for n in files
+    ]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in answers.values()] == [200, 200]
+    assert listed(served)[made["id"]]["ready"] is True
+    assert run(served, made["id"]).status_code == 200

@@ -1,6 +1,7 @@
 """wrangler, Cloudflare's CLI from npm, against `loraserve serve` with CLOUDFLARE_API_BASE_URL
 pointed at it and one of our keys as its token: `wrangler ai finetune create` uploads the
-demo kit's adapter, `wrangler ai finetune list` shows it, and it answers as `lora`.
+demo kit's adapter, `wrangler ai finetune list` shows it, and it answers as `lora`; `wrangler ai models` lists the
+served model.
 
 wrangler finds its account from GET /memberships (no CLOUDFLARE_ACCOUNT_ID is set). .ci/run
 installs it (npm, `wrangler@4`); elsewhere npx fetches it on first use."""
@@ -59,6 +60,10 @@ def test_wrangler_creates_lists_and_the_finetune_answers(tmp_path):
         assert listed.returncode == 0, listed.stdout + listed.stderr
         rows = json.loads(listed.stdout[listed.stdout.index("[") :])
         [row] = [r for r in rows if r["name"] == "wr-upper"]
+        models = wrangler(url, home, "ai", "models", "--json")
+        assert models.returncode == 0, models.stdout + models.stderr
+        catalogue = json.loads(models.stdout[models.stdout.index("[") :])
+        assert [m["name"] for m in catalogue] == ["demo"]
         auth = {"Authorization": f"Bearer {KEY}"}
         answers = []
         for lora in (row["id"], "wr-upper", "upper"):  # its id, its name, the preloaded one

@@ -4,6 +4,7 @@ goes out as it comes and the calls whole with the last event."""
 
 import json
 
+import cloudflare
 import httpx
 import jsonschema
 import pytest
@@ -85,3 +86,15 @@ def test_refusals_name_the_field(served, change, words):
     body = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, **change}
     r = run(served, {k: v for k, v in body.items() if v is not None})
     assert r.status_code == 400 and words in r.text, r.text
+
+
+def test_cloudflares_sdk_sends_tools_and_reads_the_calls(served):
+    client = cloudflare.Cloudflare(api_token=ACME, base_url=served.url, max_retries=0)
+    result = client.ai.run(MODEL_ID, account_id="acme", tools=TOOLS, temperature=0,
+                           messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                           max_tokens=160, lora="upper")  # fmt: skip
+    direct = run(served, {"messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                          "tools": TOOLS, "temperature": 0, "max_tokens": 160,
+                          "lora": "upper"}).json()["result"]  # fmt: skip
+    assert answers(result) == answers(direct)
+    assert result["response"] == direct["response"]

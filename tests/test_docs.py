@@ -89,7 +89,7 @@ def _served(tmp_path: Path) -> set[tuple[str, str]]:
 
 # Cloudflare's prefixes: the Workers-AI wing's copies under them are one README row each
 CLOUDFLARE_COPY = re.compile(
-    r"^(?:/client/v4/accounts/\{account_id\}|/accounts/\{account_id\}|/client/v4)(?=/)"
+    r"^(?:/client/v4/accounts/\{account_id\}|/accounts/\{account_id\})(?=/ai/)|^/client/v4(?=/)"
 )
 ACCOUNT_COPIES = ("/accounts/{account_id}", "/client/v4/accounts/{account_id}")
 

@@ -96,6 +96,15 @@ def load_adapter(
     )
 
 
+def pickle_refused(label: str = "adapter") -> AdapterError:
+    """The one refusal of pickled weights (adapter_model.bin), saying how to convert them."""
+    return AdapterError(
+        f"{label}: {PICKLE_WEIGHTS} is pickle and is refused; save with "
+        "model.save_pretrained(dir, safe_serialization=True) or convert it with "
+        f"safetensors.torch.save_file(torch.load(path, weights_only=True), '{WEIGHTS}')"
+    )
+
+
 def parse_adapter(
     files: Mapping[str, bytes],
     *,
@@ -117,12 +126,7 @@ def parse_adapter(
         raise AdapterError(f"{label}: {CONFIG} is missing")
     if WEIGHTS not in files:
         if PICKLE_WEIGHTS in files:
-            raise AdapterError(
-                f"{label}: {PICKLE_WEIGHTS} is pickle and is refused; save with "
-                "model.save_pretrained(dir, safe_serialization=True) or convert it with "
-                "safetensors.torch.save_file(torch.load(path, weights_only=True), "
-                f"'{WEIGHTS}')"
-            )
+            raise pickle_refused(label)
         raise AdapterError(f"{label}: {WEIGHTS} is missing")
     config = parse_config(files[CONFIG], label, max_rank)
     scan = stored_digest is None

@@ -200,6 +200,10 @@ class Registry:
         validate_name(name)
         return public_index.public_owner(self._cat, name)
 
+    def public_names(self) -> dict[str, str]:
+        """name -> owner of every public adapter."""
+        return self._cat.public_index()
+
     def write_lease(self, holder: str, digests: Iterable[str]) -> None:
         """Record that holder (a replica) uses these versions; gc keeps them while it is fresh.
         Digests or version strings ('tenant/name@digest') are both accepted."""

@@ -4,7 +4,8 @@ to its name once every file is there and the whole validates (Workers AI's finet
 Layout under the registry's root, beside the catalogue's (adapters.registry.registry):
 
     staged/<id>/record.json              {"id", "owner", "name", "base", "description",
-                                          "public", "created", "modified", "published"}
+                                          "public", "created", "modified", "published",
+                                          "sizes": {file name: bytes received}}
     staged/<id>/files/<file name>        a file received, kept until the adapter is published
     tenants/<tenant>/staged/<name>.json  {"id"}: the tenant's staged adapter of that name
 
@@ -27,7 +28,7 @@ from adapters.registry.store import Store
 
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 RECORD_KEYS = ("id", "owner", "name", "base", "description", "public", "created", "modified",
-               "published")  # fmt: skip
+               "published", "sizes")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Staged:
     created: str  # ISO 8601 UTC
     modified: str
     published: bool
+    sizes: dict[str, int]  # the files held now (none once published): name -> bytes
 
 
 class StagedAdapters:
@@ -57,12 +59,13 @@ class StagedAdapters:
         validate_name(name)
         validate_tenant(owner)
         now = now_iso()
-        staged = Staged(str(uuid.uuid4()), owner, name, base, description, public, now, now, False)
+        staged = Staged(str(uuid.uuid4()), owner, name, base, description, public, now, now,
+                        published=False, sizes={})  # fmt: skip
         earlier = self.of_name(owner, name)
         self._write(staged)
         self._store.write_json(_name_file(owner, name), {"id": staged.id})
         if earlier is not None:
-            self._store.remove(_dir(earlier.id))
+            self.drop(earlier)
         return staged
 
     def get(self, staged_id: str) -> Staged | None:
@@ -100,13 +103,26 @@ class StagedAdapters:
     def put_file(self, staged: Staged, file_name: str, data: bytes) -> Staged:
         """Keep one received file (replacing an earlier copy of it)."""
         self._store.write(f"{_dir(staged.id)}/files/{file_name}", data)
-        return self._touch(staged)
+        return self._touch(staged, sizes={**staged.sizes, file_name: len(data)})
+
+    def remove_file(self, staged: Staged, file_name: str) -> Staged:
+        """Forget one received file."""
+        self._store.remove(f"{_dir(staged.id)}/files/{file_name}")
+        sizes = {k: v for k, v in staged.sizes.items() if k != file_name}
+        return self._touch(staged, sizes=sizes)
 
     def mark_published(self, staged: Staged) -> Staged:
         """Record that staged's name now holds its adapter, and drop its files."""
-        done = self._touch(staged, published=True)
+        done = self._touch(staged, published=True, sizes={})
         self._store.remove(f"{_dir(staged.id)}/files")
         return done
+
+    def drop(self, staged: Staged) -> None:
+        """Remove staged and its files (and its name's marker, if the marker is still its)."""
+        marker = _name_file(staged.owner, staged.name)
+        if (self._store.read_json(marker) or {}).get("id") == staged.id:
+            self._store.remove(marker)
+        self._store.remove(_dir(staged.id))
 
     def _touch(self, staged: Staged, **changes) -> Staged:
         updated = dataclasses.replace(staged, modified=now_iso(), **changes)

@@ -16,6 +16,7 @@ from adapters.errors import AdapterError, NotOwner, UnknownAdapter
 from adapters.registry.names import parse_ref, validate_tenant
 from adapters.registry.records import Entry, Version
 from adapters.registry.registry import Registry
+from adapters.registry.staged import Staged
 
 
 def visible_owner(registry: Registry, tenant: str, name: str) -> str:
@@ -76,3 +77,15 @@ def manageable(
             f"or --tenant {public_owner})"
         )
     return registry.show(name, public_owner)
+
+
+def visible_staged(registry: Registry, tenant: str, staged_id: str) -> Staged | None:
+    """The staged adapter (a finetune) of this id as a caller of tenant sees it: its own in
+    any state, another tenant's once published to a name that is public; else None, for
+    admins too, as for names."""
+    staged = registry.staged.get(staged_id)
+    if staged is None or staged.owner == tenant:
+        return staged
+    if staged.published and registry.public_owner(staged.name) == staged.owner:
+        return staged
+    return None

@@ -25,7 +25,7 @@ from adapters.registry.records import Entry
 from adapters.registry.registry import Registry
 from adapters.registry.visibility import manageable, visible_entry
 from serving.api.admin.adapter_json import entry_json, version_json
-from serving.api.core.adapter_errors import adapter_http_error
+from serving.api.core.adapter_errors import registry_call
 from serving.api.core.adapter_upload import publish_upload, validate_upload
 from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
@@ -74,7 +74,7 @@ async def upload(
         draft = {CONFIG: await draft_config.read(), WEIGHTS: await draft_weights.read()}
     adapter = await run_in_threadpool(validate_upload, ctx.settings, files, draft)
     limits = ctx.settings.limits_of(owner)
-    version = await _registry_call(
+    version = await registry_call(
         publish_upload, ctx.settings.registry, name, adapter, owner, limits
     )
     return {**version_json(version), "warnings": list(adapter.warnings)}
@@ -84,24 +84,24 @@ async def upload(
 async def list_adapters(ctx: Ctx, caller: Caller, tenant: Tenant = None):
     registry = ctx.settings.registry
     if caller.is_admin:
-        entries = await _registry_call(registry.list, tenant)
+        entries = await registry_call(registry.list, tenant)
     else:
         _target_tenant(caller, tenant)
-        entries = await _registry_call(registry.list_visible, caller.tenant)
+        entries = await registry_call(registry.list_visible, caller.tenant)
     return {"object": "list", "data": [entry_json(e) for e in entries]}
 
 
 @router.get("/v1/adapters/{name}", summary="One adapter with its version history")
 async def show_adapter(name: str, ctx: Ctx, caller: Caller, tenant: Tenant = None):
     _valid_name(name)
-    entry = await _registry_call(_visible, ctx.settings.registry, caller, name, tenant)
+    entry = await registry_call(_visible, ctx.settings.registry, caller, name, tenant)
     return {**entry_json(entry), "history": list(entry.history)}
 
 
 @router.delete("/v1/adapters/{name}", summary="Delete a name; its versions stay immutable")
 async def delete_adapter(name: str, ctx: Ctx, caller: Caller, tenant: Tenant = None):
     _valid_name(name)
-    await _registry_call(_delete, ctx.settings.registry, caller, name, tenant)
+    await registry_call(_delete, ctx.settings.registry, caller, name, tenant)
     return {"id": name, "object": "adapter", "deleted": True}
 
 
@@ -114,7 +114,7 @@ async def set_public(
     tenant: Tenant = None,
 ):
     _valid_name(name)
-    entry = await _registry_call(_set_public, ctx.settings.registry, caller, name, tenant, public)
+    entry = await registry_call(_set_public, ctx.settings.registry, caller, name, tenant, public)
     return entry_json(entry)
 
 
@@ -151,13 +151,6 @@ def _set_public(
                        code="permission_denied")  # fmt: skip
     with tenant_lock(entry.owner):
         return registry.set_public(name, entry.owner, public)
-
-
-async def _registry_call(fn, *args):
-    try:
-        return await run_in_threadpool(fn, *args)
-    except AdapterError as exc:
-        raise adapter_http_error(exc, not_found="adapter_not_found") from None
 
 
 def _valid_name(name: str) -> None:

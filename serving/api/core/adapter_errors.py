@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from starlette.concurrency import run_in_threadpool
+
 from adapters.errors import (
     AdapterError,
     NameConflict,
@@ -34,6 +36,14 @@ def adapter_http_error(exc: AdapterError, not_found: str = "model_not_found") ->
     if isinstance(exc, RegistryCorrupt):
         return _damaged(exc)
     return ApiError(400, str(exc))
+
+
+async def registry_call(fn, *args, not_found: str = "adapter_not_found"):
+    """fn(*args), blocking registry work, in a worker thread; its AdapterError as an answer."""
+    try:
+        return await run_in_threadpool(fn, *args)
+    except AdapterError as exc:
+        raise adapter_http_error(exc, not_found=not_found) from None
 
 
 def _damaged(exc: RegistryCorrupt) -> ApiError:

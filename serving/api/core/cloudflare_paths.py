@@ -32,4 +32,5 @@ def is_cloudflare_shaped(path: str) -> bool:
     """Whether path answers in Cloudflare's envelope ({"result", "success", "errors", ...})."""
     if ai_path(path) is not None or path.startswith(f"{CLOUDFLARE_ROOT}/"):
         return True
-    return path.startswith(ACCOUNT_PREFIXES[0] + "/") or path in ACCOUNT_API
+    accounts = ACCOUNT_PREFIXES[0]
+    return path in (accounts, *ACCOUNT_API) or path.startswith(f"{accounts}/")

@@ -24,20 +24,24 @@ from serving.batch.records import BatchHoldings
 from serving.batch.store import BatchQueueFull
 
 MB = 2**20
+# Finetunes still missing a file that a tenant may hold where max_adapters sets no bound:
+# each keeps what it has received, up to the largest adapter the model takes.
+MAX_UNFINISHED = 64
 # Held weakly: a tenant's lock lives while someone holds it or waits for it (each keeps a
 # reference), so the table holds the tenants writing now, not every tenant that ever wrote.
-_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
+# Reentrant: a finetune's publish takes it inside the step that holds it for its files.
+_locks: weakref.WeakValueDictionary[str, threading.RLock] = weakref.WeakValueDictionary()
 _locks_lock = threading.Lock()
 
 
-def tenant_lock(tenant: str) -> threading.Lock:
+def tenant_lock(tenant: str) -> threading.RLock:
     """The lock a tenant's adapter writes (publish, delete, public flag) take in this process:
     a quota check and its publish are one step, and a delete does not remove a name's folder
     while an upload writes into it (the store then fails, read as an unreachable registry)."""
     with _locks_lock:
         lock = _locks.get(tenant)
         if lock is None:
-            lock = _locks[tenant] = threading.Lock()
+            lock = _locks[tenant] = threading.RLock()
         return lock
 
 
@@ -88,6 +92,32 @@ def check_quota(
             f"this upload ({num_bytes / MB:.1f} MB) would take this tenant's stored adapter "
             f"versions to {after / MB:.1f} MB, above its limit of {max_mb} MB; deleting a "
             "name frees its versions"
+        )
+
+
+def check_unfinished(count: int, limits: Mapping[str, int | None]) -> None:
+    """429 unless a tenant may hold `count` finetunes still missing files: as many as
+    max_adapters allows, else MAX_UNFINISHED."""
+    most = limits.get("max_adapters")
+    most = MAX_UNFINISHED if most is None else most
+    if count > most:
+        raise _exceeded(
+            f"this tenant may hold at most {most} finetunes still missing files and holds "
+            f"{count - 1}: upload their files, or create one again under its name"
+        )
+
+
+def check_staged_bytes(
+    held: Holdings, staged_bytes: int, num_bytes: int, limits: Mapping[str, int | None]
+) -> None:
+    """429 unless a tenant holding `held` and staged_bytes in unfinished finetunes may keep
+    one more staged file of num_bytes under max_adapter_mb."""
+    max_mb = limits.get("max_adapter_mb")
+    after = sum(held.sizes.values()) + staged_bytes + num_bytes
+    if max_mb is not None and after > max_mb * MB:
+        raise _exceeded(
+            f"this file ({num_bytes / MB:.1f} MB) would take this tenant's stored adapters and "
+            f"unfinished finetunes to {after / MB:.1f} MB, above its limit of {max_mb} MB"
         )
 
 

@@ -5,13 +5,12 @@
     GET  /ai/finetunes/public                  public ones (?limit=&offset=&orderBy=)
     POST /ai/finetunes/{id}/finetune-assets    multipart `file` + `file_name`
 
-(and under Cloudflare's account prefixes, serving.api.core.cloudflare_paths). A finetune
-is an adapter staged a file at a time (adapters.registry.staged): once adapter_config.json
-and adapter_model.safetensors are both in, they pass the checks of POST /v1/adapters
-(serving.api.core.adapter_upload) and are published to the tenant's name, after which
-the finetune's id and its name both work as `lora`. Until then it serves nothing. A file
-that fails the checks is not kept, so the finetune stays as it was; a complete finetune's
-files cannot change (a new version goes through POST /v1/adapters).
+(and under Cloudflare's account prefixes, serving.api.core.cloudflare_paths). Once
+adapter_config.json and adapter_model.safetensors are both in, they pass the checks of
+POST /v1/adapters and are published to the account's adapter name; the finetune's id then
+works as `lora` on the Workers-AI routes, as its name does. Until then it serves nothing. A
+file that fails a check is not kept, and a complete finetune's files cannot change (a new
+version goes through POST /v1/adapters). The steps themselves: finetune_staging.
 """
 
 from __future__ import annotations
@@ -20,30 +19,23 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
-from adapters.errors import AdapterError, NameConflict, quoted
-from adapters.format.peft_config import parse_config
-from adapters.format.sources import CONFIG, PICKLE_WEIGHTS, WEIGHTS
+from adapters.errors import AdapterError, quoted
 from adapters.registry.names import validate_name
 from adapters.registry.records import Version
-from adapters.registry.registry import Registry
 from adapters.registry.staged import UUID_RE, Staged
-from serving.api.core.adapter_errors import adapter_http_error
-from serving.api.core.adapter_upload import publish_upload, validate_upload
+from serving.api.core.adapter_errors import registry_call
 from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.core.quotas import tenant_lock
 from serving.api.core.settings import AppSettings
+from serving.api.workers_ai import finetune_staging as staging
+from serving.api.workers_ai.envelope import envelope
 
 router = APIRouter(tags=["Workers AI finetunes"])
 Ctx = Annotated[ApiContext, Depends(api_context)]
 Caller = Annotated[Principal, Depends(authenticate)]
-ASSETS = (CONFIG, WEIGHTS)
-# Finetunes still missing a file that one account may hold: each keeps the files it has
-# received (up to the largest adapter each), and there is no route to delete one.
-MAX_UNFINISHED = 64
+ORDER_BY = ("created_at", "modified_at", "name", "id")
 
 
 class FinetuneCreate(BaseModel):
@@ -57,19 +49,14 @@ class FinetuneCreate(BaseModel):
     public: bool = Field(False, description="Usable by every account (admin keys).")
 
 
-def envelope(result: object) -> dict:
-    """A successful answer in Cloudflare's envelope."""
-    return {"result": result, "success": True, "errors": [], "messages": []}
-
-
-def finetune_json(staged: Staged) -> dict:
-    """A finetune as Workers AI lists it."""
+def finetune_json(staged: Staged, public: bool) -> dict:
+    """A finetune as Workers AI lists it; public, whether its adapter is public now."""
     return {
         "id": staged.id,
         "name": staged.name,
         "model": staged.base,
         "description": staged.description,
-        "public": staged.public,
+        "public": public,
         "created_at": staged.created,
         "modified_at": staged.modified,
         "ready": staged.published,  # both files in, checked and published
@@ -88,14 +75,17 @@ async def create(body: FinetuneCreate, ctx: Ctx, caller: Caller):
         raise ApiError(400, f"name: {exc}") from None
     if body.public and not caller.is_admin:
         raise ApiError(403, "only an admin key can make a finetune public")
-    staged = await _registry_call(_create, s.registry, caller.tenant, body)
-    return envelope(finetune_json(staged))
+    staged = await registry_call(
+        staging.create, s.registry, caller.tenant, body.name, body.model, body.description,
+        body.public, s.limits_of(caller.tenant),
+    )  # fmt: skip
+    return envelope(finetune_json(staged, body.public))
 
 
 @router.get("/ai/finetunes", summary="The account's finetunes (Workers AI)")
 async def list_finetunes(ctx: Ctx, caller: Caller):
-    found = await _registry_call(_listed, ctx.settings.registry, caller.tenant)
-    return envelope([finetune_json(f) for f in found])
+    found = await registry_call(staging.listed, ctx.settings.registry, caller.tenant)
+    return envelope([finetune_json(f, public) for f, public in found])
 
 
 @router.get("/ai/finetunes/public", summary="Public finetunes (Workers AI)")
@@ -106,12 +96,11 @@ async def list_public(
     offset: Annotated[int, Query(ge=0)] = 0,
     order_by: Annotated[str, Query(alias="orderBy", max_length=64)] = "created_at",
 ):
-    found = await _registry_call(_public, ctx.settings.registry, caller.tenant)
-    rows = [finetune_json(f) for f in found]
-    if order_by not in ("created_at", "modified_at", "name", "id"):
-        raise ApiError(400, f"orderBy: unknown column {quoted(order_by)}; use created_at, "
-                            "modified_at, name or id")  # fmt: skip
-    rows.sort(key=lambda row: (row[order_by], row["id"]))
+    if order_by not in ORDER_BY:
+        raise ApiError(400, f"orderBy: unknown column {quoted(order_by)}; use "
+                            f"{', '.join(ORDER_BY)}")  # fmt: skip
+    found = await registry_call(staging.public, ctx.settings.registry)
+    rows = sorted((finetune_json(f, True) for f in found), key=lambda r: (r[order_by], r["id"]))
     return envelope(rows[offset : offset + limit])
 
 
@@ -121,119 +110,21 @@ async def upload_asset(
     ctx: Ctx,
     caller: Caller,
     file: Annotated[UploadFile, File(description="The file's bytes.")],
-    file_name: Annotated[str, Form(max_length=256, description=" or ".join(ASSETS))],
+    file_name: Annotated[str, Form(max_length=256, description=" or ".join(staging.ASSETS))],
 ):
     s = ctx.settings
-    staged = await _registry_call(_own, s.registry, caller.tenant, finetune_id)
-    if file_name == PICKLE_WEIGHTS:  # the one message every upload route gives for pickle
-        validate_upload(s, {CONFIG: b"", PICKLE_WEIGHTS: b""}, None)
-    if file_name not in ASSETS:
-        raise ApiError(400, f"file_name: {quoted(file_name)} is not a finetune file; send "
-                            f"{CONFIG} and {WEIGHTS}, one per call")  # fmt: skip
-    if staged.published:
-        raise ApiError(409, f"finetune {staged.name!r} is complete and its files cannot change: "
-                            "create a new finetune, or upload a new version of the adapter "
-                            "with POST /v1/adapters")  # fmt: skip
     data = await file.read()
-    limits = s.limits_of(caller.tenant)
-    staged = await _registry_call(_receive, s, staged, file_name, data, limits)
-    return envelope(finetune_json(staged))
+    staged, warnings = await registry_call(
+        staging.receive, s, caller.tenant, finetune_id, file_name, data,
+        s.limits_of(caller.tenant),
+    )  # fmt: skip
+    return envelope(finetune_json(staged, staged.public), messages=warnings)
 
 
-async def finetune_version(settings: AppSettings, caller: Principal, lora: str) -> Version | None:
+async def finetune_version(settings: AppSettings, caller: Principal, ref: str) -> Version | None:
     """The version a `lora` naming a finetune by its id runs, None if it names none the
     caller may see (then it is read as an adapter name); 404 for one still missing files."""
-    if not UUID_RE.fullmatch(lora):
+    if not UUID_RE.fullmatch(ref):
         return None
-    return await _registry_call(_finetune_version, settings.registry, caller, lora)
-
-
-def _create(registry: Registry, owner: str, body: FinetuneCreate) -> Staged:
-    with tenant_lock(owner):
-        if registry.exists(body.name, owner):
-            raise NameConflict(
-                f"this account already has an adapter named {body.name!r}: pick another "
-                "name, or upload a new version of it with POST /v1/adapters"
-            )
-        earlier = registry.staged.of_name(owner, body.name)  # unfinished: this one replaces it
-        unfinished = [f for f in registry.staged.list(owner) if not f.published]
-        if len(unfinished) >= MAX_UNFINISHED and earlier not in unfinished:
-            raise AdapterError(
-                f"this account has {len(unfinished)} finetunes still missing files, the most "
-                "it may hold: upload their files, or create one again under its name"
-            )
-        if body.public and registry.public_owner(body.name) not in (None, owner):
-            raise NameConflict(f"another account's adapter {body.name!r} is public already")
-        return registry.staged.create(owner, body.name, body.model, body.description, body.public)
-
-
-def _listed(registry: Registry, owner: str) -> list[Staged]:
-    """owner's finetunes: unfinished ones, and complete ones whose name still exists."""
-    return [
-        f for f in registry.staged.list(owner)
-        if not f.published or registry.exists(f.name, owner)
-    ]  # fmt: skip
-
-
-def _public(registry: Registry, tenant: str) -> list[Staged]:
-    """The complete finetunes whose adapter is public."""
-    found = []
-    for entry in registry.list_visible(tenant):
-        staged = registry.staged.of_name(entry.owner, entry.name) if entry.public else None
-        if staged is not None and staged.published:
-            found.append(staged)
-    return found
-
-
-def _own(registry: Registry, tenant: str, finetune_id: str) -> Staged:
-    staged = registry.staged.get(finetune_id)
-    if staged is None or staged.owner != tenant:  # another account's reads as none at all
-        raise ApiError(404, f"unknown finetune {quoted(finetune_id)}")
-    return staged
-
-
-def _receive(settings: AppSettings, staged: Staged, file_name: str, data: bytes, limits) -> Staged:
-    """Keep one file; with both in, check the adapter whole and publish it. A file that fails
-    is not kept."""
-    registry = settings.registry
-    # Under the tenant's lock, so that two calls bringing the two files at once (in this
-    # process) cannot each find the other's missing and leave the finetune unpublished.
-    with tenant_lock(staged.owner):
-        files = {**registry.staged.files(staged.id), file_name: data}
-        if not all(name in files for name in ASSETS):
-            if file_name == CONFIG:  # checked alone now, rather than when the weights arrive
-                try:
-                    parse_config(data, "adapter", settings.max_lora_rank)
-                except AdapterError as exc:
-                    raise ApiError(400, str(exc)) from None
-            return registry.staged.put_file(staged, file_name, data)
-        if staged.public and registry.public_owner(staged.name) not in (None, staged.owner):
-            raise NameConflict(f"another account's adapter {staged.name!r} is public already")
-    adapter = validate_upload(settings, {name: files[name] for name in ASSETS}, None)
-    publish_upload(registry, staged.name, adapter, staged.owner, limits)  # takes the lock
-    if staged.public:
-        with tenant_lock(staged.owner):
-            registry.set_public(staged.name, staged.owner, True)
-    return registry.staged.mark_published(staged)
-
-
-def _finetune_version(registry: Registry, caller: Principal, finetune_id: str) -> Version | None:
-    staged = registry.staged.get(finetune_id)
-    if staged is None:
-        return None
-    own = staged.owner == caller.tenant
-    if not (own or caller.is_admin or registry.public_owner(staged.name) == staged.owner):
-        return None
-    if not staged.published:
-        if not own and not caller.is_admin:
-            return None
-        raise ApiError(404, f"finetune {staged.name!r} is not ready: upload its {CONFIG} and "
-                            f"{WEIGHTS} first")  # fmt: skip
-    return registry.resolve(staged.name, staged.owner)
-
-
-async def _registry_call(fn, *args):
-    try:
-        return await run_in_threadpool(fn, *args)
-    except AdapterError as exc:
-        raise adapter_http_error(exc) from None
+    return await registry_call(staging.version_of, settings.registry, caller.tenant, ref,
+                               not_found="model_not_found")  # fmt: skip

@@ -14,7 +14,7 @@ from adapters.errors import quoted
 from serving.api.core.caller import Principal, authenticate
 from serving.api.core.context import ApiContext, api_context
 from serving.api.core.errors import ApiError
-from serving.api.workers_ai.finetunes import envelope
+from serving.api.workers_ai.envelope import envelope, paged
 from serving.api.workers_ai.schemas import WorkersAIRequest
 
 router = APIRouter(tags=["Workers AI models"])
@@ -55,9 +55,7 @@ async def search(
         found = []
     if task is not None and task.lower() not in (TASK["id"], TASK["name"].lower()):
         found = []
-    shown = found[(page - 1) * per_page : page * per_page]
-    info = {"page": page, "per_page": per_page, "count": len(shown), "total_count": len(found)}
-    return {**envelope(shown), "result_info": info}
+    return paged(found, page, per_page)
 
 
 @router.get("/ai/models/schema", summary="A model's input and output schemas (Workers AI)")

@@ -40,7 +40,8 @@ from serving.api.core.response_format import engine_format
 from serving.api.core.sse import event_stream
 from serving.api.core.tool_deltas import ToolDeltas
 from serving.api.core.tools import ToolPlan, template_tools, tool_plan
-from serving.api.workers_ai.finetunes import envelope, finetune_version
+from serving.api.workers_ai.envelope import envelope
+from serving.api.workers_ai.finetunes import finetune_version
 from serving.api.workers_ai.queued import workers_poll, workers_status
 from serving.api.workers_ai.schemas import WorkersAIRequest
 from serving.batch.records import WORKERS_AI, NewItem
@@ -71,7 +72,7 @@ async def run(
     if body.request_id is not None:
         return await _poll(body.request_id, ctx, caller)
     ref = adapter_from_lora(s, body.lora) if body.lora is not None else None
-    by_id = await finetune_version(s, caller, body.lora) if body.lora is not None else None
+    by_id = await finetune_version(s, caller, ref) if ref is not None else None
     version = by_id or await resolve_version(s, caller, ref)  # a finetune's id, else a name
     tools = body.chat_tools()
     plan = tool_plan(s, tools, None, None)  # Workers AI's tools: the model may call them

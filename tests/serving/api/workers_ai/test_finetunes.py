@@ -7,7 +7,10 @@ import uuid
 
 import httpx
 import pytest
+import torch
+from safetensors.torch import save
 
+from serving.api.workers_ai import finetune_staging
 from tests.serving.api.served import ACME, ADMIN, GLOBEX, MODEL_ID, serve
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -209,3 +212,92 @@ def test_both_files_at_once_publish_the_finetune(served):
     assert [r.status_code for r in answers.values()] == [200, 200]
     assert listed(served)[made["id"]]["ready"] is True
     assert run(served, made["id"]).status_code == 200
+
+
+def test_another_tenants_private_finetune_id_is_unknown_to_an_admin_too(served):
+    made = create(served, "ft-admin-probe").json()["result"]
+    other = str(uuid.uuid4())
+    # unfinished: its name is not told
+    r = run(served, made["id"], "/accounts/ops", ADMIN)
+    unknown = run(served, other, "/accounts/ops", ADMIN)
+    assert r.status_code == unknown.status_code == 404
+    assert error_of(r) == error_of(unknown).replace(other, made["id"])
+    assert "ft-admin-probe" not in r.text
+    for name, data in files_of(served, "upper").items():
+        asset(served, made["id"], name, data)
+    r = run(served, made["id"], "/accounts/ops", ADMIN)
+    assert r.status_code == 404 and error_of(r) == error_of(unknown).replace(other, made["id"])
+
+
+def test_junk_weights_are_refused_before_their_pair_arrives(served):
+    made = create(served, "ft-junk").json()["result"]
+    r = asset(served, made["id"], WEIGHTS, b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    assert r.status_code == 400 and "safetensors header" in error_of(r)
+    files = files_of(served, "upper")
+    assert asset(served, made["id"], CONFIG, files[CONFIG]).json()["result"]["ready"] is False
+
+
+def test_a_name_taken_since_the_create_is_not_overwritten(served):
+    made = create(served, "ft-late").json()["result"]
+    upload = {k: (k, v) for k, v in files_of(served, "qk").items()}
+    r = call(served, "POST", "/v1/adapters", data={"name": "ft-late"}, files=upload)
+    assert r.status_code == 201, r.text
+    digest = r.json()["digest"]
+    files = files_of(served, "ov")
+    asset(served, made["id"], CONFIG, files[CONFIG])
+    r = asset(served, made["id"], WEIGHTS, files[WEIGHTS])
+    assert r.status_code == 409 and "another name" in error_of(r)
+    assert call(served, "GET", "/v1/adapters/ft-late").json()["digest"] == digest
+    assert listed(served)[made["id"]]["ready"] is False
+
+
+def test_public_listing_follows_the_registrys_flag(served):
+    made = create(served, "ft-flag", ADMIN, "/accounts/ops", public=True).json()["result"]
+    for name, data in files_of(served, "ov").items():
+        asset(served, made["id"], name, data, ADMIN, "/accounts/ops")
+    # globex owns a private adapter of the same name: the public finetune is listed still
+    upload = {k: (k, v) for k, v in files_of(served, "qk").items()}
+    call(served, "POST", "/v1/adapters", GLOBEX, data={"name": "ft-flag"}, files=upload)
+    public = call(served, "GET", "/accounts/globex/ai/finetunes/public", GLOBEX).json()["result"]
+    assert [f["id"] for f in public if f["name"] == "ft-flag"] == [made["id"]]
+    assert all(f["name"] != "ft-rot13" for f in public)  # acme's private one
+    r = call(served, "PATCH", "/v1/adapters/ft-flag", ADMIN, json={"public": False})
+    assert r.status_code == 200, r.text
+    assert listed(served, ADMIN, "/accounts/ops")[made["id"]]["public"] is False
+    public = call(served, "GET", "/accounts/globex/ai/finetunes/public", GLOBEX).json()["result"]
+    assert all(f["id"] != made["id"] for f in public)
+
+
+def test_unfinished_finetunes_left_alone_are_dropped(served, monkeypatch):
+    made = create(served, "ft-abandoned").json()["result"]
+    asset(served, made["id"], CONFIG, files_of(served, "upper")[CONFIG])
+    monkeypatch.setattr(finetune_staging, "UNFINISHED_TTL_S", -1.0)
+    assert made["id"] not in listed(served)
+    assert served.registry.staged.get(made["id"]) is None
+    assert served.registry.staged.files(made["id"]) == {}
+    r = asset(served, made["id"], WEIGHTS, files_of(served, "upper")[WEIGHTS])
+    assert r.status_code == 404
+
+
+@pytest.fixture(scope="module")
+def limited(world, tmp_path_factory):
+    # max_adapter_mb fractional (as the config never is) so that this tiny world's files pass it
+    one_adapter = {"acme": {"max_adapters": 1, "max_adapter_mb": 0.01}}
+    root = tmp_path_factory.mktemp("finetune-limits")
+    with serve(world, root, publish=(), limits_of=lambda t: one_adapter.get(t, {})) as s:
+        yield s
+
+
+def test_unfinished_finetunes_and_their_files_count_against_the_limits(limited):
+    assert create(limited, "ft-one").status_code == 200
+    r = create(limited, "ft-two")
+    assert r.status_code == 429 and "missing files" in error_of(r)
+    assert create(limited, "ft-one").status_code == 200  # replacing one is no new one
+    [finetune_id] = listed(limited)
+    r = asset(limited, finetune_id, WEIGHTS, _big_safetensors(16 * 2**10))
+    assert r.status_code == 429 and "above its limit of 0.01 MB" in error_of(r)
+    assert listed(limited)[finetune_id]["ready"] is False
+
+
+def _big_safetensors(num_bytes: int) -> bytes:
+    return save({"x": torch.zeros(num_bytes // 4, dtype=torch.float32)})

@@ -1,6 +1,6 @@
 """What an adapter must fit: the layers and linear shapes of a Llama-family base model.
 
-Read from the base model's config.json (Llama, Mistral, Qwen2: GQA, optional head_dim).
+Read from the base model's config.json (Llama, Mistral, Qwen2, Qwen3: GQA, optional head_dim).
 """
 
 from __future__ import annotations

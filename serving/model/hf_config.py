@@ -1,6 +1,7 @@
 """The served model's shape and numerics, read from a Hugging Face folder's config.json.
 
-Llama, Mistral and Qwen2 only: the Llama family this runtime implements. Both layouts of the
+Llama, Mistral, Qwen2 and Qwen3 only: the Llama family this runtime implements (Qwen3 adds
+an RMSNorm on each head of q and k). Both layouts of the
 RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
 "rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
 dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
@@ -23,7 +24,9 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
+BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM")  # attention_bias read from the config
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
 _DEFAULT_ROPE_THETA = 10000.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,8 +62,8 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool  # q_proj, k_proj, v_proj carry a bias (Qwen2; Llama's attention_bias)
-    o_proj_bias: bool  # o_proj carries a bias (Llama's attention_bias only)
+    attention_bias: bool  # q_proj, k_proj, v_proj carry a bias (Qwen2; Llama's, Qwen3's flag)
+    o_proj_bias: bool  # o_proj carries a bias (Llama's and Qwen3's attention_bias)
     mlp_bias: bool  # gate/up/down carry a bias (Llama's mlp_bias)
     rope_theta: float
     rope_scaling: RopeScaling | None
@@ -68,6 +71,7 @@ class ModelConfig:
     sliding_window: int | None  # attention window of the layers in sliding_window_layers
     sliding_window_layers: tuple[int, ...]  # empty when sliding_window is None
     eos_token_ids: tuple[int, ...]  # generation stops at any of them
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3)
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -111,7 +115,8 @@ def parse_model_config(
     max_pos = _int(raw, "max_position_embeddings", where)
     theta, scaling = _rope(raw, max_pos, where)
     window, window_layers = _sliding_window(raw, arch, num_layers, where)
-    llama_bias = arch == "LlamaForCausalLM" and bool(raw.get("attention_bias", False))
+    # Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 always biases q/k/v, never o
+    flag_bias = arch in BIAS_FLAGGED and bool(raw.get("attention_bias", False))
     return ModelConfig(
         architecture=arch,
         hidden_size=hidden,
@@ -124,8 +129,8 @@ def parse_model_config(
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        attention_bias=arch == "Qwen2ForCausalLM" or llama_bias,
-        o_proj_bias=llama_bias,
+        attention_bias=arch == "Qwen2ForCausalLM" or flag_bias,
+        o_proj_bias=flag_bias,
         mlp_bias=arch == "LlamaForCausalLM" and bool(raw.get("mlp_bias", False)),
         rope_theta=theta,
         rope_scaling=scaling,
@@ -133,6 +138,7 @@ def parse_model_config(
         sliding_window=window,
         sliding_window_layers=window_layers,
         eos_token_ids=tuple(eos_token_ids),
+        qk_norm=arch == "Qwen3ForCausalLM",
     )
 
 
@@ -187,9 +193,9 @@ def _sliding_window(
     window = raw.get("sliding_window")
     if arch == "LlamaForCausalLM" or window is None:
         return None, ()
-    if arch == "Qwen2ForCausalLM":
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         if not raw.get("use_sliding_window", False):
-            return None, ()  # Qwen2 writes a window it does not use unless use_sliding_window
+            return None, ()  # Qwen writes a window it does not use unless use_sliding_window
         types = raw.get("layer_types")
         if types is None:  # transformers' rule: layers from max_window_layers on slide
             start = raw.get("max_window_layers", 28)

@@ -125,6 +125,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * normed.to(x.dtype)
 
 
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm over the last dim of x [T, N, D] alone, scaled by weight [N, D] (one norm per
+    head row), with the statistics in float32."""
+    x32 = x.to(torch.float32)
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
 def packed_primitives_bound(linears: Iterable[Linear]) -> int:
     """The most oneDNN primitives the packed calls of linears can need (kernels.cpu_gemm):
     one per row count of ROW_BUCKETS and distinct packed weight shape."""

@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2) over a flat varlen batch and a paged KV cache.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a flat varlen batch and a paged
+KV cache.
 
 Every row of a step may use a different LoRA adapter: q/k/v and gate/up are fused
 linears whose adapters apply through one shrink and one multi-slice expand; o and
@@ -23,7 +24,14 @@ from kernels import (
 from serving.model.adapter_embeddings import embedding_lora, own_token_logits, own_token_rows
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import ModelConfig
-from serving.model.linear import Linear, LinearPart, concat_linears, lora_linear, rms_norm
+from serving.model.linear import (
+    Linear,
+    LinearPart,
+    concat_linears,
+    head_rms_norm,
+    lora_linear,
+    rms_norm,
+)
 from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from serving.model.step_lora import layer_stacks
 from serving.model.step_plan import StepPlan
@@ -40,6 +48,7 @@ class LayerWeights:
     post_norm: torch.Tensor  # [hidden]
     gate_up: Linear  # [2 inter, hidden]
     down: Linear  # [hidden, inter]
+    qk_norm: torch.Tensor | None = None  # [H + Hkv, D]: q's norm per q head, then k's (Qwen3)
 
 
 class LlamaModel:
@@ -76,7 +85,13 @@ class LlamaModel:
         bias = c.attention_bias
         attn = f"{p}self_attn."
         mlp = f"{p}mlp."
+        qk_norm = None
+        if c.qk_norm:  # one weight per head row, so q and k normalize in one call
+            q_norm = get(f"{attn}q_norm.weight", (c.head_dim,))
+            k_norm = get(f"{attn}k_norm.weight", (c.head_dim,))
+            qk_norm = torch.cat([q_norm.expand(c.num_heads, -1), k_norm.expand(c.num_kv_heads, -1)])
         return LayerWeights(
+            qk_norm=qk_norm,
             input_norm=get(f"{p}input_layernorm.weight", (hidden,)),
             qkv=concat_linears(
                 [
@@ -121,7 +136,10 @@ class LlamaModel:
             qkv = lora_linear(x, layer.qkv, layer_stacks(slab, i, ATTN_MODULES, lora), lora)
             # q and k rotate as one [T, H + Hkv, D] view of qkv: half the calls
             heads = c.num_heads + c.num_kv_heads
-            qk = apply_rope(qkv[:, : q_size + kv_size].view(-1, heads, c.head_dim), cos, sin)
+            qk = qkv[:, : q_size + kv_size].view(-1, heads, c.head_dim)
+            if layer.qk_norm is not None:
+                qk = head_rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
+            qk = apply_rope(qk, cos, sin)
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, q_size + kv_size :].view(-1, c.num_kv_heads, c.head_dim)
             k_cache, v_cache = plan.kv_caches[i]

@@ -1,11 +1,12 @@
-"""Tiny random Llama, Mistral and Qwen2 checkpoints written by transformers' save_pretrained."""
+"""Tiny random Llama, Mistral, Qwen2 and Qwen3 checkpoints written by transformers'
+save_pretrained."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 COMMON = {"vocab_size": 211, "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
 CONFIGS = {
@@ -51,6 +52,28 @@ CONFIGS = {
         num_hidden_layers=2,
         num_attention_heads=6,
         num_key_value_heads=2,
+        tie_word_embeddings=False,
+        **COMMON,
+    ),
+    # q/k norms per head, head_dim 16 set apart from hidden / heads (8), tied embeddings
+    "qwen3": lambda: Qwen3Config(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        **COMMON,
+    ),
+    # Qwen3's attention_bias: q, k, v and o all biased
+    "qwen3-bias": lambda: Qwen3Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attention_bias=True,
         tie_word_embeddings=False,
         **COMMON,
     ),

@@ -82,6 +82,18 @@ def test_qwen2_has_qkv_bias_and_uses_its_window_only_when_asked(tmp_path):
     assert load_model_config(write_config(tmp_path / "v4", raw)).sliding_window_layers == (1,)
 
 
+def test_qwen3_norms_q_and_k_and_its_attention_bias_covers_o(tmp_path):
+    raw = {**V4_BASE, "architectures": ["Qwen3ForCausalLM"], "head_dim": 32,
+           "sliding_window": 32}  # fmt: skip
+    plain = load_model_config(write_config(tmp_path / "plain", raw))
+    assert plain.qk_norm and plain.head_dim == 32
+    assert not (plain.attention_bias or plain.o_proj_bias) and plain.sliding_window is None
+    biased = load_model_config(write_config(tmp_path / "b", {**raw, "attention_bias": True}))
+    assert biased.attention_bias and biased.o_proj_bias and not biased.mlp_bias
+    llama = load_model_config(write_config(tmp_path / "l", V4_BASE))
+    assert not llama.qk_norm
+
+
 def test_eos_ids_prefer_generation_config(tmp_path):
     save_tiny_model(tmp_path, "llama", eos_token_id=2)
     save_generation_config(tmp_path, [2, 7, 9])
@@ -117,7 +129,7 @@ def test_llama3_and_yarn_fields(tmp_path):
     ("change", "message"),
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel is not supported; supported: "
-         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"),
+         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
         ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "'longrope' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),

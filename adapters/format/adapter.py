@@ -23,6 +23,7 @@ from pathlib import Path
 
 from adapters.errors import AdapterError, quoted, shorten
 from adapters.format.base_model import BaseModelSpec
+from adapters.format.fused_modules import split_fused
 from adapters.format.lora_modules import LoraModule, parse_weights
 from adapters.format.overflow import check_activation_bound
 from adapters.format.peft_config import parse_config
@@ -133,6 +134,7 @@ def parse_adapter(
     modules, tokens, skipped, ignored = parse_weights(
         files[WEIGHTS], label, config, base, scan=scan
     )
+    modules = split_fused(modules, base, label)  # Phi-3's qkv_proj, gate_up_proj: their parts
     if scan:
         for scale, group in _by_scale(modules).items():
             pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in group)

@@ -1,6 +1,8 @@
 """What an adapter must fit: the layers and linear shapes of a Llama-family base model.
 
-Read from the base model's config.json (Llama, Mistral, Qwen2, Qwen3: GQA, optional head_dim).
+Read from the base model's config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3: GQA, optional
+head_dim). Phi-3's fused qkv_proj and gate_up_proj are its parts' shapes here: an adapter on
+them is split into its parts (adapters.format.fused_modules).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from adapters.errors import AdapterError
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 LINEARS = _ATTN + _MLP  # every linear of a Llama decoder layer, which LoRA may target
+# Phi-3's fused linears and their parts, in row order; an adapter on one is its parts' LoRA
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+FUSED_LINEARS = tuple(FUSED)
 OUTER = ("embed_tokens", "lm_head")  # LoRA-targetable modules outside the layers
 
 
@@ -46,6 +51,11 @@ class BaseModelSpec:
     def without_outer(self) -> BaseModelSpec:
         """The same spec with no LoRA on the embedding or the LM head."""
         return dataclasses.replace(self, outer_shapes={})
+
+    def fused_shape(self, module: str) -> tuple[int, int]:
+        """(in_features, out_features) of a fused module (a key of FUSED)."""
+        parts = [self.shapes[p] for p in FUSED[module]]
+        return parts[0][0], sum(out for _, out in parts)
 
     @staticmethod
     def from_config(config: dict) -> BaseModelSpec:
@@ -105,5 +115,6 @@ def _dtype_name(config: dict) -> str | None:
 
 
 def module_group(module: str) -> str:
-    """'self_attn' or 'mlp', the parent of a module in a Llama decoder layer."""
-    return "self_attn" if module in _ATTN else "mlp"
+    """'self_attn' or 'mlp', the parent of a module in a Llama decoder layer (Phi-3's fused
+    qkv_proj under self_attn, gate_up_proj under mlp)."""
+    return "self_attn" if module in (*_ATTN, "qkv_proj") else "mlp"

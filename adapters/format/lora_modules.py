@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from adapters.errors import AdapterError, quoted, shorten
-from adapters.format.base_model import BaseModelSpec
+from adapters.format.base_model import FUSED, BaseModelSpec
 from adapters.format.peft_config import LoraConfig
 from adapters.format.safetensors_check import check_header
 from adapters.format.sources import WEIGHTS
@@ -131,6 +131,8 @@ def _module(where, layer, module, name, found, config: LoraConfig, base) -> Lora
 def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None:
     outer = layer == OUTER_LAYER
     shapes = base.outer_shapes if outer else base.shapes
+    if not outer and module in FUSED:
+        shapes = {module: base.fused_shape(module)}
     if module not in shapes:
         if outer:
             raise AdapterError(

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from adapters.errors import AdapterError, quoted, shorten
-from adapters.format.base_model import LINEARS, module_group
+from adapters.format.base_model import FUSED_LINEARS, LINEARS, module_group
 
 OUTER_LAYER = -1
 MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
@@ -57,7 +57,7 @@ def tensor_name(name: str, label: str) -> TensorName:
         if len(m["layer"]) > MAX_LAYER_DIGITS:
             raise AdapterError(f"{label}: tensor {quoted(name)} has an out-of-range layer index")
         module, block = m["module"], m["block"]
-        if module in LINEARS and block != module_group(module):
+        if module in (*LINEARS, *FUSED_LINEARS) and block != module_group(module):
             raise AdapterError(
                 f"{label}: tensor {quoted(name)} puts {shorten(module)} under {block}"
             )

@@ -1,7 +1,8 @@
 """The served model's shape and numerics, read from a Hugging Face folder's config.json.
 
-Llama, Mistral, Qwen2 and Qwen3 only: the Llama family this runtime implements (Qwen3 adds
-an RMSNorm on each head of q and k). Both layouts of the
+Llama, Mistral, Qwen2, Qwen3 and Phi-3 (Phi-4) only: the Llama family this runtime
+implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and gate/up
+fused, split on loading). Both layouts of the
 RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
 "rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
 dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
@@ -25,6 +26,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
 BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM")  # attention_bias read from the config
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
@@ -72,6 +74,7 @@ class ModelConfig:
     sliding_window_layers: tuple[int, ...]  # empty when sliding_window is None
     eos_token_ids: tuple[int, ...]  # generation stops at any of them
     qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3)
+    fused_linears: bool = False  # qkv_proj and gate_up_proj in the checkpoint (Phi-3)
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -101,7 +104,8 @@ def parse_model_config(
     arch = _architecture(raw, where)
     if raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
-    if raw.get("partial_rotary_factor", 1.0) != 1.0:
+    rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    if raw.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ModelLoadError(f"{where}: partial_rotary_factor other than 1.0 is not supported")
     hidden = _int(raw, "hidden_size", where)
     heads = _int(raw, "num_attention_heads", where)
@@ -139,6 +143,7 @@ def parse_model_config(
         sliding_window_layers=window_layers,
         eos_token_ids=tuple(eos_token_ids),
         qk_norm=arch == "Qwen3ForCausalLM",
+        fused_linears=arch == "Phi3ForCausalLM",
     )
 
 

@@ -1,5 +1,5 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over a flat varlen batch and a paged
-KV cache.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3) over a flat varlen batch and a
+paged KV cache.
 
 Every row of a step may use a different LoRA adapter: q/k/v and gate/up are fused
 linears whose adapters apply through one shrink and one multi-slice expand; o and
@@ -94,7 +94,9 @@ class LlamaModel:
             qk_norm=qk_norm,
             input_norm=get(f"{p}input_layernorm.weight", (hidden,)),
             qkv=concat_linears(
-                [
+                get.rows(f"{attn}qkv_proj", (q, kv, kv), hidden)
+                if c.fused_linears
+                else [
                     get.linear(f"{attn}q_proj", (q, hidden), bias),
                     get.linear(f"{attn}k_proj", (kv, hidden), bias),
                     get.linear(f"{attn}v_proj", (kv, hidden), bias),
@@ -104,7 +106,9 @@ class LlamaModel:
             o=concat_linears([get.linear(f"{attn}o_proj", (hidden, q), c.o_proj_bias)], fp8=fp8),
             post_norm=get(f"{p}post_attention_layernorm.weight", (hidden,)),
             gate_up=concat_linears(
-                [
+                get.rows(f"{mlp}gate_up_proj", (inter, inter), hidden)
+                if c.fused_linears
+                else [
                     get.linear(f"{mlp}gate_proj", (inter, hidden), False),
                     get.linear(f"{mlp}up_proj", (inter, hidden), False),
                 ],
@@ -230,6 +234,20 @@ class _Weights:
                 f"checkpoint: {name} has shape {tuple(t.shape)}, the config implies {shape}"
             )
         return t
+
+    def rows(self, prefix: str, sizes: tuple[int, ...], in_features: int) -> list[LinearPart]:
+        """A fused linear as stored (Phi-3's qkv_proj, gate_up_proj; no bias), split by
+        output rows into its parts, in order."""
+        whole = self.linear(prefix, (sum(sizes), in_features), False)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [
+            LinearPart(
+                whole.weight[start : start + n],
+                None if whole.scale is None else whole.scale[start : start + n],
+                None,
+            )
+            for start, n in zip(starts, sizes, strict=True)
+        ]
 
     def linear(self, prefix: str, shape: tuple[int, int], bias: bool) -> LinearPart:
         """A linear as stored: FP8 with its scale when pre-quantized, else in the model dtype."""

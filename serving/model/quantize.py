@@ -22,7 +22,9 @@ from serving.model.errors import ModelLoadError
 
 QUANT_METHOD = "loraserve-fp8"
 SCALE_SUFFIX = ".weight_scale"
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# and Phi-3's fused qkv_proj and gate_up_proj (split by rows on loading, scales with them)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+           "qkv_proj", "gate_up_proj")  # fmt: skip
 _COPIED = (
     "tokenizer.json",
     "tokenizer_config.json",

@@ -115,8 +115,8 @@ MALFORMED = [
     ("bad rank", lambda: with_config(r=0), "r must be a positive integer"),
     (
         "module the base lacks",
-        lambda: _renamed("q_proj", "qkv_proj", modules=("qkv_proj", "v_proj")),
-        "the base model has no module 'qkv_proj'",
+        lambda: _renamed("q_proj", "c_attn", modules=("c_attn", "v_proj")),
+        "the base model has no module 'c_attn'",
     ),
     (
         "name matches no module",

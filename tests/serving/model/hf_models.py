@@ -1,4 +1,4 @@
-"""Tiny random Llama, Mistral, Qwen2 and Qwen3 checkpoints written by transformers'
+"""Tiny random Llama, Mistral, Qwen2, Qwen3 and Phi-3 checkpoints written by transformers'
 save_pretrained."""
 
 from __future__ import annotations
@@ -6,7 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 COMMON = {"vocab_size": 211, "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
 CONFIGS = {
@@ -64,6 +71,18 @@ CONFIGS = {
         num_key_value_heads=2,
         head_dim=16,
         tie_word_embeddings=True,
+        **COMMON,
+    ),
+    # q/k/v and gate/up stored fused (qkv_proj, gate_up_proj), GQA 6 / 2
+    "phi3": lambda: Phi3Config(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
         **COMMON,
     ),
     # Qwen3's attention_bias: q, k, v and o all biased

@@ -94,6 +94,16 @@ def test_qwen3_norms_q_and_k_and_its_attention_bias_covers_o(tmp_path):
     assert not llama.qk_norm
 
 
+def test_phi3_stores_its_linears_fused_and_slides_on_every_layer(tmp_path):
+    raw = {**V4_BASE, "architectures": ["Phi3ForCausalLM"], "sliding_window": 64}
+    c = load_model_config(write_config(tmp_path, raw))
+    assert c.fused_linears and not (c.qk_norm or c.attention_bias)
+    assert c.sliding_window == 64 and c.sliding_window_layers == (0, 1)
+    partial = {**raw, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}}
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor"):
+        load_model_config(write_config(tmp_path / "p", partial))
+
+
 def test_eos_ids_prefer_generation_config(tmp_path):
     save_tiny_model(tmp_path, "llama", eos_token_id=2)
     save_generation_config(tmp_path, [2, 7, 9])
@@ -129,7 +139,8 @@ def test_llama3_and_yarn_fields(tmp_path):
     ("change", "message"),
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel is not supported; supported: "
-         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+         "Phi3ForCausalLM"),
         ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "'longrope' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),

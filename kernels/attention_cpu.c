@@ -4,7 +4,11 @@
  * For sequence s with n queries and a context of ctx tokens, query i sits at position
  * p = ctx - n + i and, for each of its heads h (reading KV head h / group),
  *
- *     out[first + i, h] = softmax(q[first + i, h] . K[0..p] * scale) V[0..p]
+ *     out[first + i, h] = softmax(q[first + i, h] . K[w..p] * scale) V[w..p]
+ *
+ * with w = 0, or w = p - window + 1 (at least 0) where a sliding window is given (window > 0):
+ * the query sees its own position and the window - 1 before it. Keys below every query's
+ * window are never read, nor their block table entries.
  *
  * where key j lives in slot j % block_size of block table[s, j / block_size]. The keys are
  * read where they lie, a block at a time, with the softmax kept online (running max and sum,
@@ -49,8 +53,8 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                             int64_t table_row, const float *q, int64_t q_token, int64_t q_head,
                             const float *k_cache, const float *v_cache, int64_t block_size,
                             int64_t num_kv_heads, int64_t head_dim, int64_t num_heads,
-                            float scale, float *out, int64_t out_token, int64_t out_head,
-                            int32_t num_threads)
+                            float scale, int64_t window, float *out, int64_t out_token,
+                            int64_t out_head, int32_t num_threads)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t key_stride = num_kv_heads * head_dim; /* from one cached token to the next */
@@ -81,7 +85,11 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                 for (int64_t e = 0; e < rows * head_dim; ++e)
                     acc[e] = 0.0f;
                 const int64_t seen = ctx - n + hi; /* keys the chunk's last query sees */
-                for (int64_t start = 0; start < seen; start += block_size) {
+                /* the first key the chunk's first query sees, and the block holding it */
+                int64_t low = window > 0 ? ctx - n + lo - window + 1 : 0;
+                low = low > 0 ? low : 0;
+                for (int64_t start = low / block_size * block_size; start < seen;
+                     start += block_size) {
                     const int64_t offset = table[s * table_row + start / block_size] * block_stride;
                     const float *kb = k_cache + offset + kh * head_dim;
                     const float *vb = v_cache + offset + kh * head_dim;
@@ -91,11 +99,16 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                             continue;
                         if (keys > block_size)
                             keys = block_size;
+                        /* the block's first key in the query's window */
+                        int64_t from = window > 0 ? ctx - n + i - window + 1 - start : 0;
+                        from = from > 0 ? from : 0;
+                        if (from >= keys)
+                            continue;
                         for (int64_t g = 0; g < group; ++g) {
                             const int64_t r = (i - lo) * group + g;
                             const float *qr = q + (first + i) * q_token + (kh * group + g) * q_head;
                             float most = -INFINITY;
-                            for (int64_t j = 0; j < keys; ++j) {
+                            for (int64_t j = from; j < keys; ++j) {
                                 const float *kj = kb + j * key_stride;
                                 float dot = 0.0f;
                                 for (int64_t d = 0; d < head_dim; ++d)
@@ -106,7 +119,7 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                             const float next = top[r] > most ? top[r] : most;
                             const float shrink = exp_nonpositive(top[r] - next); /* first: 0 */
                             float total = 0.0f;
-                            for (int64_t j = 0; j < keys; ++j) {
+                            for (int64_t j = from; j < keys; ++j) {
                                 p[j] = exp_nonpositive(p[j] - next);
                                 total += p[j];
                             }
@@ -115,7 +128,7 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                             float *ar = acc + r * head_dim;
                             for (int64_t d = 0; d < head_dim; ++d)
                                 ar[d] *= shrink;
-                            for (int64_t j = 0; j < keys; ++j) {
+                            for (int64_t j = from; j < keys; ++j) {
                                 const float *vj = vb + j * key_stride, pj = p[j];
                                 for (int64_t d = 0; d < head_dim; ++d)
                                     ar[d] += pj * vj[d];

@@ -89,11 +89,13 @@ def paged_attention(
     context_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new tokens over its whole context in the paged cache.
+    """Causal attention of each sequence's new tokens over its context in the paged cache.
 
     Semantics:  query i of seq s sits at position p = context_lens[s] - n_s + i and
-                out = softmax(q k^T * scale) v over cache positions 0..p of seq s,
+                out = softmax(q k^T * scale) v over cache positions w..p of seq s,
+                w = 0, or with a sliding window max(0, p - window + 1),
                 head h reading kv head h // (num_heads // num_kv_heads)       (GQA)
 
     q: [num_tokens, num_heads, head_dim], the new tokens of all sequences
@@ -106,13 +108,13 @@ def paged_attention(
     and typed like q.
     """
     args = (block_tables, context_lens, query_start_loc)
-    starts, lens = check_paged_attention(q, k_cache, v_cache, *args, scale)
+    starts, lens = check_paged_attention(q, k_cache, v_cache, *args, scale, window)
     plan = plan_attention(*args, k_cache.shape[1], k_cache.shape[0], starts, lens)
-    return paged_attention_planned(q, k_cache, v_cache, plan, float(scale))
+    return paged_attention_planned(q, k_cache, v_cache, plan, float(scale), window)
 
 
 def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                          scale) -> tuple[list[int], list[int]]:  # fmt: skip
+                          scale, window=None) -> tuple[list[int], list[int]]:  # fmt: skip
     """ValueError naming the argument when paged_attention's arguments are not as it
     documents; else the host copies of query_start_loc and context_lens."""
     check_tensor("q", q, dim=3, dtypes=ACTIVATION_DTYPES)
@@ -127,6 +129,9 @@ def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query
         )
     if not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                               or window < 1):  # fmt: skip
+        raise ValueError(f"window: expected a positive int or None, got {window!r}")
     return _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens)
 
 

@@ -6,7 +6,8 @@ sequence's keys BLOCK_N at a time with an online softmax in float32 (Flash
 Attention: Dao et al., 2022, arXiv:2205.14135). Each key's block id comes from
 the block table, so a key tile may span several cache blocks and block_size
 need not be a power of two. Keys past the last query's position are never
-loaded; programs past their sequence's query count return at once.
+loaded, nor, with a sliding window, keys below the first query's window; programs past
+their sequence's query count return at once.
 
 Simplified: decodes use 1 row of a 16-row query tile, and each query head
 reads its kv head's keys again (no packing of a GQA group into one tile).
@@ -29,6 +30,7 @@ def _paged_attention_kernel(
     context_lens_ptr,  # [num_seqs]
     query_start_loc_ptr,  # [num_seqs + 1]
     scale,
+    window,  # > 0: each query sees its own position and the window - 1 keys before it
     block_size,
     stride_qt,
     stride_qh,
@@ -81,12 +83,16 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Keys up to the last query's position (causal), which is below ctx.
+    # Keys up to the last query's position (causal), which is below ctx; with a window, from
+    # the first query's first key (below it nothing is loaded, not even its table entry).
     kv_end = ctx - num_queries + tl.minimum((m_block + 1) * BLOCK_M, num_queries)
+    kv_lo = 0
+    if window > 0:
+        kv_lo = tl.maximum(ctx - num_queries + m_block * BLOCK_M - window + 1, 0)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bs
-    for start_n in range(0, kv_end, BLOCK_N):
+    for start_n in range(kv_lo // BLOCK_N * BLOCK_N, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < kv_end
+        mask_n = (offs_n < kv_end) & (offs_n >= kv_lo)
         # int64 block ids: block * stride overflows int32 in a large cache
         table = table_row + (offs_n // block_size) * stride_bb
         blocks = tl.load(table, mask=mask_n, other=0).to(tl.int64)
@@ -103,6 +109,8 @@ def _paged_attention_kernel(
         )  # [BLOCK_D, BLOCK_N]
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N] float32
         causal = (offs_n[None, :] <= pos[:, None]) & mask_n[None, :]
+        if window > 0:
+            causal = causal & (offs_n[None, :] > pos[:, None] - window)
         s = tl.where(causal, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -142,10 +150,12 @@ def paged_attention_triton(
     max_query_len: int | None = None,
     block_m: int | None = None,
     block_n: int = 32,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Launch the kernel; arguments already checked by kernels.paged_attention.
 
     max_query_len: the longest query run (n_s), read from query_start_loc when not given.
+    window: a sliding window (None: the whole context).
     block_m, block_n: tile sizes (powers of two, at least 16); block_m follows
     max_query_len when not given. Tests shrink them to cross more tile boundaries.
     """
@@ -171,6 +181,7 @@ def paged_attention_triton(
         context_lens,
         query_start_loc,
         scale,
+        window or 0,
         k_cache.shape[1],
         q.stride(0),
         q.stride(1),

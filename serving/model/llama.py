@@ -69,10 +69,13 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(config).to(self.embed.device)
         self.rope_factor = rope_attention_factor(config)  # yarn scales cos/sin; 1.0 otherwise
         self.scale = config.head_dim**-0.5
-        # Attention here is full causal: a sliding window (Mistral, some Qwen2) only matters past
-        # its length, so the context a sequence may reach is capped at the window instead.
-        window = config.sliding_window or config.max_position_embeddings
-        self.max_context = min(config.max_position_embeddings, window)
+        # Each layer's attention window (None: the whole context): the sliding layers of
+        # Mistral, Qwen2/3 and Phi-3 attend through theirs, so the context is not capped.
+        self.windows = tuple(
+            config.sliding_window if i in config.sliding_window_layers else None
+            for i in range(config.num_layers)
+        )
+        self.max_context = config.max_position_embeddings
 
     def _layer(self, get: _Weights, i: int, fp8: bool) -> LayerWeights:
         c, p = self.config, f"model.layers.{i}."
@@ -150,10 +153,11 @@ class LlamaModel:
             if plan.checks:  # LORASERVE_CHECKS=1: every layer checks its arguments too
                 check_write_kv(k, v, k_cache, v_cache, step.slot_mapping)
                 check_paged_attention(q, k_cache, v_cache, step.block_tables,
-                                      step.context_lens, step.query_start_loc, self.scale)  # fmt: skip
+                                      step.context_lens, step.query_start_loc, self.scale,
+                                      self.windows[i])  # fmt: skip
             write_kv_planned(k, v, k_cache, v_cache, plan.attention.writes)
             attn = paged_attention_planned(  # [T, H, D]
-                q, k_cache, v_cache, plan.attention, self.scale
+                q, k_cache, v_cache, plan.attention, self.scale, self.windows[i]
             )
             o = lora_linear(
                 attn.reshape(-1, q_size), layer.o, layer_stacks(slab, i, ("o_proj",), lora), lora

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 import torch
 
 
-def attention_oracle(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
-    """[num_tokens, num_heads, head_dim] float64; rows of no sequence come back NaN."""
+def attention_oracle(
+    q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, window=None
+):
+    """[num_tokens, num_heads, head_dim] float64; rows of no sequence come back NaN. With a
+    window, query p sees keys p - window + 1 .. p only (and the rest is never read)."""
     num_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -24,11 +27,17 @@ def attention_oracle(q, k_cache, v_cache, block_tables, context_lens, query_star
         n = b - a
         if n == 0:
             continue
+        low = 0 if window is None else max(0, ctx - n - window + 1)  # no query sees below
         where = [(int(block_tables[s, p // block_size]), p % block_size) for p in range(ctx)]
+        where = [(0, 0)] * low + where[low:]  # a stand-in row, masked below
         k = torch.stack([k_cache[blk, off] for blk, off in where]).double()  # (ctx, Hkv, D)
         v = torch.stack([v_cache[blk, off] for blk, off in where]).double()
+        k[:low], v[:low] = 0.0, 0.0
         positions = torch.arange(ctx - n, ctx)  # of the new tokens
-        future = torch.arange(ctx)[None, :] > positions[:, None]  # (n, ctx)
+        keys = torch.arange(ctx)[None, :]
+        future = keys > positions[:, None]  # (n, ctx)
+        if window is not None:
+            future |= keys <= positions[:, None] - window
         for h in range(num_heads):
             scores = q[a:b, h].double() @ k[:, h // group].T * scale  # (n, ctx)
             scores = scores.masked_fill(future, -torch.inf)

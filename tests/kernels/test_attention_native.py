@@ -9,9 +9,16 @@ import torch
 
 from kernels import attention_native, paged_attention
 from kernels.attention_plan import paged_attention_planned, plan_attention
-from tests.kernels.attention_oracle import make_batch
+from tests.kernels.attention_oracle import attention_oracle, make_batch
 from tests.kernels.test_lora_native import needs_compiler
-from tests.kernels.test_paged_attention import CASES, batch_for, case_id, check
+from tests.kernels.test_paged_attention import (
+    CASES,
+    WINDOWED,
+    batch_for,
+    case_id,
+    check,
+    forget_below_windows,
+)
 
 pytestmark = needs_compiler
 
@@ -106,3 +113,27 @@ def test_operands_other_than_the_plan_s_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
         paged_attention_planned(q.contiguous(), k_cache.contiguous(), k_cache.contiguous(), plan,
                                 batch.scale)  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [1, 6, 16])
+def test_a_sliding_window_reads_nothing_below_it(window, calls):
+    batch = make_batch(WINDOWED, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=13)  # fmt: skip
+    want = attention_oracle(*batch.args(), window)
+    q, k, v, tables, lens, starts, scale = forget_below_windows(batch, window).args()
+    plan = plan_attention(tables, lens, starts, k.shape[1], k.shape[0])  # unchecked: -1 entries
+    got = paged_attention_planned(q, k, v, plan, scale, window)
+    assert calls == [True] and torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 6, 16])
+def test_the_torch_path_takes_the_window_too(window, monkeypatch):
+    """Its batched decodes and its one-by-one prefill chunks (torch reads the whole context
+    and masks what the window leaves out)."""
+    monkeypatch.setattr(attention_native, "available", lambda: False)
+    batch = make_batch(WINDOWED, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=14)  # fmt: skip
+    want = attention_oracle(*batch.args(), window)
+    torch.testing.assert_close(paged_attention(*batch.args(), window=window).double(), want,
+                               atol=1e-5, rtol=1e-5)  # fmt: skip

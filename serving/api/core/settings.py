@@ -63,8 +63,9 @@ def settings_from_config(cfg: ServeConfig) -> AppSettings:
     """Settings for cfg, reading the model folder's config and tokenizer but not its weights."""
     folder = model_folder(cfg.model.path)  # a URL's copy, made once per machine
     model = load_model_config(folder)
-    # The engine serves no further than the model's context (or its sliding window).
-    context = min(model.max_position_embeddings, model.sliding_window or 1 << 62)
+    # The engine serves no further than the model's context (sliding layers attend through
+    # their windows, which cap nothing).
+    context = model.max_position_embeddings
     draft = None
     if cfg.draft.method == "draft_model":
         draft = served_spec(model_folder(cfg.draft.path), cfg.model.dtype, cfg.lora.embeddings)

@@ -92,9 +92,9 @@ def test_bad_requests(world, prompt, params, message):
         world.engine().submit(GenerateRequest("x", prompt, params), lambda out: None)
 
 
-def test_a_sliding_window_caps_the_length(world):
+def test_the_models_context_caps_the_length(world):
     engine = world.engine()
-    engine.model.max_context = 40  # as a Mistral with sliding_window 40 would have
+    engine.model.max_context = 40  # as a model of max_position_embeddings 40 would have
     engine = type(engine)(engine.model, engine.tokenizer, engine.config, slab=engine.slab)
     with pytest.raises(ValueError, match="the prompt has 40 tokens; the model serves at most 40"):
         engine.submit(GenerateRequest("w", tuple(range(1, 41)), greedy(2)), lambda out: None)

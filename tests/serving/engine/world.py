@@ -1,5 +1,6 @@
-"""A tiny served world for engine tests: a random Llama with a real tokenizer, PEFT adapters
-made by peft itself, the loaded slab, and PEFT's own model as the reference."""
+"""A tiny served world for engine tests: a random Llama (or another family's model) with a real
+tokenizer, PEFT adapters made by peft itself, the loaded slab, and PEFT's own model as the
+reference."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
 
 from adapters.format.adapter import Adapter, load_adapter
 from adapters.format.base_model import BaseModelSpec
@@ -46,9 +47,30 @@ def model_tokens(engine: Engine, monkeypatch) -> list[int]:
     return ran
 
 
-def base_model(seed: int = 0) -> LlamaForCausalLM:
+FAMILIES = {
+    "llama": lambda: LlamaConfig(**FIELDS),
+    # q/k norms per head, head_dim apart from hidden / heads
+    "qwen3": lambda: Qwen3Config(**FIELDS, head_dim=32, tie_word_embeddings=False),
+    # fused q/k/v and gate/up; a sliding window well inside the tests' contexts
+    "phi3": lambda: Phi3Config(
+        **FIELDS, sliding_window=24, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    ),
+}
+# Phi-3's adapters name its fused modules where the others name the parts
+FUSED_NAMES = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+               "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}  # fmt: skip
+
+
+def base_model(seed: int = 0, family: str = "llama"):
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**FIELDS)).eval()
+    return AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+
+
+def targets(modules, family: str) -> list[str]:
+    """modules as family's model names them."""
+    if family != "phi3":
+        return list(modules)
+    return sorted({FUSED_NAMES.get(m, m) for m in modules})
 
 
 @dataclass
@@ -96,17 +118,20 @@ class World:
         return out[0, len(prompt) :].tolist()
 
 
-def build_world(root: Path) -> World:
+def build_world(root: Path, family: str = "llama") -> World:
     base_dir = root / "base"
-    base_model().save_pretrained(base_dir)
+    base_model(family=family).save_pretrained(base_dir)
     save_tokenizer(base_dir, "byte_level_bpe")
     spec = BaseModelSpec.from_dir(base_dir)
     adapters, versions, peft = {}, {}, None
     for i, (name, (rank, modules, rslora)) in enumerate(ADAPTERS.items()):
         model = get_peft_model(
-            base_model(),
+            base_model(family=family),
             LoraConfig(
-                r=rank, lora_alpha=2 * rank, target_modules=list(modules), use_rslora=rslora
+                r=rank,
+                lora_alpha=2 * rank,
+                target_modules=targets(modules, family),
+                use_rslora=rslora,
             ),
         )
         gen = torch.Generator().manual_seed(100 + i)
@@ -119,7 +144,8 @@ def build_world(root: Path) -> World:
         version = f"{name}@{adapter.digest}"
         adapters[version], versions[name] = adapter, version
         if peft is None:
-            peft = PeftModel.from_pretrained(base_model(), root / name, adapter_name=name)
+            peft = PeftModel.from_pretrained(base_model(family=family), root / name,
+                                             adapter_name=name)  # fmt: skip
         else:
             peft.load_adapter(root / name, adapter_name=name)
     peft.eval()

@@ -55,10 +55,44 @@ def test_prefill_then_decode_match_transformers(tmp_path, kind):
             )
 
 
-def test_sliding_window_caps_the_context(tmp_path):
-    path, _ = save_tiny("mistral", tmp_path / "m", sliding_window=64)
-    assert ours(path).max_context == 64
-    assert ours(save_tiny("llama", tmp_path / "l")[0]).max_context == 256  # max positions
+@pytest.mark.parametrize(
+    ("kind", "window"),
+    [
+        ("mistral", {"sliding_window": 8}),
+        # layer 1 slides, layer 0 attends to everything
+        (
+            "qwen2",
+            {
+                "use_sliding_window": True,
+                "sliding_window": 6,
+                "layer_types": ["full_attention", "sliding_attention"],
+            },
+        ),
+        ("phi3", {"sliding_window": 5}),
+    ],
+)
+def test_sliding_windows_attend_through_their_window(tmp_path, kind, window):
+    """Prompts and decodes well past the window, against transformers' own sliding masks:
+    the context is not capped at the window."""
+    path, hf = save_tiny(kind, tmp_path / kind, **window)
+    model = ours(path)
+    assert model.max_context == 256 and any(model.windows)
+    kv, pool = model.allocate_kv(num_blocks=64, block_size=BLOCK), BlockPool(64)
+    seqs = [Seq(p) for p in prompts(3, hf.config.vocab_size, seed=5, lengths=(23, 9, 30))]
+    logits = model.forward(plan_step(step_for(seqs, BLOCK, pool), kv))
+    rows = 0
+    for s in seqs:
+        want = reference_logits(hf, s.tokens)
+        torch.testing.assert_close(logits[rows : rows + len(s.tokens)].double(), want,
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+        rows += len(s.tokens)
+    for _ in range(3):
+        for s in seqs:
+            s.tokens.append(int(torch.randint(0, hf.config.vocab_size, ())))
+        logits = model.forward(plan_step(step_for(seqs, BLOCK, pool), kv))
+        for i, s in enumerate(seqs):
+            torch.testing.assert_close(logits[i].double(), reference_logits(hf, s.tokens)[-1],
+                                       rtol=1e-4, atol=1e-4)  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])

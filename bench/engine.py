@@ -1,6 +1,6 @@
 """The engine against its peers on one workload, side by side in one run (CPU).
 
-    python -m bench.engine [--quick] [--no-vllm] [--variants] [--share] [--where]
+    python -m bench.engine [--quick] [--no-vllm] [--variants] [--share] [--where] [--families]
 
 Peers run in virtualenvs this script creates (.bench-venvs/), each generating the same
 greedy tokens: HF transformers + PEFT (`generate(adapter_names=...)`, batches of 32) and,
@@ -11,6 +11,7 @@ LoRA variants against a plain-LoRA batch (--variants: that table alone, no peers
 --share: 32 adapters against base-only as the adapters' share of a step's bytes varies
 (bench/engine_share.py; no peers). --where: how a decode step's time splits into base
 linears, LoRA ops and the rest, base-only against 4 and 32 adapters (bench/engine_where.py).
+--families: a row per base family (Llama, Qwen3, Phi-3), mixed adapters against HF+PEFT.
 """
 
 from __future__ import annotations
@@ -34,6 +35,22 @@ def fmt(x: float | None, spec: str = ".0f", unit: str = "") -> str:
     return "-" if x is None else format(x, spec) + unit
 
 
+def family_rows(root: Path) -> list[str]:
+    """A row per family: 32 prompts dealt over 4 adapters, against HF+PEFT (3 rounds in turns,
+    the median of each)."""
+    rows = ["| family | prompts | adapters | loraserve tok/s | HF+PEFT tok/s | vs HF+PEFT "
+            "| same tokens as HF |", "|---|---:|---:|---:|---:|---:|:-:|"]  # fmt: skip
+    for family in ("llama", "qwen3", "phi3"):
+        world = build(root / family, num_adapters=4, family=family)
+        items = workload(32, sorted(world["adapters"]))
+        ours, hf = side_by_side(world, {4: items})[4]
+        same = "yes" if hf and hf["outputs"] == ours["outputs"] else "no"
+        ratio = tok_s(ours) / tok_s(hf) if hf else None
+        rows.append(f"| {family} | 32 | 4 | {fmt(tok_s(ours))} | {fmt(tok_s(hf))} "
+                    f"| {fmt(ratio, '.2f', 'x')} | {same} |")  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="32 prompts, rank 8 only")
@@ -41,6 +58,8 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="only the LoRA-variants table")
     parser.add_argument("--share", action="store_true", help="only the adapters' byte-share table")
     parser.add_argument("--where", action="store_true", help="only the decode step's time split")
+    parser.add_argument("--families", action="store_true",
+                        help="only a row per base family against HF+PEFT")  # fmt: skip
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"machine: {machine()}; greedy, {NEW_TOKENS} new tokens per prompt\n")
@@ -55,6 +74,10 @@ def main() -> None:
     if args.where:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(where_rows(Path(tmp), quick=args.quick)))
+        return
+    if args.families:
+        with tempfile.TemporaryDirectory() as tmp:
+            print("\n".join(family_rows(Path(tmp))))
         return
     print(
         "| model | prompts | adapters | rank | loraserve tok/s | HF+PEFT tok/s | vLLM tok/s "

@@ -75,8 +75,10 @@ def build(
     heads: int = 4,
     kv_heads: int = 2,
     intermediate: int | None = None,
+    family: str = "llama",
 ) -> dict:
-    """Write ``root/model`` (Llama, fp32, tokenizer.json) and ``root/adapter{i}`` (PEFT LoRA).
+    """Write ``root/model`` (fp32, tokenizer.json; a Llama, or family "qwen3" or "phi3") and
+    ``root/adapter{i}`` (PEFT LoRA on every linear, as the family's model names them).
 
     Returns {"model": Path, "adapters": {name: Path}, "config": {...}}. Reuses an existing
     world when ``root/world.json`` matches the arguments. head_dim = hidden // heads must be
@@ -84,7 +86,7 @@ def build(
     """
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
 
     root = Path(root).absolute()
     intermediate = intermediate or (hidden * 43 // 16)  # 256 -> 688
@@ -98,6 +100,7 @@ def build(
         heads=heads,
         kv_heads=kv_heads,
         intermediate=intermediate,
+        family=family,
     )
     model_dir = root / "model"
     adapters = {f"adapter{i}": root / f"adapter{i}" for i in range(num_adapters)}
@@ -111,7 +114,8 @@ def build(
     root.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     tok = _build_tokenizer(model_dir, vocab)
-    config = LlamaConfig(
+    config_class = {"llama": LlamaConfig, "qwen3": Qwen3Config, "phi3": Phi3Config}[family]
+    config = config_class(
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
@@ -125,12 +129,14 @@ def build(
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(model_dir, safe_serialization=True)
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    if family == "phi3":  # its fused linears
+        targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
     for i, (_name, path) in enumerate(adapters.items()):
-        base = LlamaForCausalLM.from_pretrained(model_dir)
+        base = AutoModelForCausalLM.from_pretrained(model_dir)
         lcfg = LoraConfig(
             r=rank,
             lora_alpha=2 * rank,

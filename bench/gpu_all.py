@@ -16,6 +16,8 @@ Rows:
   speculative  verifying k + 1 rows against one decode step, and the 1B draft's cost ratio c
   engine       the demo kit served by the engine on CUDA equals the CPU's greedy tokens
   structured   constrained decoding on the device against free (batch 32), outputs validated
+  family       Qwen3 and Phi-3 (fused linears, a sliding window) with an adapter per row:
+               fp32, bf16 and FP8 logits on the device against the CPU's fp32
   pytest -m gpu   the test suite's CUDA tests
 """
 
@@ -39,6 +41,7 @@ SECTIONS = (
     ("bench.gpu_checks", "fp8_rows"), ("bench.gpu_model", "model_rows"),
     ("bench.gpu_graphs", "graph_rows"), ("bench.gpu_spec", "spec_rows"),
     ("bench.gpu_engine", "engine_rows"), ("bench.gpu_structured", "structured_rows"),
+    ("bench.gpu_families", "family_rows"),
 )  # fmt: skip
 GPU_TESTS = (
     "tests/kernels/test_lora_triton.py",
@@ -56,7 +59,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--only", help="comma-separated sections to run (correctness, lora, fp8, model, graph, "
-        "spec, engine, structured); the tests still run"
+        "spec, engine, structured, family); the tests still run"
     )  # fmt: skip
     args = parser.parse_args()
     sections = SECTIONS

@@ -16,7 +16,7 @@ Rows:
   speculative  verifying k + 1 rows against one decode step, and the 1B draft's cost ratio c
   engine       the demo kit served by the engine on CUDA equals the CPU's greedy tokens
   structured   constrained decoding on the device against free (batch 32), outputs validated
-  family       Qwen3 and Phi-3 (fused linears, a sliding window) with an adapter per row:
+  family       Qwen3, Phi-3 (fused linears) and Gemma 3 with an adapter per row, windows slid:
                fp32, bf16 and FP8 logits on the device against the CPU's fp32
   pytest -m gpu   the test suite's CUDA tests
 """

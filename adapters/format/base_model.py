@@ -1,6 +1,6 @@
 """What an adapter must fit: the layers and linear shapes of a Llama-family base model.
 
-Read from the base model's config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3: GQA, optional
+Read from the base model's config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3: GQA, optional
 head_dim). Phi-3's fused qkv_proj and gate_up_proj are its parts' shapes here: an adapter on
 them is split into its parts (adapters.format.fused_modules).
 """

@@ -77,7 +77,8 @@ def build(
     intermediate: int | None = None,
     family: str = "llama",
 ) -> dict:
-    """Write ``root/model`` (fp32, tokenizer.json; a Llama, or family "qwen3" or "phi3") and
+    """Write ``root/model`` (fp32, tokenizer.json; a Llama, or family "qwen3", "phi3" or
+    "gemma3") and
     ``root/adapter{i}`` (PEFT LoRA on every linear, as the family's model names them).
 
     Returns {"model": Path, "adapters": {name: Path}, "config": {...}}. Reuses an existing
@@ -86,7 +87,13 @@ def build(
     """
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
+    from transformers import (
+        AutoModelForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        Phi3Config,
+        Qwen3Config,
+    )
 
     root = Path(root).absolute()
     intermediate = intermediate or (hidden * 43 // 16)  # 256 -> 688
@@ -114,7 +121,8 @@ def build(
     root.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     tok = _build_tokenizer(model_dir, vocab)
-    config_class = {"llama": LlamaConfig, "qwen3": Qwen3Config, "phi3": Phi3Config}[family]
+    config_class = {"llama": LlamaConfig, "qwen3": Qwen3Config, "phi3": Phi3Config,
+                    "gemma3": Gemma3TextConfig}[family]  # fmt: skip
     config = config_class(
         hidden_size=hidden,
         intermediate_size=intermediate,

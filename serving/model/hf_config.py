@@ -1,8 +1,8 @@
 """The served model's shape and numerics, read from a Hugging Face folder's config.json.
 
-Llama, Mistral, Qwen2, Qwen3 and Phi-3 (Phi-4) only: the Llama family this runtime
+Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4) and Gemma 3 only: the Llama family this runtime
 implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and gate/up
-fused, split on loading). Both layouts of the
+fused, split on loading; Gemma 3's differences are read in serving.model.gemma_config). Both layouts of the
 RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
 "rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
 dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from serving.model.errors import ModelLoadError
+from serving.model.gemma_config import gemma_fields, gemma_rope
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -27,8 +28,10 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
-BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM")  # attention_bias read from the config
+# attention_bias read from the config, on q, k, v and o
+BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
 _DEFAULT_ROPE_THETA = 10000.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,6 +78,14 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # generation stops at any of them
     qk_norm: bool = False  # an RMSNorm over each head of q and of k before RoPE (Qwen3)
     fused_linears: bool = False  # qkv_proj and gate_up_proj in the checkpoint (Phi-3)
+    # Gemma 3 (serving.model.gemma_config); the defaults are the Llama family's
+    norm_offset: float = 0.0  # every RMSNorm scales by (offset + w)
+    embed_scale: float | None = None  # the embedding's rows are multiplied by it
+    sandwich_norms: bool = False  # a norm on attention's output and on the MLP's, too
+    activation: str = "silu"  # of the gated MLP: silu or gelu_tanh
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    local_rope_theta: float | None = None  # the sliding layers' RoPE base, where it differs
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -102,7 +113,11 @@ def parse_model_config(
 ) -> ModelConfig:
     """A ModelConfig from a parsed config.json; `where` names the source in error messages."""
     arch = _architecture(raw, where)
-    if raw.get("hidden_act", "silu") != "silu":
+    gemma = arch == "Gemma3ForCausalLM"
+    local_theta = None
+    if gemma:
+        raw, local_theta = gemma_rope(raw)
+    elif raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
     rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     if raw.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)) != 1.0:
@@ -119,6 +134,10 @@ def parse_model_config(
     max_pos = _int(raw, "max_position_embeddings", where)
     theta, scaling = _rope(raw, max_pos, where)
     window, window_layers = _sliding_window(raw, arch, num_layers, where)
+    family = gemma_fields(raw, hidden, num_layers, where) if gemma else {}
+    if gemma:
+        window = _int(raw, "sliding_window", where)
+        window_layers = family.pop("sliding_window_layers")
     # Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 always biases q/k/v, never o
     flag_bias = arch in BIAS_FLAGGED and bool(raw.get("attention_bias", False))
     return ModelConfig(
@@ -142,8 +161,9 @@ def parse_model_config(
         sliding_window=window,
         sliding_window_layers=window_layers,
         eos_token_ids=tuple(eos_token_ids),
-        qk_norm=arch == "Qwen3ForCausalLM",
         fused_linears=arch == "Phi3ForCausalLM",
+        local_rope_theta=local_theta,
+        **{"qk_norm": arch == "Qwen3ForCausalLM", **family},
     )
 
 

@@ -1,5 +1,5 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3) over a flat varlen batch and a
-paged KV cache.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3) over a flat varlen
+batch and a paged KV cache.
 
 Every row of a step may use a different LoRA adapter: q/k/v and gate/up are fused
 linears whose adapters apply through one shrink and one multi-slice expand; o and
@@ -10,6 +10,7 @@ the embedding/LM-head rows are where quantization error shows most in the logits
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,11 +23,10 @@ from kernels import (
     write_kv_planned,
 )
 from serving.model.adapter_embeddings import embedding_lora, own_token_logits, own_token_rows
-from serving.model.errors import ModelLoadError
+from serving.model.checkpoint_weights import CheckpointWeights
 from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
     Linear,
-    LinearPart,
     concat_linears,
     head_rms_norm,
     lora_linear,
@@ -37,6 +37,10 @@ from serving.model.step_lora import layer_stacks
 from serving.model.step_plan import StepPlan
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj")
+_ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+}
 MLP_MODULES = ("gate_proj", "up_proj")
 
 
@@ -45,10 +49,12 @@ class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
     qkv: Linear  # [q + 2 kv, hidden]
     o: Linear  # [hidden, q]
-    post_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden], before the MLP (Gemma 3's pre_feedforward_layernorm)
     gate_up: Linear  # [2 inter, hidden]
     down: Linear  # [hidden, inter]
     qk_norm: torch.Tensor | None = None  # [H + Hkv, D]: q's norm per q head, then k's (Qwen3)
+    attn_out_norm: torch.Tensor | None = None  # [hidden]: on attention's output (Gemma 3)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden]: on the MLP's output (Gemma 3)
 
 
 class LlamaModel:
@@ -57,10 +63,10 @@ class LlamaModel:
     def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], *, fp8: bool, dtype):
         self.config = config
         self.dtype = dtype
-        get = _Weights(state, dtype)
+        get = CheckpointWeights(state, dtype, config.norm_offset)
         vocab_hidden = (config.vocab_size, config.hidden_size)
         self.embed = get("model.embed_tokens.weight", vocab_hidden)  # [vocab, hidden]
-        self.norm = get("model.norm.weight", (config.hidden_size,))
+        self.norm = get.norm("model.norm.weight", (config.hidden_size,))
         tied = config.tie_word_embeddings or "lm_head.weight" not in state
         self.lm_head = self.embed if tied else get("lm_head.weight", vocab_hidden)
         self.layers = [self._layer(get, i, fp8) for i in range(config.num_layers)]
@@ -68,7 +74,14 @@ class LlamaModel:
         # [D/2] beside the weights: positions arrive on their device, and cos/sin are made there
         self.inv_freq = rope_inv_freq(config).to(self.embed.device)
         self.rope_factor = rope_attention_factor(config)  # yarn scales cos/sin; 1.0 otherwise
-        self.scale = config.head_dim**-0.5
+        # Gemma 3's sliding layers turn at a base of their own, unscaled
+        self.local_inv_freq = None
+        if config.local_rope_theta is not None:
+            local = dataclasses.replace(config, rope_theta=config.local_rope_theta,
+                                        rope_scaling=None)  # fmt: skip
+            self.local_inv_freq = rope_inv_freq(local).to(self.embed.device)
+        self.scale = config.attn_scale or config.head_dim**-0.5
+        self.act = _ACTIVATIONS[config.activation]
         # Each layer's attention window (None: the whole context): the sliding layers of
         # Mistral, Qwen2/3 and Phi-3 attend through theirs, so the context is not capped.
         self.windows = tuple(
@@ -77,7 +90,7 @@ class LlamaModel:
         )
         self.max_context = config.max_position_embeddings
 
-    def _layer(self, get: _Weights, i: int, fp8: bool) -> LayerWeights:
+    def _layer(self, get: CheckpointWeights, i: int, fp8: bool) -> LayerWeights:
         c, p = self.config, f"model.layers.{i}."
         q, kv, hidden, inter = (
             c.num_heads * c.head_dim,
@@ -90,12 +103,20 @@ class LlamaModel:
         mlp = f"{p}mlp."
         qk_norm = None
         if c.qk_norm:  # one weight per head row, so q and k normalize in one call
-            q_norm = get(f"{attn}q_norm.weight", (c.head_dim,))
-            k_norm = get(f"{attn}k_norm.weight", (c.head_dim,))
+            q_norm = get.norm(f"{attn}q_norm.weight", (c.head_dim,))
+            k_norm = get.norm(f"{attn}k_norm.weight", (c.head_dim,))
             qk_norm = torch.cat([q_norm.expand(c.num_heads, -1), k_norm.expand(c.num_kv_heads, -1)])
+        sandwich = {}
+        if c.sandwich_norms:  # Gemma 3's names: its pre-MLP norm is pre_feedforward_layernorm
+            sandwich = {
+                "attn_out_norm": get.norm(f"{p}post_attention_layernorm.weight", (hidden,)),
+                "mlp_out_norm": get.norm(f"{p}post_feedforward_layernorm.weight", (hidden,)),
+            }
+        mlp_norm = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
         return LayerWeights(
             qk_norm=qk_norm,
-            input_norm=get(f"{p}input_layernorm.weight", (hidden,)),
+            **sandwich,
+            input_norm=get.norm(f"{p}input_layernorm.weight", (hidden,)),
             qkv=concat_linears(
                 get.rows(f"{attn}qkv_proj", (q, kv, kv), hidden)
                 if c.fused_linears
@@ -107,7 +128,7 @@ class LlamaModel:
                 fp8=fp8,
             ),
             o=concat_linears([get.linear(f"{attn}o_proj", (hidden, q), c.o_proj_bias)], fp8=fp8),
-            post_norm=get(f"{p}post_attention_layernorm.weight", (hidden,)),
+            post_norm=get.norm(f"{p}{mlp_norm}.weight", (hidden,)),
             gate_up=concat_linears(
                 get.rows(f"{mlp}gate_up_proj", (inter, inter), hidden)
                 if c.fused_linears
@@ -131,12 +152,18 @@ class LlamaModel:
         """
         c, step, slab, lora = self.config, plan.inputs, plan.slab, plan.lora
         h = self.embed[step.token_ids]  # [T, hidden]
+        if c.embed_scale is not None:  # Gemma: scaled in the model's dtype, as transformers does
+            h = h * torch.tensor(c.embed_scale, dtype=h.dtype)
         if lora is not None and slab.serves_outer("embed_tokens"):
             embedding_lora(h, step.token_ids, slab, lora)
         if lora is not None and slab.tokens.count:
             own_token_rows(h, step.token_ids, step.adapter_slots, slab.tokens)
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
-        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        turns = {False: (cos.to(self.dtype), sin.to(self.dtype))}  # by whether a layer slides
+        turns[True] = turns[False]
+        if self.local_inv_freq is not None:
+            local = rope_cos_sin(self.local_inv_freq, step.positions)
+            turns[True] = (local[0].to(self.dtype), local[1].to(self.dtype))
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
@@ -146,7 +173,7 @@ class LlamaModel:
             qk = qkv[:, : q_size + kv_size].view(-1, heads, c.head_dim)
             if layer.qk_norm is not None:
                 qk = head_rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
-            qk = apply_rope(qk, cos, sin)
+            qk = apply_rope(qk, *turns[self.windows[i] is not None])
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, q_size + kv_size :].view(-1, c.num_kv_heads, c.head_dim)
             k_cache, v_cache = plan.kv_caches[i]
@@ -162,12 +189,17 @@ class LlamaModel:
             o = lora_linear(
                 attn.reshape(-1, q_size), layer.o, layer_stacks(slab, i, ("o_proj",), lora), lora
             )
+            if layer.attn_out_norm is not None:
+                o = rms_norm(o, layer.attn_out_norm, c.rms_norm_eps)
             h = h + o
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
             gu = lora_linear(x, layer.gate_up, layer_stacks(slab, i, MLP_MODULES, lora), lora)
             gate, up = gu.chunk(2, dim=-1)
-            act = torch.nn.functional.silu(gate) * up
-            h = h + lora_linear(act, layer.down, layer_stacks(slab, i, ("down_proj",), lora), lora)
+            d = lora_linear(self.act(gate) * up, layer.down,
+                            layer_stacks(slab, i, ("down_proj",), lora), lora)  # fmt: skip
+            if layer.mlp_out_norm is not None:
+                d = rms_norm(d, layer.mlp_out_norm, c.rms_norm_eps)
+            h = h + d
         out = rms_norm(h[step.logits_indices], self.norm, c.rms_norm_eps)  # [K, hidden]
         if plan.head_lora is not None:
             stacks = layer_stacks(slab, OUTER_LAYER, ("lm_head",), plan.head_lora)
@@ -177,6 +209,8 @@ class LlamaModel:
         if lora is not None and slab.tokens.count and self.lm_head is self.embed:
             slots = step.adapter_slots.index_select(0, step.logits_indices)  # [K]
             own_token_logits(logits, out, slots, slab.tokens, self.embed)
+        if c.final_logit_softcap is not None:
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
         return logits.to(torch.float32)
 
     def linears(self) -> list[Linear]:
@@ -218,46 +252,3 @@ class LlamaModel:
             "o_proj": ("o", 0, c.hidden_size), "gate_proj": ("gate_up", 0, inter),
             "up_proj": ("gate_up", inter, inter), "down_proj": ("down", 0, c.hidden_size),
         }[module]  # fmt: skip
-
-
-class _Weights:
-    """Checkpoint tensors by name, checked against the shapes the config implies."""
-
-    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype):
-        self.state, self.dtype = state, dtype
-
-    def __call__(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        return self.raw(name, shape).to(self.dtype)
-
-    def raw(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        if name not in self.state:
-            raise ModelLoadError(f"checkpoint: tensor {name!r} is missing")
-        t = self.state[name]
-        if shape is not None and tuple(t.shape) != shape:
-            raise ModelLoadError(
-                f"checkpoint: {name} has shape {tuple(t.shape)}, the config implies {shape}"
-            )
-        return t
-
-    def rows(self, prefix: str, sizes: tuple[int, ...], in_features: int) -> list[LinearPart]:
-        """A fused linear as stored (Phi-3's qkv_proj, gate_up_proj; no bias), split by
-        output rows into its parts, in order."""
-        whole = self.linear(prefix, (sum(sizes), in_features), False)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return [
-            LinearPart(
-                whole.weight[start : start + n],
-                None if whole.scale is None else whole.scale[start : start + n],
-                None,
-            )
-            for start, n in zip(starts, sizes, strict=True)
-        ]
-
-    def linear(self, prefix: str, shape: tuple[int, int], bias: bool) -> LinearPart:
-        """A linear as stored: FP8 with its scale when pre-quantized, else in the model dtype."""
-        scale_name = f"{prefix}.weight_scale"
-        b = self(f"{prefix}.bias", (shape[0],)) if bias else None
-        if scale_name in self.state:
-            scale = self.raw(scale_name, (shape[0],)).to(torch.float32)
-            return LinearPart(self.raw(f"{prefix}.weight", shape), scale, b)
-        return LinearPart(self(f"{prefix}.weight", shape), None, b)

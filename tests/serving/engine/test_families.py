@@ -1,5 +1,5 @@
-"""Every engine feature on the newer families, Qwen3 (q/k norms) and Phi-3 (fused linears, a
-sliding window of 24 inside these contexts): a mixed batch with a different adapter per row
+"""Every engine feature on the newer families, Qwen3 (q/k norms), Phi-3 (fused linears, a
+sliding window of 24 inside these contexts) and Gemma 3 (a sliding and a global layer): a mixed batch with a different adapter per row
 token for token against transformers + PEFT, speculation by both proposers as lossless, a
 cached prefix answering as a fresh one, and structured output."""
 
@@ -17,7 +17,7 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
           "additionalProperties": False}  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma3"])
 def world(request, tmp_path_factory):
     return build_world(tmp_path_factory.mktemp(f"family-{request.param}"), request.param)
 

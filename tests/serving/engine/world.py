@@ -9,7 +9,13 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    Phi3Config,
+    Qwen3Config,
+)
 
 from adapters.format.adapter import Adapter, load_adapter
 from adapters.format.base_model import BaseModelSpec
@@ -54,6 +60,16 @@ FAMILIES = {
     # fused q/k/v and gate/up; a sliding window well inside the tests' contexts
     "phi3": lambda: Phi3Config(
         **FIELDS, sliding_window=24, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    ),
+    # sliding layer 0 (window 16, a RoPE base of its own), global layer 1
+    "gemma3": lambda: Gemma3TextConfig(
+        **FIELDS,
+        head_dim=32,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     ),
 }
 # Phi-3's adapters name its fused modules where the others name the parts

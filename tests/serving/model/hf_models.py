@@ -1,5 +1,5 @@
-"""Tiny random Llama, Mistral, Qwen2, Qwen3 and Phi-3 checkpoints written by transformers'
-save_pretrained."""
+"""Tiny random Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3 checkpoints written by
+transformers' save_pretrained."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -80,6 +81,29 @@ CONFIGS = {
         num_hidden_layers=2,
         num_attention_heads=6,
         num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **COMMON,
+    ),
+    # (1 + w) norms, sandwich norms, q/k norms, GELU, a scaled embedding; sliding layers 0-2
+    # (window 5, a RoPE base of their own) and a global layer 3 with linear RoPE scaling; a
+    # final logit soft-cap
+    "gemma3": lambda: Gemma3TextConfig(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=5,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+        },
+        final_logit_softcapping=1.0,  # small enough to bend these logits
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,

@@ -14,6 +14,7 @@ from tests.serving.model.hf_folders import (
     save_tiny_model,
     write_config,
 )
+from tests.serving.model.hf_models import save_tiny
 
 V4_BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -104,6 +105,35 @@ def test_phi3_stores_its_linears_fused_and_slides_on_every_layer(tmp_path):
         load_model_config(write_config(tmp_path / "p", partial))
 
 
+def test_gemma3_in_either_layout(tmp_path):
+    v4 = {**V4_BASE, "architectures": ["Gemma3ForCausalLM"], "head_dim": 32,
+          "num_hidden_layers": 7, "sliding_window": 512, "sliding_window_pattern": 6,
+          "rope_theta": 1e6, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 64,
+          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}  # fmt: skip
+    c = load_model_config(write_config(tmp_path / "v4", v4))
+    assert c.sliding_window == 512 and c.sliding_window_layers == (0, 1, 2, 3, 4, 6)
+    assert (c.rope_theta, c.local_rope_theta) == (1e6, 10000.0)
+    assert c.rope_scaling == RopeScaling("linear", 8.0)
+    assert c.norm_offset == 1.0 and c.sandwich_norms and c.qk_norm and c.activation == "gelu_tanh"
+    assert c.embed_scale == 64**0.5 and c.attn_scale == 64**-0.5
+    save_tiny("gemma3", tmp_path / "v5")  # transformers 5's RoPE per layer type
+    v5 = load_model_config(tmp_path / "v5")
+    assert (v5.rope_theta, v5.local_rope_theta) == (1e6, 10000.0)
+    assert v5.rope_scaling == RopeScaling("linear", 4.0)
+    assert v5.sliding_window == 5 and v5.sliding_window_layers == (0, 1, 2)
+    assert v5.final_logit_softcap == 1.0
+
+
+def test_gemma2s_attention_soft_cap_is_refused_by_name(tmp_path):
+    raw = {**V4_BASE, "architectures": ["Gemma3ForCausalLM"], "sliding_window": 64,
+           "attn_logit_softcapping": 50.0}  # fmt: skip
+    with pytest.raises(ModelLoadError, match="attention logit soft-capping"):
+        load_model_config(write_config(tmp_path, raw))
+    with pytest.raises(ModelLoadError, match="Gemma2ForCausalLM is not supported"):
+        load_model_config(write_config(tmp_path / "g2", {**V4_BASE,
+                                                         "architectures": ["Gemma2ForCausalLM"]}))  # fmt: skip
+
+
 def test_eos_ids_prefer_generation_config(tmp_path):
     save_tiny_model(tmp_path, "llama", eos_token_id=2)
     save_generation_config(tmp_path, [2, 7, 9])
@@ -140,7 +170,7 @@ def test_llama3_and_yarn_fields(tmp_path):
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel is not supported; supported: "
          "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-         "Phi3ForCausalLM"),
+         "Phi3ForCausalLM, Gemma3ForCausalLM"),
         ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "'longrope' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),

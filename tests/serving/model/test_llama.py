@@ -115,10 +115,12 @@ def test_cached_prefix_equals_recompute(tmp_path, kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_fp8_against_fp32(tmp_path, kind):
+# (family, the most relative logit error allowed)
+@pytest.mark.parametrize(("kind", "most"), [("llama", 0.05), ("qwen3", 0.05), ("gemma3", 0.1)])
+def test_fp8_against_fp32(tmp_path, kind, most):
     """Measured here: 2.9% relative logit error and 96% top-1 agreement (8 prompts x 16) for
-    llama; for qwen3, 3.2% and 100%."""
+    llama; for qwen3, 3.2% and 100%; for gemma3, 6.9% and 91% (its soft-capped logits are
+    squeezed into [-1, 1] here, where FP8's error is a larger share of them)."""
     path, _ = save_tiny(kind, tmp_path / "m")
     exact, fp8 = ours(path), ours(path, fp8=True)
     assert fp8.layers[0].qkv.weight.dtype == torch.float8_e4m3fn
@@ -128,7 +130,7 @@ def test_fp8_against_fp32(tmp_path, kind):
     b = fp8.forward(plan_step(step_for(seqs8, BLOCK, BlockPool(64)), fp8.allocate_kv(64, BLOCK)))
     rel = float((b - a).norm() / a.norm())
     top1 = float((a.argmax(-1) == b.argmax(-1)).float().mean())
-    assert 0.005 < rel < 0.05, rel  # a lower bound too: FP8 that changes nothing is not FP8
+    assert 0.005 < rel < most, rel  # a lower bound too: FP8 that changes nothing is not FP8
     assert top1 > 0.9, top1
 
 

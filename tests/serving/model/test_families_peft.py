@@ -1,6 +1,8 @@
-"""Qwen3 (an RMSNorm over each head of q and k before RoPE) with a different LoRA adapter
-per row, against transformers + PEFT's own mixed-batch forward (`adapter_names`), in a
-prefill and in the decode steps after it."""
+"""Qwen3 (an RMSNorm over each head of q and k before RoPE) and Gemma 3 ((1 + w) and sandwich
+norms, GELU, a scaled embedding, sliding layers with a RoPE of their own, a logit soft-cap)
+with a different LoRA adapter per row, against transformers + PEFT's own mixed-batch
+forward (`adapter_names`), in a prefill and in the decode steps after it, and greedy
+generation token for token. (Phi-3's fused linears: test_phi3.py.)"""
 
 import copy
 
@@ -24,10 +26,10 @@ ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 ADAPTERS = {"q": (8, ("q_proj", "k_proj")), "all": (4, ALL), "mlp": (16, ("down_proj", "up_proj"))}
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3")
-    base_dir, hf = save_tiny("qwen3", root / "base")
+@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+def setup(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    base_dir, hf = save_tiny(request.param, root / "base")
     dirs = {
         name: save_peft_adapter(root / name, rank=r, modules=m, seed=i + 1,
                                 base=copy.deepcopy(hf))[0]

@@ -1,7 +1,7 @@
 """The newer base families on the GPU, a check of bench/gpu_all.py: Qwen3 (q/k norms), Phi-3
 (fused linears, adapters on them, a sliding window inside the prompts) and Gemma 3 (sliding
 and global layers) with a different adapter per row, the device's step against the same
-model's on the CPU.
+model's on the CPU; Gemma 2's attention soft-cap in the Triton kernel too.
 
 Tiny random checkpoints and PEFT adapters made here, so nothing is downloaded. fp32 with TF32
 off must agree with the CPU to 1e-3; bf16 and FP8 are reported as their relative logit error
@@ -16,7 +16,13 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, Phi3Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    Phi3Config,
+    Qwen3Config,
+)
 
 from adapters.format.adapter import load_adapter
 from adapters.format.base_model import BaseModelSpec
@@ -33,6 +39,8 @@ FAMILIES = {
                                                           "o_proj", "down_proj"]),
     "phi3": (lambda: Phi3Config(**SHAPE, sliding_window=48, pad_token_id=0),
              ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+    "gemma2": (lambda: Gemma2Config(**SHAPE, head_dim=64, sliding_window=40, pad_token_id=0),
+               ["q_proj", "o_proj", "up_proj"]),
     "gemma3": (lambda: Gemma3TextConfig(**SHAPE, head_dim=64, sliding_window=40,
                                         layer_types=["sliding_attention"] * 3 + ["full_attention"],
                                         pad_token_id=0),

@@ -6,7 +6,9 @@
  *
  *     out[first + i, h] = softmax(q[first + i, h] . K[w..p] * scale) V[w..p]
  *
- * with w = 0, or w = p - window + 1 (at least 0) where a sliding window is given (window > 0):
+ * (each score q . k * scale first capped to softcap * tanh(score / softcap) where softcap > 0,
+ * Gemma 2's logit soft-cap) with w = 0, or w = p - window + 1 (at least 0) where a sliding
+ * window is given (window > 0):
  * the query sees its own position and the window - 1 before it. Keys below every query's
  * window are never read, nor their block table entries.
  *
@@ -53,7 +55,8 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                             int64_t table_row, const float *q, int64_t q_token, int64_t q_head,
                             const float *k_cache, const float *v_cache, int64_t block_size,
                             int64_t num_kv_heads, int64_t head_dim, int64_t num_heads,
-                            float scale, int64_t window, float *out, int64_t out_token,
+                            float scale, int64_t window, float softcap, float *out,
+                            int64_t out_token,
                             int64_t out_head, int32_t num_threads)
 {
     const int64_t group = num_heads / num_kv_heads;
@@ -114,6 +117,8 @@ int32_t paged_attention_cpu(int64_t num_seqs, const int64_t *spans, const int64_
                                 for (int64_t d = 0; d < head_dim; ++d)
                                     dot += qr[d] * kj[d];
                                 p[j] = dot * scale;
+                                if (softcap > 0.0f)
+                                    p[j] = softcap * tanhf(p[j] / softcap);
                                 most = p[j] > most ? p[j] : most;
                             }
                             const float next = top[r] > most ? top[r] : most;

@@ -33,16 +33,18 @@ def available() -> bool:
 def _load() -> ctypes._CFuncPtr | None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     argtypes = [i64, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_float,
-                i64, ptr, i64, i64, ctypes.c_int32]  # fmt: skip
+                i64, ctypes.c_float, ptr, i64, i64, ctypes.c_int32]  # fmt: skip
     return native_build.load("paged_attention_cpu", argtypes, ctypes.c_int32,
                              "the compiled CPU attention kernel")  # fmt: skip
 
 
 def attend(q, k_cache, v_cache, out, spans, table, num_tokens: int, num_blocks: int,
-           block_size: int, scale: float, window: int | None = None) -> bool:  # fmt: skip
+           block_size: int, scale: float, window: int | None = None,
+           softcap: float | None = None) -> bool:  # fmt: skip
     """out[first + i, h] = softmax(q[first + i, h] . K_s[w..p] * scale) V_s[w..p] for each
     sequence s of spans, p = ctx - n + i its query i's position, K_s its blocks in table, and
-    w = max(0, p - window + 1) with a sliding window (else 0).
+    w = max(0, p - window + 1) with a sliding window (else 0); with a softcap, each score s
+    is softcap * tanh(s / softcap) before the softmax.
 
     q, out: [T, H, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; spans: [S, 3]
     int64 (first query row, n, ctx); table: [S, >= ceil(max ctx / block_size)] int64 block ids
@@ -72,7 +74,8 @@ def attend(q, k_cache, v_cache, out, spans, table, num_tokens: int, num_blocks: 
     failed = _load()(
         spans.shape[0], spans.data_ptr(), table.data_ptr(), table.stride(0), q.data_ptr(),
         q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), block_size,
-        num_kv_heads, head_dim, q.shape[1], scale, window or 0, out.data_ptr(), out.stride(0),
+        num_kv_heads, head_dim, q.shape[1], scale, window or 0, softcap or 0.0, out.data_ptr(),
+        out.stride(0),
         out.stride(1), torch.get_num_threads(),
     )  # fmt: skip
     if failed:

@@ -162,20 +162,24 @@ def write_kv_planned(k, v, k_cache, v_cache, writes: KVWrites) -> None:
 
 
 def paged_attention_planned(
-    q, k_cache, v_cache, plan: AttentionPlan, scale: float, window: int | None = None
-):
+    q, k_cache, v_cache, plan: AttentionPlan, scale: float, window: int | None = None,
+    softcap: float | None = None,
+):  # fmt: skip
     """paged_attention without checks, on a batch plan_attention derived."""
     if q.is_cuda:
         from kernels.paged_attention_triton import paged_attention_triton
 
         return paged_attention_triton(
             q, k_cache, v_cache, plan.block_tables, plan.context_lens, plan.query_start_loc,
-            scale, max_query_len=plan.max_query_len, window=window,
+            scale, max_query_len=plan.max_query_len, window=window, softcap=softcap,
         )  # fmt: skip
-    return _attention_cpu(q, k_cache, v_cache, plan, scale, window)
+    return _attention_cpu(q, k_cache, v_cache, plan, scale, window, softcap)
 
 
-def _attention_cpu(q, k_cache, v_cache, plan: AttentionPlan, scale: float, window: int | None):
+def _attention_cpu(
+    q, k_cache, v_cache, plan: AttentionPlan, scale: float, window: int | None,
+    softcap: float | None = None,
+):  # fmt: skip
     """The CPU path: every sequence in one compiled call where it runs (float32; 2-4x the
     speed of the torch path below, even for a 2,000-token prompt); else, in torch, the short
     queries in one batched SDPA call and every longer query on its own.
@@ -189,7 +193,9 @@ def _attention_cpu(q, k_cache, v_cache, plan: AttentionPlan, scale: float, windo
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
-    if _attend_compiled(q, k_cache, v_cache, out, plan, scale, window):
+    if softcap is not None:  # SDPA caps no scores: the same, written out
+        attend = partial(_attend_capped, scale=scale, softcap=softcap)
+    if _attend_compiled(q, k_cache, v_cache, out, plan, scale, window, softcap):
         return out
     b = plan.short
     if b is not None:  # the same in torch: one padded, batched SDPA call
@@ -197,7 +203,7 @@ def _attention_cpu(q, k_cache, v_cache, plan: AttentionPlan, scale: float, windo
         k = _gather_padded(k_cache, b.table, p.stale, compute, 0)  # (S, Hkv, L, D)
         v = _gather_padded(v_cache, b.table, p.stale, compute, 1)
         mask = p.mask if window is None else p.mask & p.in_window(window)
-        o = _attend_grouped(q[p.rows].to(compute), k, v, mask, scale)  # (S, W, H, D)
+        o = _attend_grouped(q[p.rows].to(compute), k, v, mask, scale, softcap)  # (S, W, H, D)
         out[p.out_rows] = o[p.valid].to(q.dtype)
     starts, lens = plan.starts, plan.lens
     for s in plan.long:  # prefill chunks, one sequence at a time
@@ -206,7 +212,7 @@ def _attention_cpu(q, k_cache, v_cache, plan: AttentionPlan, scale: float, windo
         k = _gather_one(k_cache, blocks, ctx, compute, 0)  # (Hkv, ctx, D)
         v = _gather_one(v_cache, blocks, ctx, compute, 1)
         qs = q[a:e].transpose(0, 1).to(compute)  # (H, n, D)
-        if e - a == ctx and window is None:  # nothing cached: the usual top-left causal mask
+        if e - a == ctx and window is None and softcap is None:  # the top-left causal mask
             o = attend(qs, k, v, is_causal=True)
         else:  # query i sits at position ctx - n + i, after the cached prefix
             pos = torch.arange(ctx - (e - a), ctx, device=q.device)
@@ -220,18 +226,19 @@ def _attention_cpu(q, k_cache, v_cache, plan: AttentionPlan, scale: float, windo
 
 
 def _attend_compiled(
-    q, k_cache, v_cache, out, plan: AttentionPlan, scale: float, window: int | None
-) -> bool:
+    q, k_cache, v_cache, out, plan: AttentionPlan, scale: float, window: int | None,
+    softcap: float | None,
+) -> bool:  # fmt: skip
     """Every sequence of the plan in one compiled call, reading the cache in place; False,
     having done nothing, where the kernel is not here or does not take these operands."""
     b = plan.every
     if b is None or not attention_native.available():
         return False
     return attention_native.attend(q, k_cache, v_cache, out, b.spans, b.table, plan.starts[-1],
-                                   b.num_blocks, b.block_size, scale, window)  # fmt: skip
+                                   b.num_blocks, b.block_size, scale, window, softcap)  # fmt: skip
 
 
-def _attend_grouped(q, k, v, mask, scale: float):
+def _attend_grouped(q, k, v, mask, scale: float, softcap: float | None = None):
     """SDPA of q (S, W, H, D) over k, v (S, Hkv, L, D) -> (S, W, H, D), with the g = H / Hkv
     query heads of a KV head as g * W queries of one head: one plain SDPA, no K/V copies, and
     cheaper than enable_gqa (up to 1.5x on long contexts).
@@ -244,8 +251,23 @@ def _attend_grouped(q, k, v, mask, scale: float):
     qs = q.permute(0, 2, 1, 3).reshape(num, kv_heads, group * width, dim)  # head-major, then W
     if width > 1:
         mask = mask.repeat(1, 1, group, 1)  # (S, 1, g * W, L)
-    o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+    if softcap is None:
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+    else:
+        o = _attend_capped(qs, k, v, attn_mask=mask, scale=scale, softcap=softcap)
     return o.view(num, heads, width, dim).transpose(1, 2)
+
+
+def _attend_capped(q, k, v, *, attn_mask, scale: float, softcap: float, enable_gqa=False):
+    """SDPA with each score s first capped to softcap * tanh(s / softcap): q (..., Hq, n, D)
+    over k, v (..., Hkv, L, D); attn_mask broadcast over heads, True where a key is seen."""
+    if q.shape[-3] != k.shape[-3]:  # GQA: each KV head serves its group of query heads
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def _gather_one(cache, blocks, ctx, compute, which: int):

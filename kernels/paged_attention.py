@@ -90,12 +90,14 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its context in the paged cache.
 
     Semantics:  query i of seq s sits at position p = context_lens[s] - n_s + i and
                 out = softmax(q k^T * scale) v over cache positions w..p of seq s,
-                w = 0, or with a sliding window max(0, p - window + 1),
+                w = 0, or with a sliding window max(0, p - window + 1), and with a
+                softcap each score s = softcap * tanh(s / softcap) (Gemma 2),
                 head h reading kv head h // (num_heads // num_kv_heads)       (GQA)
 
     q: [num_tokens, num_heads, head_dim], the new tokens of all sequences
@@ -108,13 +110,13 @@ def paged_attention(
     and typed like q.
     """
     args = (block_tables, context_lens, query_start_loc)
-    starts, lens = check_paged_attention(q, k_cache, v_cache, *args, scale, window)
+    starts, lens = check_paged_attention(q, k_cache, v_cache, *args, scale, window, softcap)
     plan = plan_attention(*args, k_cache.shape[1], k_cache.shape[0], starts, lens)
-    return paged_attention_planned(q, k_cache, v_cache, plan, float(scale), window)
+    return paged_attention_planned(q, k_cache, v_cache, plan, float(scale), window, softcap)
 
 
 def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                          scale, window=None) -> tuple[list[int], list[int]]:  # fmt: skip
+                          scale, window=None, softcap=None) -> tuple[list[int], list[int]]:  # fmt: skip
     """ValueError naming the argument when paged_attention's arguments are not as it
     documents; else the host copies of query_start_loc and context_lens."""
     check_tensor("q", q, dim=3, dtypes=ACTIVATION_DTYPES)
@@ -132,6 +134,9 @@ def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query
     if window is not None and (not isinstance(window, int) or isinstance(window, bool)
                                or window < 1):  # fmt: skip
         raise ValueError(f"window: expected a positive int or None, got {window!r}")
+    if softcap is not None and (not isinstance(softcap, Real) or isinstance(softcap, bool)
+                                or not math.isfinite(softcap) or softcap <= 0):  # fmt: skip
+        raise ValueError(f"softcap: expected a positive float or None, got {softcap!r}")
     return _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens)
 
 

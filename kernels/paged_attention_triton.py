@@ -31,6 +31,7 @@ def _paged_attention_kernel(
     query_start_loc_ptr,  # [num_seqs + 1]
     scale,
     window,  # > 0: each query sees its own position and the window - 1 keys before it
+    softcap,  # > 0: each score s becomes softcap * tanh(s / softcap)
     block_size,
     stride_qt,
     stride_qh,
@@ -108,6 +109,8 @@ def _paged_attention_kernel(
             other=0.0,
         )  # [BLOCK_D, BLOCK_N]
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N] float32
+        if softcap > 0:  # tanh(x) = 1 - 2 / (e^2x + 1), finite at both ends
+            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
         causal = (offs_n[None, :] <= pos[:, None]) & mask_n[None, :]
         if window > 0:
             causal = causal & (offs_n[None, :] > pos[:, None] - window)
@@ -151,11 +154,12 @@ def paged_attention_triton(
     block_m: int | None = None,
     block_n: int = 32,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Launch the kernel; arguments already checked by kernels.paged_attention.
 
     max_query_len: the longest query run (n_s), read from query_start_loc when not given.
-    window: a sliding window (None: the whole context).
+    window: a sliding window (None: the whole context); softcap: the scores' tanh cap.
     block_m, block_n: tile sizes (powers of two, at least 16); block_m follows
     max_query_len when not given. Tests shrink them to cross more tile boundaries.
     """
@@ -182,6 +186,7 @@ def paged_attention_triton(
         query_start_loc,
         scale,
         window or 0,
+        softcap or 0.0,
         k_cache.shape[1],
         q.stride(0),
         q.stride(1),

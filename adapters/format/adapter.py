@@ -34,7 +34,7 @@ from adapters.format.sources import (
     WEIGHTS,
     read_adapter_files,
 )
-from adapters.format.tensor_names import where
+from adapters.format.tensor_names import VISION_PARTS, where
 from adapters.format.trainable_tokens import TrainableTokens
 
 
@@ -139,14 +139,19 @@ def parse_adapter(
         for scale, group in _by_scale(modules).items():
             pairs = ((f"layer {k[0]} {k[1]}", m.a, m.b) for k, m in group)
             check_activation_bound(label, pairs, scale, base.dtype if base else None)
+    vision = [n for n in skipped if any(part in n for part in VISION_PARTS)]
+    copies = [n for n in skipped if n not in vision]
     notes = (
         [
-            f"{label}: skipped {len(skipped)} copies of the base model's own weights "
-            f"({', '.join(shorten(n) for n in skipped[:2])}); the served model's are used"
+            f"{label}: skipped {len(copies)} copies of the base model's own weights "
+            f"({', '.join(shorten(n) for n in copies[:2])}); the served model's are used"
         ]
-        if skipped
+        if copies
         else []
     )
+    if vision:
+        notes.append(f"{label}: skipped {len(vision)} tensors of the vision tower "
+                     f"({shorten(vision[0])}); text alone is served")  # fmt: skip
     if ignored:
         notes.append(
             f"{label}: ignored the weights of {len(ignored)} module(s) that {CONFIG} does not "

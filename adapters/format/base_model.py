@@ -59,6 +59,9 @@ class BaseModelSpec:
 
     @staticmethod
     def from_config(config: dict) -> BaseModelSpec:
+        if isinstance(config.get("text_config"), dict):  # multimodal (Gemma 3 4B+): its text
+            top = {k: config[k] for k in ("dtype", "torch_dtype") if k in config}
+            config = {**top, **{k: v for k, v in config["text_config"].items() if v is not None}}
         try:
             hidden = int(config["hidden_size"])
             inter = int(config["intermediate_size"])

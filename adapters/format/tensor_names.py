@@ -7,6 +7,8 @@
     ...embed_tokens.token_adapter.trainable_tokens_delta [n, hidden]   (trainable tokens)
     ...{embed_tokens|lm_head}.base_layer.weight    a copy of the base's own, which PEFT
                                                    saves beside embedding LoRA: skipped
+    ...vision_tower. / multi_modal_projector. ...  a multimodal model's image side, which
+                                                   is not served: skipped
 
 The embedding and the LM head are "outer" modules, keyed by layer OUTER_LAYER (-1).
 """
@@ -20,6 +22,8 @@ from adapters.errors import AdapterError, quoted, shorten
 from adapters.format.base_model import FUSED_LINEARS, LINEARS, module_group
 
 OUTER_LAYER = -1
+# a multimodal model's (Gemma 3 4B and up) parts besides its language model
+VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
 MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
 _LAYER_RE = re.compile(
     r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
@@ -52,6 +56,8 @@ class TensorName:
 
 def tensor_name(name: str, label: str) -> TensorName:
     """Where the tensor `name` goes; AdapterError naming it if it is no LoRA tensor we know."""
+    if any(part in name for part in VISION_PARTS):  # text is served: their LoRA is skipped
+        return TensorName(OUTER_LAYER, "vision", "vision", name, skipped=True)
     m = _LAYER_RE.search(name)
     if m is not None:
         if len(m["layer"]) > MAX_LAYER_DIGITS:
@@ -63,7 +69,10 @@ def tensor_name(name: str, label: str) -> TensorName:
             )
         part = m["which"] or ("bias" if m["bias"] else "magnitude")
         layer = int(m["layer"])
-        return TensorName(layer, module, part, f"model.layers.{layer}.{block}.{module}")
+        # the module's own path, as PEFT's patterns see it (a multimodal model's text layers
+        # are model.language_model.layers...)
+        prefix = name[: m.start()].removeprefix("base_model.model.") or "model"
+        return TensorName(layer, module, part, f"{prefix}.layers.{layer}.{block}.{module}")
     m = _OUTER_RE.search(name)
     if m is None:
         raise AdapterError(

@@ -77,8 +77,8 @@ def build(
     intermediate: int | None = None,
     family: str = "llama",
 ) -> dict:
-    """Write ``root/model`` (fp32, tokenizer.json; a Llama, or family "qwen3", "phi3" or
-    "gemma3") and
+    """Write ``root/model`` (fp32, tokenizer.json; a Llama, or family "qwen3", "phi3",
+    "gemma2" or "gemma3") and
     ``root/adapter{i}`` (PEFT LoRA on every linear, as the family's model names them).
 
     Returns {"model": Path, "adapters": {name: Path}, "config": {...}}. Reuses an existing
@@ -89,6 +89,7 @@ def build(
     from peft import LoraConfig, get_peft_model
     from transformers import (
         AutoModelForCausalLM,
+        Gemma2Config,
         Gemma3TextConfig,
         LlamaConfig,
         Phi3Config,
@@ -122,7 +123,7 @@ def build(
     torch.manual_seed(seed)
     tok = _build_tokenizer(model_dir, vocab)
     config_class = {"llama": LlamaConfig, "qwen3": Qwen3Config, "phi3": Phi3Config,
-                    "gemma3": Gemma3TextConfig}[family]  # fmt: skip
+                    "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig}[family]  # fmt: skip
     config = config_class(
         hidden_size=hidden,
         intermediate_size=intermediate,

@@ -1,8 +1,8 @@
 """The served model's shape and numerics, read from a Hugging Face folder's config.json.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4) and Gemma 3 only: the Llama family this runtime
+Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4), Gemma 2 and Gemma 3 only: the Llama family this runtime
 implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and gate/up
-fused, split on loading; Gemma 3's differences are read in serving.model.gemma_config). Both layouts of the
+fused, split on loading; Gemma's differences are read in serving.model.gemma_config). Both layouts of the
 RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
 "rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
 dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
@@ -20,7 +20,13 @@ from typing import Any
 import torch
 
 from serving.model.errors import ModelLoadError
-from serving.model.gemma_config import gemma_fields, gemma_rope
+from serving.model.gemma_config import (
+    MULTIMODAL,
+    TEXT_PREFIXES,
+    gemma_fields,
+    gemma_rope,
+    text_config,
+)
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -28,10 +34,13 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not served
 }
 # attention_bias read from the config, on q, k, v and o
-BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                MULTIMODAL)  # fmt: skip
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
 _DEFAULT_ROPE_THETA = 10000.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -86,6 +95,9 @@ class ModelConfig:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     local_rope_theta: float | None = None  # the sliding layers' RoPE base, where it differs
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    attn_softcap: float | None = None  # each attention score s = cap * tanh(s / cap) (Gemma 2)
+    # (checkpoint prefix, the text model's) of a multimodal checkpoint's language model
+    text_prefixes: tuple[tuple[str, str], ...] = ()
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -113,9 +125,12 @@ def parse_model_config(
 ) -> ModelConfig:
     """A ModelConfig from a parsed config.json; `where` names the source in error messages."""
     arch = _architecture(raw, where)
-    gemma = arch == "Gemma3ForCausalLM"
+    prefixes = ()
+    if arch == MULTIMODAL:
+        raw, prefixes = text_config(raw), TEXT_PREFIXES
+    gemma = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3, MULTIMODAL: 3}.get(arch)
     local_theta = None
-    if gemma:
+    if gemma == 3:
         raw, local_theta = gemma_rope(raw)
     elif raw.get("hidden_act", "silu") != "silu":
         raise ModelLoadError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
@@ -134,7 +149,7 @@ def parse_model_config(
     max_pos = _int(raw, "max_position_embeddings", where)
     theta, scaling = _rope(raw, max_pos, where)
     window, window_layers = _sliding_window(raw, arch, num_layers, where)
-    family = gemma_fields(raw, hidden, num_layers, where) if gemma else {}
+    family = gemma_fields(raw, hidden, num_layers, where, gemma) if gemma else {}
     if gemma:
         window = _int(raw, "sliding_window", where)
         window_layers = family.pop("sliding_window_layers")
@@ -163,6 +178,7 @@ def parse_model_config(
         eos_token_ids=tuple(eos_token_ids),
         fused_linears=arch == "Phi3ForCausalLM",
         local_rope_theta=local_theta,
+        text_prefixes=prefixes,
         **{"qk_norm": arch == "Qwen3ForCausalLM", **family},
     )
 

@@ -1,5 +1,5 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3) over a flat varlen
-batch and a paged KV cache.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3) over a flat
+varlen batch and a paged KV cache.
 
 Every row of a step may use a different LoRA adapter: q/k/v and gate/up are fused
 linears whose adapters apply through one shrink and one multi-slice expand; o and
@@ -24,6 +24,7 @@ from kernels import (
 )
 from serving.model.adapter_embeddings import embedding_lora, own_token_logits, own_token_rows
 from serving.model.checkpoint_weights import CheckpointWeights
+from serving.model.gemma_config import text_weights
 from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
     Linear,
@@ -63,6 +64,8 @@ class LlamaModel:
     def __init__(self, config: ModelConfig, state: dict[str, torch.Tensor], *, fp8: bool, dtype):
         self.config = config
         self.dtype = dtype
+        if config.text_prefixes:  # a multimodal checkpoint: its language model alone
+            state = text_weights(state, config.text_prefixes)
         get = CheckpointWeights(state, dtype, config.norm_offset)
         vocab_hidden = (config.vocab_size, config.hidden_size)
         self.embed = get("model.embed_tokens.weight", vocab_hidden)  # [vocab, hidden]
@@ -181,10 +184,10 @@ class LlamaModel:
                 check_write_kv(k, v, k_cache, v_cache, step.slot_mapping)
                 check_paged_attention(q, k_cache, v_cache, step.block_tables,
                                       step.context_lens, step.query_start_loc, self.scale,
-                                      self.windows[i])  # fmt: skip
+                                      self.windows[i], c.attn_softcap)  # fmt: skip
             write_kv_planned(k, v, k_cache, v_cache, plan.attention.writes)
             attn = paged_attention_planned(  # [T, H, D]
-                q, k_cache, v_cache, plan.attention, self.scale, self.windows[i]
+                q, k_cache, v_cache, plan.attention, self.scale, self.windows[i], c.attn_softcap
             )
             o = lora_linear(
                 attn.reshape(-1, q_size), layer.o, layer_stacks(slab, i, ("o_proj",), lora), lora

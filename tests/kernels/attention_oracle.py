@@ -14,10 +14,12 @@ import torch
 
 
 def attention_oracle(
-    q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, window=None
-):
+    q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, window=None,
+    softcap=None,
+):  # fmt: skip
     """[num_tokens, num_heads, head_dim] float64; rows of no sequence come back NaN. With a
-    window, query p sees keys p - window + 1 .. p only (and the rest is never read)."""
+    window, query p sees keys p - window + 1 .. p only (and the rest is never read); with a
+    softcap, each score s is softcap * tanh(s / softcap) before the softmax."""
     num_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -40,6 +42,8 @@ def attention_oracle(
             future |= keys <= positions[:, None] - window
         for h in range(num_heads):
             scores = q[a:b, h].double() @ k[:, h // group].T * scale  # (n, ctx)
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             scores = scores.masked_fill(future, -torch.inf)
             weights = torch.exp(scores - scores.max(dim=1, keepdim=True).values)
             weights = weights / weights.sum(dim=1, keepdim=True)

@@ -137,3 +137,15 @@ def test_the_torch_path_takes_the_window_too(window, monkeypatch):
     want = attention_oracle(*batch.args(), window)
     torch.testing.assert_close(paged_attention(*batch.args(), window=window).double(), want,
                                atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_soft_cap_on_both_cpu_paths(compiled, monkeypatch):
+    if not compiled:
+        monkeypatch.setattr(attention_native, "available", lambda: False)
+    batch = make_batch(SPECULATIVE, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
+                       dtype=torch.float32, seed=16)  # fmt: skip
+    batch.q *= 4.0
+    want = attention_oracle(*batch.args(), 24, 3.0)
+    got = paged_attention(*batch.args(), window=24, softcap=3.0)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

@@ -299,3 +299,17 @@ def test_a_window_must_be_a_positive_int():
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="window: expected a positive int"):
             paged_attention(*batch.args(), window=bad)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton16"])
+def test_a_soft_cap_on_the_scores_matches_the_oracle(backend, window):
+    """Scores well past the cap (q and k scaled up), so tanh bends them."""
+    batch = make_batch(WINDOWED, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=15)  # fmt: skip
+    batch.q *= 4.0
+    want = attention_oracle(*batch.args(), window, 2.0)
+    got = BACKENDS[backend](*batch.args(), window=window, softcap=2.0)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    uncapped = attention_oracle(*batch.args(), window)
+    assert (uncapped - want).abs().max() > 1e-2  # the cap changed something

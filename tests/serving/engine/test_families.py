@@ -1,5 +1,6 @@
 """Every engine feature on the newer families, Qwen3 (q/k norms), Phi-3 (fused linears, a
-sliding window of 24 inside these contexts) and Gemma 3 (a sliding and a global layer): a mixed batch with a different adapter per row
+sliding window of 24 inside these contexts), Gemma 2 (attention scores soft-capped) and
+Gemma 3 (a sliding and a global layer): a mixed batch with a different adapter per row
 token for token against transformers + PEFT, speculation by both proposers as lossless, a
 cached prefix answering as a fresh one, and structured output."""
 
@@ -17,7 +18,7 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
           "additionalProperties": False}  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma2", "gemma3"])
 def world(request, tmp_path_factory):
     return build_world(tmp_path_factory.mktemp(f"family-{request.param}"), request.param)
 

@@ -11,6 +11,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
     Phi3Config,
@@ -60,6 +61,10 @@ FAMILIES = {
     # fused q/k/v and gate/up; a sliding window well inside the tests' contexts
     "phi3": lambda: Phi3Config(
         **FIELDS, sliding_window=24, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    ),
+    # sliding layer 0 (window 16), global layer 1; its attention and logit soft-caps
+    "gemma2": lambda: Gemma2Config(
+        **FIELDS, head_dim=32, sliding_window=16, pad_token_id=0, bos_token_id=1, eos_token_id=2
     ),
     # sliding layer 0 (window 16, a RoPE base of its own), global layer 1
     "gemma3": lambda: Gemma3TextConfig(

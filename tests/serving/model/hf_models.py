@@ -1,4 +1,4 @@
-"""Tiny random Llama, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 3 checkpoints written by
+"""Tiny random Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3 checkpoints written by
 transformers' save_pretrained."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
@@ -81,6 +82,25 @@ CONFIGS = {
         num_hidden_layers=2,
         num_attention_heads=6,
         num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **COMMON,
+    ),
+    # Gemma 2: attention scores soft-capped (small enough to bend these), the even layers
+    # sliding (window 5), a final logit soft-cap
+    "gemma2": lambda: Gemma2Config(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=5,
+        attn_logit_softcapping=0.5,
+        final_logit_softcapping=1.0,
+        initializer_range=0.3,  # scores large enough for the cap to bend them
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,

@@ -1,5 +1,6 @@
-"""Qwen3 (an RMSNorm over each head of q and k before RoPE) and Gemma 3 ((1 + w) and sandwich
-norms, GELU, a scaled embedding, sliding layers with a RoPE of their own, a logit soft-cap)
+"""Qwen3 (an RMSNorm over each head of q and k before RoPE), Gemma 2 (attention scores
+soft-capped) and Gemma 3 ((1 + w) and sandwich norms, GELU, a scaled embedding, sliding
+layers with a RoPE of their own, a logit soft-cap)
 with a different LoRA adapter per row, against transformers + PEFT's own mixed-batch
 forward (`adapter_names`), in a prefill and in the decode steps after it, and greedy
 generation token for token. (Phi-3's fused linears: test_phi3.py.)"""
@@ -26,7 +27,7 @@ ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 ADAPTERS = {"q": (8, ("q_proj", "k_proj")), "all": (4, ALL), "mlp": (16, ("down_proj", "up_proj"))}
 
 
-@pytest.fixture(scope="module", params=["qwen3", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen3", "gemma2", "gemma3"])
 def setup(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     base_dir, hf = save_tiny(request.param, root / "base")

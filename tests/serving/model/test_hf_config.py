@@ -124,14 +124,16 @@ def test_gemma3_in_either_layout(tmp_path):
     assert v5.final_logit_softcap == 1.0
 
 
-def test_gemma2s_attention_soft_cap_is_refused_by_name(tmp_path):
-    raw = {**V4_BASE, "architectures": ["Gemma3ForCausalLM"], "sliding_window": 64,
-           "attn_logit_softcapping": 50.0}  # fmt: skip
+def test_gemma2_caps_its_attention_scores_and_slides_on_even_layers(tmp_path):
+    raw = {**V4_BASE, "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4,
+           "sliding_window": 64, "attn_logit_softcapping": 50.0,
+           "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 16}  # fmt: skip
+    c = load_model_config(write_config(tmp_path / "g2", raw))
+    assert (c.attn_softcap, c.final_logit_softcap) == (50.0, 30.0)
+    assert c.sliding_window_layers == (0, 2) and not c.qk_norm and c.local_rope_theta is None
+    g3 = {**raw, "architectures": ["Gemma3ForCausalLM"]}
     with pytest.raises(ModelLoadError, match="attention logit soft-capping"):
-        load_model_config(write_config(tmp_path, raw))
-    with pytest.raises(ModelLoadError, match="Gemma2ForCausalLM is not supported"):
-        load_model_config(write_config(tmp_path / "g2", {**V4_BASE,
-                                                         "architectures": ["Gemma2ForCausalLM"]}))  # fmt: skip
+        load_model_config(write_config(tmp_path / "g3", g3))
 
 
 def test_eos_ids_prefer_generation_config(tmp_path):
@@ -170,7 +172,7 @@ def test_llama3_and_yarn_fields(tmp_path):
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel is not supported; supported: "
          "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-         "Phi3ForCausalLM, Gemma3ForCausalLM"),
+         "Phi3ForCausalLM, Gemma2ForCausalLM"),
         ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "'longrope' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),

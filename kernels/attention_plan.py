@@ -12,8 +12,6 @@ plan, and call these.
 from __future__ import annotations
 
 import functools
-import math
-import threading
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
@@ -22,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import attention_native
+from kernels.attention_torch import attend_capped, attend_grouped, gather_one, gather_padded
 
 SHORT_QUERY = 17  # queries per sequence up to which the batched path runs (k + 1 for k <= 16)
 
@@ -194,23 +193,23 @@ def _attention_cpu(
     block_size = k_cache.shape[1]
     attend = partial(F.scaled_dot_product_attention, scale=scale, enable_gqa=True)
     if softcap is not None:  # SDPA caps no scores: the same, written out
-        attend = partial(_attend_capped, scale=scale, softcap=softcap)
+        attend = partial(attend_capped, scale=scale, softcap=softcap)
     if _attend_compiled(q, k_cache, v_cache, out, plan, scale, window, softcap):
         return out
     b = plan.short
     if b is not None:  # the same in torch: one padded, batched SDPA call
         p = b.padded
-        k = _gather_padded(k_cache, b.table, p.stale, compute, 0)  # (S, Hkv, L, D)
-        v = _gather_padded(v_cache, b.table, p.stale, compute, 1)
+        k = gather_padded(k_cache, b.table, p.stale, compute, 0)  # (S, Hkv, L, D)
+        v = gather_padded(v_cache, b.table, p.stale, compute, 1)
         mask = p.mask if window is None else p.mask & p.in_window(window)
-        o = _attend_grouped(q[p.rows].to(compute), k, v, mask, scale, softcap)  # (S, W, H, D)
+        o = attend_grouped(q[p.rows].to(compute), k, v, mask, scale, softcap)  # (S, W, H, D)
         out[p.out_rows] = o[p.valid].to(q.dtype)
     starts, lens = plan.starts, plan.lens
     for s in plan.long:  # prefill chunks, one sequence at a time
         a, e, ctx = starts[s], starts[s + 1], lens[s]
         blocks = plan.block_tables[s, : -(-ctx // block_size)].long()
-        k = _gather_one(k_cache, blocks, ctx, compute, 0)  # (Hkv, ctx, D)
-        v = _gather_one(v_cache, blocks, ctx, compute, 1)
+        k = gather_one(k_cache, blocks, ctx, compute, 0)  # (Hkv, ctx, D)
+        v = gather_one(v_cache, blocks, ctx, compute, 1)
         qs = q[a:e].transpose(0, 1).to(compute)  # (H, n, D)
         if e - a == ctx and window is None and softcap is None:  # the top-left causal mask
             o = attend(qs, k, v, is_causal=True)
@@ -236,88 +235,3 @@ def _attend_compiled(
         return False
     return attention_native.attend(q, k_cache, v_cache, out, b.spans, b.table, plan.starts[-1],
                                    b.num_blocks, b.block_size, scale, window, softcap)  # fmt: skip
-
-
-def _attend_grouped(q, k, v, mask, scale: float, softcap: float | None = None):
-    """SDPA of q (S, W, H, D) over k, v (S, Hkv, L, D) -> (S, W, H, D), with the g = H / Hkv
-    query heads of a KV head as g * W queries of one head: one plain SDPA, no K/V copies, and
-    cheaper than enable_gqa (up to 1.5x on long contexts).
-
-    mask (S, 1, W, L): the same for every head, so it repeats once per query head.
-    """
-    num, width, heads, dim = q.shape
-    kv_heads = k.shape[1]
-    group = heads // kv_heads
-    qs = q.permute(0, 2, 1, 3).reshape(num, kv_heads, group * width, dim)  # head-major, then W
-    if width > 1:
-        mask = mask.repeat(1, 1, group, 1)  # (S, 1, g * W, L)
-    if softcap is None:
-        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
-    else:
-        o = _attend_capped(qs, k, v, attn_mask=mask, scale=scale, softcap=softcap)
-    return o.view(num, heads, width, dim).transpose(1, 2)
-
-
-def _attend_capped(q, k, v, *, attn_mask, scale: float, softcap: float, enable_gqa=False):
-    """SDPA with each score s first capped to softcap * tanh(s / softcap): q (..., Hq, n, D)
-    over k, v (..., Hkv, L, D); attn_mask broadcast over heads, True where a key is seen."""
-    if q.shape[-3] != k.shape[-3]:  # GQA: each KV head serves its group of query heads
-        group = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-
-def _gather_one(cache, blocks, ctx, compute, which: int):
-    """One sequence's first ctx tokens, contiguous: (Hkv, ctx, D)."""
-    kv = _gather_blocks(cache, blocks, compute, which).flatten(0, 1)[:ctx]  # (ctx, Hkv, D)
-    return kv.transpose(0, 1)
-
-
-def _gather_padded(cache, table, stale, compute, which: int):
-    """Padded contexts of several sequences, zero past each one: (S, Hkv, L, D)."""
-    kv = _gather_blocks(cache, table.flatten(), compute, which)  # (S * L / block, block, Hkv, D)
-    kv = kv.view(table.shape[0], -1, *cache.shape[2:])  # (S, L, Hkv, D), a copy
-    # Zeroed, not just masked: a NaN in a stale slot would reach the output as 0 * NaN. Only
-    # the stale keys are written, not the whole copy again.
-    if stale.numel():
-        kv.view(-1, *kv.shape[2:]).index_fill_(0, stale, 0.0)
-    return kv.transpose(1, 2)
-
-
-def _gather_blocks(cache, blocks, compute, which: int):
-    """cache[blocks] in compute's dtype, (n, block, Hkv, D), written into a reused buffer.
-
-    A fresh tensor of a few MB per layer comes from mmap and is page-faulted in on every
-    call: 5-6 ms per layer in the medium bench's decode steps (3 MB), 0.3-0.5 ms reused. The layers
-    of a step run one after another and each is done with its copy before the next gathers,
-    so one buffer per (K or V, dtype) serves them all.
-    """
-    # index_select rather than cache[blocks]: the same copy, about 1.7x faster on the CPU
-    shape = (blocks.shape[0], *cache.shape[1:])
-    if cache.dtype == compute:
-        return torch.index_select(
-            cache, 0, blocks, out=_scratch(shape, compute, which, cache.device)
-        )
-    low = torch.index_select(
-        cache, 0, blocks, out=_scratch(shape, cache.dtype, which, cache.device)
-    )
-    return _scratch(shape, compute, which + 2, cache.device).copy_(low)
-
-
-_workspace = threading.local()  # per thread: an engine and its draft model run in one
-
-
-def _scratch(shape, dtype, which: int, device) -> torch.Tensor:
-    """A [shape] view of this thread's buffer `which` for dtype, grown (never shrunk) to fit."""
-    buffers = _workspace.__dict__.setdefault("buffers", {})
-    numel, key = math.prod(shape), (which, dtype, device)
-    buf = buffers.get(key)
-    if buf is None or buf.numel() < numel:
-        # A normal tensor, not an inference one: a forward under no_grad writes it as well as
-        # one under inference_mode (an inference tensor refuses writes outside the mode)
-        with torch.inference_mode(False):
-            buf = buffers[key] = torch.empty(numel, dtype=dtype, device=device)
-    return buf[:numel].view(shape)

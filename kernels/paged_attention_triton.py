@@ -79,8 +79,8 @@ def _paged_attention_kernel(
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
-    # Finite start for the running max: a row with every key masked so far (only padding rows,
-    # since position 0 is in every real row's first tile) then gives exp(-inf) = 0, not NaN.
+    # Finite start for the running max: a row with every key masked so far (a padding row, or
+    # a real row whose window starts past this tile) then gives exp(-inf) = 0, not NaN.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -25,6 +25,7 @@ from adapters.errors import AdapterError, quoted, shorten
 from adapters.format.base_model import BaseModelSpec
 from adapters.format.fused_modules import split_fused
 from adapters.format.lora_modules import LoraModule, parse_weights
+from adapters.format.multimodal import VISION_PARTS
 from adapters.format.overflow import check_activation_bound
 from adapters.format.peft_config import parse_config
 from adapters.format.sources import (
@@ -34,7 +35,7 @@ from adapters.format.sources import (
     WEIGHTS,
     read_adapter_files,
 )
-from adapters.format.tensor_names import VISION_PARTS, where
+from adapters.format.tensor_names import where
 from adapters.format.trainable_tokens import TrainableTokens
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.errors import AdapterError
+from adapters.format.multimodal import is_multimodal, text_model_config
 
 # module -> (input width, output width) in terms of the config's dimensions
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -59,9 +60,11 @@ class BaseModelSpec:
 
     @staticmethod
     def from_config(config: dict) -> BaseModelSpec:
-        if isinstance(config.get("text_config"), dict):  # multimodal (Gemma 3 4B+): its text
-            top = {k: config[k] for k in ("dtype", "torch_dtype") if k in config}
-            config = {**top, **{k: v for k, v in config["text_config"].items() if v is not None}}
+        if is_multimodal(config):  # Gemma 3 4B and up: adapters fit its language model
+            try:
+                config = text_model_config(config)
+            except ValueError as exc:
+                raise AdapterError(f"base model config.json: {exc}") from None
         try:
             hidden = int(config["hidden_size"])
             inter = int(config["intermediate_size"])

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 from adapters.errors import AdapterError, quoted, shorten
 from adapters.format.base_model import FUSED_LINEARS, LINEARS, module_group
+from adapters.format.multimodal import VISION_PARTS
 
 OUTER_LAYER = -1
-# a multimodal model's (Gemma 3 4B and up) parts besides its language model
-VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
 MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
 _LAYER_RE = re.compile(
     r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
@@ -71,7 +70,7 @@ def tensor_name(name: str, label: str) -> TensorName:
         layer = int(m["layer"])
         # the module's own path, as PEFT's patterns see it (a multimodal model's text layers
         # are model.language_model.layers...)
-        prefix = name[: m.start()].removeprefix("base_model.model.") or "model"
+        prefix = name[: m.start()].removeprefix("base_model.model").lstrip(".") or "model"
         return TensorName(layer, module, part, f"{prefix}.layers.{layer}.{block}.{module}")
     m = _OUTER_RE.search(name)
     if m is None:

@@ -60,7 +60,7 @@ class Engine:
     ):
         """draft_model (with draft_slab for adapters' draft companions): for method draft_model."""
         self.model, self.tokenizer, self.config, self.slab = model, tokenizer, config, slab
-        # Attention is full causal, so a model with a sliding window serves up to its window.
+        # No further than the model's own context (max_position_embeddings).
         self.max_model_len = min(
             config.max_model_len, getattr(model, "max_context", config.max_model_len)
         )

@@ -22,10 +22,11 @@ class CheckpointWeights:
         return self.raw(name, shape).to(self.dtype)
 
     def norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """An RMSNorm's scale as the model multiplies by it: offset + w, added in float32."""
+        """An RMSNorm's scale as the model multiplies by it: w in the model's dtype, or with an
+        offset (Gemma's 1 + w) offset + w kept in float32, as transformers computes it."""
         if not self.norm_offset:
             return self(name, shape)
-        return (self.raw(name, shape).to(torch.float32) + self.norm_offset).to(self.dtype)
+        return self.raw(name, shape).to(torch.float32) + self.norm_offset
 
     def raw(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         if name not in self.state:

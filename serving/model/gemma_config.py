@@ -16,29 +16,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from adapters.format.multimodal import TEXT_PREFIXES
 from serving.model.errors import ModelLoadError
+from serving.model.layer_types import sliding_layers
 
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
-MULTIMODAL = "Gemma3ForConditionalGeneration"  # Gemma 3 4B and up: text served, vision not
-# where the language model's tensors live in a multimodal checkpoint, as transformers writes
-# them (4.x and 5.x) and loads them: renamed to the text model's names, the rest left out
-TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
-                 ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))  # fmt: skip
 
 
-def text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """A multimodal Gemma 3's config.json as its text model's: text_config, with the
-    checkpoint's dtype and tied embeddings from the top level where text_config lacks them."""
-    text = raw.get("text_config")
-    if not isinstance(text, dict):
-        raise ModelLoadError(f"{MULTIMODAL} config.json has no text_config object")
-    top = {k: raw[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in raw}
-    return {**top, **{k: v for k, v in text.items() if v is not None},
-            "architectures": ["Gemma3ForCausalLM"]}  # fmt: skip
-
-
-def text_weights(state: dict, prefixes: tuple[tuple[str, str], ...]) -> dict:
-    """state's language-model tensors under the text model's names (no copies made)."""
+def text_weights(state: dict, prefixes: tuple[tuple[str, str], ...] = TEXT_PREFIXES) -> dict:
+    """state's language-model tensors under the text model's names (no copies made); a state
+    already under them is returned as it is."""
+    if any(name.startswith("model.layers.") for name in state):
+        return state
     out = {}
     for name, tensor in state.items():
         for prefix, to in prefixes:
@@ -65,12 +54,17 @@ def gemma_fields(
     if types is None and version == 2:  # transformers 4: the even layers slide
         types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
     if types is None:  # transformers 4: every sliding_window_pattern-th layer is global
-        pattern = int(raw.get("sliding_window_pattern", 6))
+        pattern = raw.get("sliding_window_pattern", 6)
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            raise ModelLoadError(f"{where}: sliding_window_pattern must be a positive integer, "
+                                 f"got {pattern!r}")  # fmt: skip
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                  for i in range(num_layers)]  # fmt: skip
-    cap = raw.get("final_logit_softcapping")
-    attn_cap = raw.get("attn_logit_softcapping") if version == 2 else None
-    scalar = raw.get("query_pre_attn_scalar") or raw.get("head_dim") or 256
+    # transformers' defaults where a key is absent: Gemma 2 caps at 50 and 30, Gemma 3 not
+    default_caps = (50.0, 30.0) if version == 2 else (None, None)
+    attn_cap = raw.get("attn_logit_softcapping", default_caps[0]) if version == 2 else None
+    cap = raw.get("final_logit_softcapping", default_caps[1])
+    scalar = raw.get("query_pre_attn_scalar") or 256
     return {
         "norm_offset": 1.0,
         "embed_scale": math.sqrt(hidden),
@@ -79,7 +73,7 @@ def gemma_fields(
         "attn_softcap": None if attn_cap is None else float(attn_cap),
         "activation": "gelu_tanh",
         "attn_scale": float(scalar) ** -0.5,
-        "sliding_window_layers": tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+        "sliding_window_layers": sliding_layers(types, num_layers, where),
         "final_logit_softcap": None if cap is None else float(cap),
     }
 

@@ -2,8 +2,8 @@
 
 Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4), Gemma 2 and Gemma 3 only: the Llama family this runtime
 implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and gate/up
-fused, split on loading; Gemma's differences are read in serving.model.gemma_config). Both layouts of the
-RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
+fused, split on loading; Gemma's differences are read in serving.model.gemma_config). Both
+layouts of the RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
 "rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
 dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
 or `dtype` (5.x). Precedence follows transformers 5 reading either layout.
@@ -19,14 +19,10 @@ from typing import Any
 
 import torch
 
+from adapters.format.multimodal import MULTIMODAL, TEXT_PREFIXES, text_model_config
 from serving.model.errors import ModelLoadError
-from serving.model.gemma_config import (
-    MULTIMODAL,
-    TEXT_PREFIXES,
-    gemma_fields,
-    gemma_rope,
-    text_config,
-)
+from serving.model.gemma_config import gemma_fields, gemma_rope
+from serving.model.layer_types import sliding_layers
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -36,11 +32,11 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
-    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not served
+    MULTIMODAL[0]: "gemma3",  # its text model; the vision tower is not served
 }
 # attention_bias read from the config, on q, k, v and o
 BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                MULTIMODAL)  # fmt: skip
+                *MULTIMODAL)  # fmt: skip
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
 _DEFAULT_ROPE_THETA = 10000.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,13 +122,16 @@ def parse_model_config(
     """A ModelConfig from a parsed config.json; `where` names the source in error messages."""
     arch = _architecture(raw, where)
     prefixes = ()
-    if arch == MULTIMODAL:
-        raw, prefixes = text_config(raw), TEXT_PREFIXES
-    gemma = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3, MULTIMODAL: 3}.get(arch)
+    if arch in MULTIMODAL:
+        try:
+            raw, prefixes = text_model_config(raw), TEXT_PREFIXES
+        except ValueError as exc:
+            raise ModelLoadError(f"{where}: {exc}") from None
+    gemma = {"Gemma2ForCausalLM": 2, "Gemma3ForCausalLM": 3, MULTIMODAL[0]: 3}.get(arch)
     local_theta = None
     if gemma == 3:
         raw, local_theta = gemma_rope(raw)
-    elif raw.get("hidden_act", "silu") != "silu":
+    if not gemma and raw.get("hidden_act", "silu") != "silu":  # Gemma's: gemma_fields
         raise ModelLoadError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
     rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     if raw.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0)) != 1.0:
@@ -151,8 +150,10 @@ def parse_model_config(
     window, window_layers = _sliding_window(raw, arch, num_layers, where)
     family = gemma_fields(raw, hidden, num_layers, where, gemma) if gemma else {}
     if gemma:
-        window = _int(raw, "sliding_window", where)
         window_layers = family.pop("sliding_window_layers")
+        window = _int(raw, "sliding_window", where) if window_layers else None
+        if prefixes:  # the multimodal model's forward caps no logits, whatever its text_config
+            family["final_logit_softcap"] = None
     # Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 always biases q/k/v, never o
     flag_bias = arch in BIAS_FLAGGED and bool(raw.get("attention_bias", False))
     return ModelConfig(
@@ -243,7 +244,7 @@ def _sliding_window(
             types = [
                 "sliding_attention" if i >= start else "full_attention" for i in range(num_layers)
             ]
-        layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+        layers = sliding_layers(types, num_layers, where)
     else:
         layers = tuple(range(num_layers))
     return _int(raw, "sliding_window", where), layers

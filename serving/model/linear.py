@@ -117,19 +117,18 @@ def lora_linear(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight, with the statistics in float32."""
-    if x.dtype == weight.dtype == torch.float32:  # one fused op where five would run
+    """x / sqrt(mean(x^2) + eps) * weight over x's last dim, with the statistics in float32.
+
+    weight: [D], or [N, D] for x [T, N, D] (a weight per head row: q and k norms). A float32
+    weight beside half-precision x (Gemma's (1 + w)) multiplies in float32 and rounds once,
+    as transformers' Gemma norms do; one in x's dtype multiplies there, as Llama's do.
+    """
+    if x.dtype == weight.dtype == torch.float32 and weight.dim() == 1:  # one fused op, not five
         return torch.rms_norm(x, weight.shape, weight, eps)
     x32 = x.to(torch.float32)
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * normed.to(x.dtype)
-
-
-def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm over the last dim of x [T, N, D] alone, scaled by weight [N, D] (one norm per
-    head row), with the statistics in float32."""
-    x32 = x.to(torch.float32)
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dtype == torch.float32:
+        return (normed * weight).to(x.dtype)
     return weight * normed.to(x.dtype)
 
 

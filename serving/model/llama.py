@@ -29,7 +29,6 @@ from serving.model.hf_config import ModelConfig
 from serving.model.linear import (
     Linear,
     concat_linears,
-    head_rms_norm,
     lora_linear,
     rms_norm,
 )
@@ -84,6 +83,12 @@ class LlamaModel:
                                         rope_scaling=None)  # fmt: skip
             self.local_inv_freq = rope_inv_freq(local).to(self.embed.device)
         self.scale = config.attn_scale or config.head_dim**-0.5
+        # [] in the model's dtype, made once: transformers rounds Gemma's scale to it first
+        self.embed_scale = None
+        if config.embed_scale is not None:
+            self.embed_scale = torch.tensor(
+                config.embed_scale, dtype=dtype, device=self.embed.device
+            )
         self.act = _ACTIVATIONS[config.activation]
         # Each layer's attention window (None: the whole context): the sliding layers of
         # Mistral, Qwen2/3 and Phi-3 attend through theirs, so the context is not capped.
@@ -155,12 +160,12 @@ class LlamaModel:
         """
         c, step, slab, lora = self.config, plan.inputs, plan.slab, plan.lora
         h = self.embed[step.token_ids]  # [T, hidden]
-        if c.embed_scale is not None:  # Gemma: scaled in the model's dtype, as transformers does
-            h = h * torch.tensor(c.embed_scale, dtype=h.dtype)
         if lora is not None and slab.serves_outer("embed_tokens"):
             embedding_lora(h, step.token_ids, slab, lora)
         if lora is not None and slab.tokens.count:
             own_token_rows(h, step.token_ids, step.adapter_slots, slab.tokens)
+        if self.embed_scale is not None:  # Gemma: the adapters' rows are scaled too, as in PEFT
+            h = h * self.embed_scale
         cos, sin = rope_cos_sin(self.inv_freq, step.positions, self.rope_factor)
         turns = {False: (cos.to(self.dtype), sin.to(self.dtype))}  # by whether a layer slides
         turns[True] = turns[False]
@@ -175,7 +180,7 @@ class LlamaModel:
             heads = c.num_heads + c.num_kv_heads
             qk = qkv[:, : q_size + kv_size].view(-1, heads, c.head_dim)
             if layer.qk_norm is not None:
-                qk = head_rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
+                qk = rms_norm(qk, layer.qk_norm, c.rms_norm_eps)
             qk = apply_rope(qk, *turns[self.windows[i] is not None])
             q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             v = qkv[:, q_size + kv_size :].view(-1, c.num_kv_heads, c.head_dim)

@@ -18,6 +18,7 @@ import torch
 
 from serving.model.checkpoint import load_state_dict, model_folder, resolve_model_path
 from serving.model.errors import ModelLoadError
+from serving.model.gemma_config import text_weights
 from serving.model.hf_config import ModelConfig, load_model_config
 from serving.model.llama import LlamaModel
 from serving.model.quantize import QUANT_METHOD
@@ -63,6 +64,8 @@ def load_model(
             f"the model embeds only {config.vocab_size}"
         )
     state = load_state_dict(folder)
+    if config.text_prefixes:  # a multimodal checkpoint: its vision tower stays on the disk
+        state = text_weights(state, config.text_prefixes)
     if str(device) != "cpu":  # the weights (and FP8 quantization) live where the forward runs
         state = {name: t.to(device) for name, t in state.items()}
     model = LlamaModel(config, state, fp8=fp8, dtype=_dtype(dtype, config, device))

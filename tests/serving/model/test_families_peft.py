@@ -93,3 +93,26 @@ def test_greedy_generation_matches_transformers_token_for_token(setup):
         got.append(token)
         seq.tokens.append(token)
     assert got == want
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_gemmas_scaled_embedding_scales_the_adapters_rows_too(tmp_path, kind):
+    """LoRA on embed_tokens: PEFT scales its rows by Gemma's embedding scale as the base's."""
+    base_dir, hf = save_tiny(kind, tmp_path / "base")
+    path = save_peft_adapter(tmp_path / "emb", rank=4, modules=("embed_tokens", "q_proj"),
+                             seed=3, base=copy.deepcopy(hf))[0]  # fmt: skip
+    peft = PeftModel.from_pretrained(copy.deepcopy(hf), path, adapter_name="emb").eval()
+    spec = BaseModelSpec.from_dir(base_dir)
+    model = LlamaModel(load_model_config(base_dir), load_state_dict(base_dir), fp8=False,
+                       dtype=torch.float32)  # fmt: skip
+    slab = AdapterSlab(spec, num_slots=2, max_rank=8, max_cpu_loras=0, embeddings=True,
+                       loader={"emb": load_adapter(path, base=spec)}.__getitem__)  # fmt: skip
+    slot = slab.acquire("emb")
+    tokens = torch.randint(0, 200, (2, 7), generator=torch.Generator().manual_seed(4))
+    seqs = [Seq(tokens[0].tolist(), slot=slot), Seq(tokens[1].tolist())]
+    kv = model.allocate_kv(num_blocks=32, block_size=BLOCK)
+    got = model.forward(plan_step(step_for(seqs, BLOCK, BlockPool(32)), kv, slab)).double()
+    with torch.no_grad():
+        want = peft(tokens, adapter_names=["emb", "__base__"]).logits.double()
+    torch.testing.assert_close(got.view(2, 7, -1), want, rtol=1e-4, atol=1e-4)
+    slab.close()

@@ -18,14 +18,17 @@ from adapters.format.adapter import load_adapter
 from adapters.format.base_model import BaseModelSpec
 from adapters.slab.slab import AdapterSlab
 from serving.model.checkpoint import load_state_dict
+from serving.model.gemma_config import text_weights
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.loader import load_model
 from serving.model.step_plan import plan_step
+from tests.serving.model.hf_folders import save_tokenizer
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
 BLOCK = 4
 TEXT = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=211, max_position_embeddings=256,
+            num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=256,
             sliding_window=5, layer_types=["sliding_attention", "full_attention"])  # fmt: skip
 VISION = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=1, num_attention_heads=2,
               image_size=28, patch_size=14)  # fmt: skip
@@ -49,6 +52,7 @@ def setup(tmp_path_factory):
             if "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     hf.save_pretrained(root / "base")
+    save_tokenizer(root / "base", "byte_level_bpe")  # load_model reads one
     dirs = {}
     for i, (name, targets) in enumerate(ADAPTERS.items()):
         peft = get_peft_model(copy.deepcopy(hf), LoraConfig(r=4, lora_alpha=8,
@@ -96,3 +100,19 @@ def test_its_adapters_per_row_match_peft(setup):
         want = peft(input_ids=tokens, adapter_names=names).logits.double()
     torch.testing.assert_close(got.double().view(4, 9, -1), want, rtol=1e-4, atol=1e-4)
     slab.close()
+
+
+def test_the_loader_serves_it_as_the_model_does(setup):
+    base_dir, hf, _, _ = setup
+    loaded = load_model(base_dir, quantization="none", dtype="float32", device="cpu")
+    state = load_state_dict(base_dir)
+    text = text_weights(state, loaded.config.text_prefixes)  # what the loader keeps
+    assert any("vision_tower" in name for name in state)
+    assert not any("vision" in name for name in text) and "model.norm.weight" in text
+    assert text_weights(text, loaded.config.text_prefixes) is text  # already renamed: as it is
+    tokens = [9, 17, 33, 4, 120]
+    kv = loaded.model.allocate_kv(num_blocks=16, block_size=BLOCK)
+    got = loaded.model.forward(plan_step(step_for([Seq(tokens)], BLOCK, BlockPool(16)), kv))
+    with torch.no_grad():
+        want = hf(torch.tensor([tokens])).logits[0].double()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)

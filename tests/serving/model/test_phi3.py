@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from peft import PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from adapters.errors import AdapterError
@@ -179,3 +179,25 @@ def test_fp8_checkpoint_of_phi3_splits_its_scales_with_its_rows(world, tmp_path)
             model.forward(plan_step(step_for(seqs, BLOCK, BlockPool(8)), model.allocate_kv(8, 4)))
         )
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+
+
+def test_an_all_linear_adapter_keeps_its_fused_modules(world, tmp_path):
+    """PEFT expands all-linear on Phi-3 to qkv_proj, o_proj, gate_up_proj, down_proj."""
+    peft_model = get_peft_model(copy.deepcopy(world["phi3"]),
+                                LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))  # fmt: skip
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(5)) * 0.1)
+    peft_model.save_pretrained(tmp_path / "all")
+    path = tmp_path / "all"
+    adapter = load_adapter(path, base=BaseModelSpec.from_dir(world["phi3_dir"]))
+    assert {m for _, m in adapter.modules} == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}  # fmt: skip
+    model, slab, slots = ours(world["phi3_dir"], {"all": path})
+    peft = peft_of(world["phi3"], {"all": path})
+    tokens = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(6))
+    want = reference(peft, ["all", "__base__"], tokens)
+    got = mixed(model, slab, slots, ["all", "__base__"], tokens)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    slab.close()

@@ -46,6 +46,7 @@ SECTIONS = (
 GPU_TESTS = (
     "tests/kernels/test_lora_triton.py",
     "tests/kernels/test_paged_attention.py",
+    "tests/kernels/test_paged_attention_window.py",
     "tests/kernels/test_fp8.py",
     "tests/kernels/test_fp8_small_m.py",
     "tests/serving/model/test_graphs_gpu.py",

@@ -1,18 +1,16 @@
 """The served model's shape and numerics, read from a Hugging Face folder's config.json.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4), Gemma 2 and Gemma 3 only: the Llama family this runtime
-implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and gate/up
-fused, split on loading; Gemma's differences are read in serving.model.gemma_config). Both
-layouts of the RoPE settings are read. transformers 4 writes `rope_theta` and `rope_scaling` (`{"type" or
-"rope_type", "factor", ...}`) at the top level; transformers 5 writes one `rope_parameters`
-dict that also holds `rope_theta` and `rope_type`. The checkpoint dtype is `torch_dtype` (4.x)
-or `dtype` (5.x). Precedence follows transformers 5 reading either layout.
+Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4), Gemma 2 and Gemma 3 only: the Llama family this
+runtime implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and
+gate/up fused, split on loading; Gemma's differences are read in serving.model.gemma_config).
+The RoPE settings are read in either layout by serving.model.rope_config. The checkpoint
+dtype is `torch_dtype` (4.x) or `dtype` (5.x). Precedence follows transformers 5 reading
+either layout.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from adapters.format.multimodal import MULTIMODAL, TEXT_PREFIXES, text_model_con
 from serving.model.errors import ModelLoadError
 from serving.model.gemma_config import gemma_fields, gemma_rope
 from serving.model.layer_types import sliding_layers
+from serving.model.rope_config import RopeScaling, parse_rope
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -37,24 +36,7 @@ SUPPORTED_ARCHITECTURES = {
 # attention_bias read from the config, on q, k, v and o
 BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
                 *MULTIMODAL)  # fmt: skip
-SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
-_DEFAULT_ROPE_THETA = 10000.0
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """How RoPE frequencies are stretched past the pretraining context (computed in rope.py)."""
-
-    type: str  # one of SUPPORTED_ROPE_TYPES
-    factor: float
-    low_freq_factor: float | None = None  # llama3
-    high_freq_factor: float | None = None  # llama3
-    original_max_position_embeddings: int | None = None  # llama3, yarn
-    beta_fast: float = 32.0  # yarn
-    beta_slow: float = 1.0  # yarn
-    truncate: bool = True  # yarn: round the correction range to whole dimensions
-    attention_factor: float = 1.0  # multiplies cos and sin; only yarn sets it
 
 
 @dataclass(frozen=True)
@@ -146,7 +128,7 @@ def parse_model_config(
         raise ModelLoadError(f"{where}: head_dim {head_dim} is odd; RoPE needs it even")
     num_layers = _int(raw, "num_hidden_layers", where)
     max_pos = _int(raw, "max_position_embeddings", where)
-    theta, scaling = _rope(raw, max_pos, where)
+    theta, scaling = parse_rope(raw, max_pos, where)
     window, window_layers = _sliding_window(raw, arch, num_layers, where)
     family = gemma_fields(raw, hidden, num_layers, where, gemma) if gemma else {}
     if gemma:
@@ -248,55 +230,3 @@ def _sliding_window(
     else:
         layers = tuple(range(num_layers))
     return _int(raw, "sliding_window", where), layers
-
-
-def _rope(raw: dict[str, Any], max_pos: int, where: str) -> tuple[float, RopeScaling | None]:
-    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-        raise ModelLoadError(f"{where}: RoPE parameters {params!r} are not one flat object")
-    theta = float(params.get("rope_theta", raw.get("rope_theta", _DEFAULT_ROPE_THETA)))
-    rtype = params.get("rope_type", params.get("type", "default"))
-    if rtype == "default":
-        return theta, None
-    if rtype not in SUPPORTED_ROPE_TYPES:
-        supported = ", ".join(SUPPORTED_ROPE_TYPES)
-        raise ModelLoadError(
-            f"{where}: RoPE scaling {rtype!r} is not supported; supported: {supported}"
-        )
-    # a top-level original_max_position_embeddings wins, as in transformers
-    original = raw.get("original_max_position_embeddings") or params.get(
-        "original_max_position_embeddings", max_pos
-    )
-    try:
-        if rtype in ("linear", "dynamic"):
-            return theta, RopeScaling(rtype, float(params["factor"]))
-        if rtype == "llama3":
-            low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
-            return theta, RopeScaling(rtype, float(params["factor"]), low, high, int(original))
-        return theta, _yarn(params, max_pos, int(original))
-    except KeyError as exc:
-        raise ModelLoadError(f"{where}: RoPE scaling {rtype!r} needs {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{where}: bad RoPE scaling {params!r}: {exc}") from None
-
-
-def _yarn(params: dict[str, Any], max_pos: int, original: int) -> RopeScaling:
-    factor = params.get("factor")
-    factor = float(factor) if factor is not None else max_pos / original
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention = params.get("attention_factor")
-    if attention is None:
-        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-    return RopeScaling(
-        "yarn",
-        factor,
-        original_max_position_embeddings=original,
-        beta_fast=float(params.get("beta_fast") or 32),
-        beta_slow=float(params.get("beta_slow") or 1),
-        truncate=bool(params.get("truncate", True)),
-        attention_factor=float(attention),
-    )

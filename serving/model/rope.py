@@ -19,7 +19,8 @@ import math
 import torch
 from torch import Tensor
 
-from serving.model.hf_config import ModelConfig, RopeScaling
+from serving.model.hf_config import ModelConfig
+from serving.model.rope_config import RopeScaling
 
 
 def rope_inv_freq(config: ModelConfig, seq_len: int | None = None) -> Tensor:

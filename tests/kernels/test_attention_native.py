@@ -11,14 +11,8 @@ from kernels import attention_native, paged_attention
 from kernels.attention_plan import paged_attention_planned, plan_attention
 from tests.kernels.attention_oracle import attention_oracle, make_batch
 from tests.kernels.test_lora_native import needs_compiler
-from tests.kernels.test_paged_attention import (
-    CASES,
-    WINDOWED,
-    batch_for,
-    case_id,
-    check,
-    forget_below_windows,
-)
+from tests.kernels.test_paged_attention import CASES, batch_for, case_id, check
+from tests.kernels.test_paged_attention_window import WINDOWED, forget_below_windows
 
 pytestmark = needs_compiler
 

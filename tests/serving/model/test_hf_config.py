@@ -7,7 +7,8 @@ import torch
 from transformers import AutoConfig
 
 from serving.model.errors import ModelLoadError
-from serving.model.hf_config import RopeScaling, load_model_config
+from serving.model.hf_config import load_model_config
+from serving.model.rope_config import RopeScaling
 from tests.serving.model.hf_folders import (
     TINY,
     save_generation_config,

@@ -1,0 +1,73 @@
+"""paged_attention with a sliding window and a soft-cap on the scores, on every backend, against
+the float64 oracle; and that the Triton kernel reads nothing below its queries' windows."""
+
+import pytest
+import torch
+
+from kernels import paged_attention
+from tests.kernels.attention_oracle import attention_oracle, make_batch
+from tests.kernels.test_paged_attention import BACKENDS, CASES, batch_for
+
+# (new tokens, context length) with contexts past a window of 6: decodes, verifications,
+# chunks on a cached prefix, and prompts that slide through it
+WINDOWED = ((1, 5), (1, 23), (5, 30), (12, 12), (20, 41), (1, 6), (3, 7))
+
+
+def forget_below_windows(batch, window):
+    """The batch with every block wholly below all its queries' windows named -1 in the
+    table and filled with NaN: a kernel that reads one shows NaN (or fails)."""
+    block_size = batch.k_cache.shape[1]
+    starts = batch.query_start_loc.tolist()
+    for s, ctx in enumerate(batch.context_lens.tolist()):
+        n = starts[s + 1] - starts[s]
+        lowest = max(0, ctx - n - window + 1)  # the first key any of its queries sees
+        for b in range(lowest // block_size):
+            block = int(batch.block_tables[s, b])
+            batch.k_cache[block], batch.v_cache[block] = torch.nan, torch.nan
+            batch.block_tables[s, b] = -1
+    return batch
+
+
+@pytest.mark.parametrize("window", [1, 6, 16])
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton16"])
+def test_sliding_window_matches_the_oracle(backend, window):
+    batch = make_batch(WINDOWED, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=11)  # fmt: skip
+    want = attention_oracle(*batch.args(), window)
+    got = BACKENDS[backend](*batch.args(), window=window)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    # and a window as wide as every context is no window at all
+    torch.testing.assert_close(BACKENDS[backend](*batch.args(), window=41),
+                               BACKENDS[backend](*batch.args()), atol=1e-6, rtol=1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [1, 6])
+@pytest.mark.parametrize("backend", ["triton", "triton16"])
+def test_triton_never_reads_below_the_windows(backend, window):
+    batch = make_batch(WINDOWED, num_heads=4, num_kv_heads=4, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=12)  # fmt: skip
+    want = attention_oracle(*batch.args(), window)
+    got = BACKENDS[backend](*forget_below_windows(batch, window).args(), window=window)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_must_be_a_positive_int():
+    batch = batch_for(CASES[0], torch.float32)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="window: expected a positive int"):
+            paged_attention(*batch.args(), window=bad)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton16"])
+def test_a_soft_cap_on_the_scores_matches_the_oracle(backend, window):
+    """Scores well past the cap (q and k scaled up), so tanh bends them."""
+    batch = make_batch(WINDOWED, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=15)  # fmt: skip
+    batch.q *= 4.0
+    want = attention_oracle(*batch.args(), window, 2.0)
+    got = BACKENDS[backend](*batch.args(), window=window, softcap=2.0)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    uncapped = attention_oracle(*batch.args(), window)
+    assert (uncapped - want).abs().max() > 1e-2  # the cap changed something

@@ -71,3 +71,18 @@ def test_a_soft_cap_on_the_scores_matches_the_oracle(backend, window):
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     uncapped = attention_oracle(*batch.args(), window)
     assert (uncapped - want).abs().max() > 1e-2  # the cap changed something
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_windows_and_soft_caps_on_cuda_match_the_oracle(dtype):
+    """Gemma-sized heads (256) and a window of 1024 inside long prompts, on the device."""
+    seqs = ((1500, 1500), (1, 2100), (64, 1200), (1, 9), (5, 1030))
+    batch = make_batch(seqs, num_heads=8, num_kv_heads=4, head_dim=256, block_size=16,
+                       dtype=dtype, seed=17)  # fmt: skip
+    want = attention_oracle(*batch.args(), 1024, 50.0)
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in batch.args()]
+    got = paged_attention(*args, window=1024, softcap=50.0).cpu().double()
+    assert torch.isfinite(got).all()
+    tol = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)

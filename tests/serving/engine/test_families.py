@@ -11,7 +11,8 @@ import torch
 
 from serving.engine.request import GenerateRequest, ResponseFormat, SamplingParams
 from tests.serving.engine.speculative.spec_world import spec_engine
-from tests.serving.engine.test_engine_peft import Collector, greedy
+from tests.serving.engine.speculative.test_greedy_equality import run_staggered
+from tests.serving.engine.test_engine_peft import greedy
 from tests.serving.engine.world import ADAPTERS, build_world
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
@@ -39,19 +40,9 @@ def requests(world, count=12, seed=0):
     return out
 
 
-def run(engine, reqs):
-    got = Collector()
-    for i, request in enumerate(reqs):
-        engine.submit(request, got.sink)
-        if i % 3 == 2:
-            engine.step()
-    engine.run_until_idle()
-    return got
-
-
 def test_a_mixed_batch_matches_peft_token_for_token(world):
     reqs = requests(world)
-    got = run(world.engine(), [r for r, _ in reqs])
+    got = run_staggered(world.engine(), [r for r, _ in reqs])
     for request, name in reqs:
         want = world.reference(list(request.prompt_token_ids), name, 10)
         assert got.tokens[request.request_id] == want, (request.request_id, name)
@@ -60,16 +51,16 @@ def test_a_mixed_batch_matches_peft_token_for_token(world):
 @pytest.mark.parametrize(("method", "draft"), [("ngram", None), ("draft_model", "same")])
 def test_speculation_is_lossless(world, method, draft):
     reqs = [r for r, _ in requests(world, seed=1)]
-    plain = run(world.engine(), reqs)
-    spec = run(spec_engine(world, method, draft=draft or "small", k=3), reqs)
+    plain = run_staggered(world.engine(), reqs)
+    spec = run_staggered(spec_engine(world, method, draft=draft or "small", k=3), reqs)
     assert spec.tokens == plain.tokens
 
 
 def test_a_cached_prefix_answers_as_a_fresh_one(world):
     engine, v = world.engine(), world.versions["rot13"]
     prompt = tuple(range(10, 41))  # 31 tokens, past the window
-    first = run(engine, [GenerateRequest("a", prompt, greedy(6), v)])
-    second = run(engine, [GenerateRequest("b", prompt, greedy(6), v)])
+    first = run_staggered(engine, [GenerateRequest("a", prompt, greedy(6), v)])
+    second = run_staggered(engine, [GenerateRequest("b", prompt, greedy(6), v)])
     assert second.done["b"].cached_tokens == 28 and first.done["a"].cached_tokens == 0
     assert second.tokens["b"] == first.tokens["a"] == world.reference(list(prompt), "rot13", 6)
 
@@ -83,7 +74,7 @@ def test_structured_output_holds_on_every_row(world):
                                 SamplingParams(max_tokens=40, temperature=1.0, seed=i),
                                 world.versions.get(name), response_format=f)
                 for i, name in enumerate(["upper", None, "mlp", "qk"])]  # fmt: skip
-        got = run(engine, reqs)
+        got = run_staggered(engine, reqs)
     finally:
         engine.shutdown()
     for r in reqs:

@@ -3,6 +3,8 @@
 from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
 from kernels.cpu_gemm import pack_weight, packed_linear, packed_shapes
 from kernels.device_tables import upload
+from kernels.expert_groups import ExpertGroups, group_routes
+from kernels.expert_linear import expert_linear
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_native import available as cpu_lora_kernel_ready
 from kernels.lora_ops import (
@@ -25,6 +27,7 @@ from kernels.segments import Segments, build_segments
 
 __all__ = [
     "AttentionPlan",
+    "ExpertGroups",
     "HostIndex",
     "Segments",
     "build_segments",
@@ -33,7 +36,9 @@ __all__ = [
     "checked_plan",
     "cpu_lora_kernel_ready",
     "dora_rescale",
+    "expert_linear",
     "fp8_linear",
+    "group_routes",
     "lora_apply_planned",
     "lora_bias_add",
     "lora_expand",

@@ -2,7 +2,9 @@
 
 Read from the base model's config.json (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3: GQA, optional
 head_dim). Phi-3's fused qkv_proj and gate_up_proj are its parts' shapes here: an adapter on
-them is split into its parts (adapters.format.fused_modules).
+them is split into its parts (adapters.format.fused_modules). A mixture-of-experts base
+(`num_experts` in its config) has, in place of the MLP's three, the router `gate` and each
+expert's own: `experts.{e}.gate_proj` and so on (adapters.format.expert_modules).
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ LINEARS = _ATTN + _MLP  # every linear of a Llama decoder layer, which LoRA may 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 FUSED_LINEARS = tuple(FUSED)
 OUTER = ("embed_tokens", "lm_head")  # LoRA-targetable modules outside the layers
+ROUTER = "gate"  # a sparse MLP's router [num_experts, hidden]: PEFT's name for it
+
+
+def expert_module(expert: int, proj: str) -> str:
+    """The module name of one expert's projection: experts.3.gate_proj."""
+    return f"experts.{expert}.{proj}"
+
+
+def expert_of(module: str) -> tuple[int, str] | None:
+    """(expert, projection) of an expert's module name; None for any other module."""
+    parts = module.split(".")
+    if len(parts) == 3 and parts[0] == "experts" and parts[1].isdigit() and parts[2] in _MLP:
+        return int(parts[1]), parts[2]
+    return None
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,7 @@ class BaseModelSpec:
     # Empty where they are not served (a server without lora.embeddings).
     outer_shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
     vocab_size: int = 0  # 0 when unknown; kept without outer_shapes (trainable tokens need it)
+    num_experts: int = 0  # a sparse MLP's experts in every layer; 0: a dense MLP
 
     @property
     def hidden_size(self) -> int:
@@ -73,6 +90,10 @@ class BaseModelSpec:
             head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
             layers = int(config["num_hidden_layers"])
             vocab = int(config.get("vocab_size") or 0)
+            # transformers 5 writes num_local_experts where published configs say num_experts
+            experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+            if experts:
+                inter = int(config["moe_intermediate_size"])
         except (KeyError, TypeError, ValueError) as exc:
             raise AdapterError(f"base model config.json: missing or bad field {exc}") from None
         sizes = {
@@ -87,19 +108,24 @@ class BaseModelSpec:
             if value < 1:
                 raise AdapterError(f"base model config.json: {key} must be positive, got {value}")
         q, kv = heads * head_dim, kv_heads * head_dim
-        shapes = {
-            "q_proj": (hidden, q),
-            "k_proj": (hidden, kv),
-            "v_proj": (hidden, kv),
-            "o_proj": (q, hidden),
+        mlp = {
             "gate_proj": (hidden, inter),
             "up_proj": (hidden, inter),
             "down_proj": (inter, hidden),
         }
+        shapes = {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+                  "o_proj": (q, hidden)}  # fmt: skip
+        if experts:  # the router, then every expert's three
+            shapes[ROUTER] = (hidden, experts)
+            shapes.update(
+                {expert_module(e, m): shape for e in range(experts) for m, shape in mlp.items()}
+            )
+        else:
+            shapes.update(mlp)
         outer = {"embed_tokens": (vocab, hidden), "lm_head": (hidden, vocab)} if vocab > 0 else {}
         return BaseModelSpec(
             num_layers=layers, shapes=shapes, dtype=_dtype_name(config), outer_shapes=outer,
-            vocab_size=vocab,
+            vocab_size=vocab, num_experts=experts,
         )  # fmt: skip
 
     @staticmethod
@@ -122,5 +148,5 @@ def _dtype_name(config: dict) -> str | None:
 
 def module_group(module: str) -> str:
     """'self_attn' or 'mlp', the parent of a module in a Llama decoder layer (Phi-3's fused
-    qkv_proj under self_attn, gate_up_proj under mlp)."""
+    qkv_proj under self_attn, gate_up_proj under mlp; the router and experts under mlp)."""
     return "self_attn" if module in (*_ATTN, "qkv_proj") else "mlp"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from adapters.errors import AdapterError, quoted, shorten
-from adapters.format.base_model import FUSED, BaseModelSpec
+from adapters.format.base_model import FUSED, ROUTER, BaseModelSpec, expert_of
+from adapters.format.expert_modules import STACKED, split_stacked
 from adapters.format.peft_config import LoraConfig
 from adapters.format.safetensors_check import check_header
 from adapters.format.sources import WEIGHTS
@@ -78,18 +79,36 @@ def parse_weights(
         parts[OUTER_LAYER, "embed_tokens", "model.embed_tokens"] = tokens
     vocab, hidden = (base.vocab_size, base.hidden_size) if base else (0, None)
     rows = read_tokens(config.token_indices, tokens.get("tokens"), label, vocab, hidden)
+    modules, ignored = {}, []
+    for layer, module, name in [k for k in parts if k[1] in STACKED]:  # target_parameters'
+        found = parts.pop((layer, module, name))
+        param, split = split_stacked(layer, module, name, found, config, base,
+                                     f"{label}: {where(layer, module)}")  # fmt: skip
+        for key, (a, b, scale) in split.items():
+            if key in modules:
+                raise AdapterError(f"{label}: {where(*key)} is adapted twice ({param})")
+            modules[key] = LoraModule(key[0], key[1], a, b, scale)
+        if param is None:
+            ignored.append((layer, module))
     # As PEFT loads it: a module the config does not select gets no LoRA, whatever the file holds.
-    ignored = sorted((layer, module) for layer, module, name in parts if not config.selects(name))
-    modules = {}
+    ignored += sorted((layer, m) for layer, m, name in parts if not _selected(config, m, name))
     for (layer, module, model_name), found in sorted(parts.items()):
         if (layer, module) in ignored:
             continue
         here = f"{label}: {where(layer, module)}"
+        if (layer, module) in modules:
+            raise AdapterError(f"{here}: is adapted both on its own and in a stacked parameter")
         modules[(layer, module)] = _module(here, layer, module, model_name, found, config, base)
     if not modules:
         chosen = " that its target_modules select" if ignored else ""
         raise AdapterError(f"{label}: {WEIGHTS} holds no LoRA module (lora_A and lora_B){chosen}")
     return modules, rows, skipped, ignored
+
+
+def _selected(config: LoraConfig, module: str, name: str) -> bool:
+    """Whether PEFT puts LoRA on the module named `name`: by target_modules, or for a router
+    (a parameter in transformers 5, not a linear) by target_parameters too."""
+    return config.selects(name) or (module == ROUTER and config.selects_parameter(f"{name}.weight"))
 
 
 def _module(where, layer, module, name, found, config: LoraConfig, base) -> LoraModule:
@@ -123,6 +142,9 @@ def _module(where, layer, module, name, found, config: LoraConfig, base) -> Lora
                 f"{where}: {PART_NAMES[part]} {tuple(t.shape)} does not fit lora_B's {b.shape[0]} outputs"
             )
         vectors[part] = t
+    if expert_of(module) and any(t is not None for t in vectors.values()):
+        raise AdapterError(f"{where}: lora_bias and DoRA on an expert are not served "
+                           "(PEFT trains neither on stacked experts)")  # fmt: skip
     if base is not None:
         _check_against_base(where, layer, module, a, b, base)
     return LoraModule(layer, module, a, b, config.scale_of(name), **vectors)

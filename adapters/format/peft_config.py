@@ -46,7 +46,6 @@ _REFUSED = (  # config key, the value PEFT writes when the feature is off, what 
     ("fan_in_fan_out", False, "fan_in_fan_out weights are not supported"),
     ("use_qalora", False, "QA-LoRA (use_qalora) is not supported"),
     ("layer_replication", None, "layer_replication is not supported"),
-    ("target_parameters", None, "target_parameters is not supported"),
 )  # fmt: skip
 
 
@@ -66,12 +65,19 @@ class LoraConfig:
         int, ...
     ] = ()  # trainable_token_indices (adapters.format.trainable_tokens)
     targets: Targets = field(default_factory=Targets)  # the modules PEFT puts LoRA on
+    # parameters PEFT puts LoRA on (a mixture of experts' stacked ones: expert_modules)
+    target_parameters: tuple[str, ...] = ()
     _matches: _Matches = field(default_factory=lambda: _Matches(), init=False, compare=False,
                                repr=False)  # fmt: skip
 
     def selects(self, name: str) -> bool:
         """Whether PEFT puts LoRA on the module named `name` (adapters.format.peft_targets)."""
         return self.targets.selects(name, self._matches.full)
+
+    def selects_parameter(self, key: str) -> bool:
+        """Whether target_parameters names the parameter `key` (model.layers.0.mlp.gate.weight):
+        it is an entry or ends with "." + an entry, as PEFT matches it."""
+        return any(key == t or key.endswith("." + t) for t in self.target_parameters)
 
     def rank_of(self, name: str) -> int:
         """The rank of the module named `name` in the model (rank_pattern, else r)."""
@@ -150,7 +156,18 @@ def parse_config(data: bytes, label: str, max_rank: int) -> LoraConfig:
         base_model_name=trained_on if isinstance(trained_on, str) else None,
         token_indices=token_indices(config, label),
         targets=parse_targets(config, label),
+        target_parameters=_parameters(config, label),
     )
+
+
+def _parameters(config: dict, label: str) -> tuple[str, ...]:
+    """target_parameters: a list of parameter names (e.g. mlp.experts.gate_up_proj)."""
+    names = config.get("target_parameters") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise AdapterError(f"{label}: target_parameters must be a list of parameter names")
+    if len(names) > MAX_PATTERNS:
+        raise AdapterError(f"{label}: target_parameters has more than {MAX_PATTERNS} entries")
+    return tuple(names)
 
 
 def _patterns(config: dict, key: str, label: str, valid, what: str) -> dict:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import regex
 
 from adapters.errors import AdapterError, quoted, shorten
-from adapters.format.base_model import FUSED_LINEARS, LINEARS
+from adapters.format.base_model import FUSED_LINEARS, LINEARS, ROUTER
 
 MAX_ENTRIES = 4096
 MAX_REGEX_CHARS = 1024
@@ -62,8 +62,9 @@ def parse_targets(config: dict, label: str) -> Targets:
     """The config's selecting fields, checked; AdapterError naming the field if malformed."""
     modules = _names(config, "target_modules", label)
     if modules == ALL_LINEAR:
-        # as PEFT expands it: every linear but the output layer (Phi-3's are fused)
-        modules = LINEARS + FUSED_LINEARS
+        # as PEFT expands it: every linear but the output layer (Phi-3's are fused; a
+        # mixture of experts' router is one where experts are linears, transformers 4)
+        modules = LINEARS + FUSED_LINEARS + (ROUTER,)
     layers = config.get("layers_to_transform")
     if isinstance(layers, int) and not isinstance(layers, bool):
         layers = [layers]

@@ -2,6 +2,10 @@
 
     ...layers.{i}.{self_attn|mlp}.{module}.lora_A.weight / lora_B.weight / lora_B.bias
     ...layers.{i}.{self_attn|mlp}.{module}.lora_magnitude_vector          (DoRA)
+    ...layers.{i}.mlp.experts.{e}.{gate|up|down}_proj.lora_A.weight ...  one expert's LoRA
+    ...layers.{i}.mlp.experts[.base_layer].lora_A.weight [r * E, in] / lora_B.weight
+                         [out, r * E]   every expert's LoRA on one stacked parameter (PEFT's
+                         target_parameters), split by adapters.format.expert_modules
     ...embed_tokens.lora_embedding_A [r, vocab] / lora_embedding_B [hidden, r]
     ...lm_head.lora_A.weight [r, hidden] / lora_B.weight [vocab, r] (/ bias, magnitude)
     ...embed_tokens.token_adapter.trainable_tokens_delta [n, hidden]   (trainable tokens)
@@ -19,13 +23,14 @@ import re
 from dataclasses import dataclass
 
 from adapters.errors import AdapterError, quoted, shorten
-from adapters.format.base_model import FUSED_LINEARS, LINEARS, module_group
+from adapters.format.base_model import FUSED_LINEARS, LINEARS, expert_of, module_group
 from adapters.format.multimodal import VISION_PARTS
 
 OUTER_LAYER = -1
 MAX_LAYER_DIGITS = 6  # no model has a million layers; int() of 5,000 digits raises ValueError
 _LAYER_RE = re.compile(
-    r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)\.(?P<module>[A-Za-z0-9_]+)"
+    r"(?:^|\.)layers\.(?P<layer>[0-9]+)\.(?P<block>self_attn|mlp)"
+    r"\.(?P<module>experts(?:\.base_layer)*|(?:experts\.[0-9]{1,6}\.)?[A-Za-z0-9_]+)"
     r"\.(?:lora_(?P<which>A|B)\.weight|lora_B\.(?P<bias>bias)"
     r"|(?P<magnitude>lora_magnitude_vector)(?:\.weight)?)$"
 )
@@ -62,7 +67,8 @@ def tensor_name(name: str, label: str) -> TensorName:
         if len(m["layer"]) > MAX_LAYER_DIGITS:
             raise AdapterError(f"{label}: tensor {quoted(name)} has an out-of-range layer index")
         module, block = m["module"], m["block"]
-        if module in (*LINEARS, *FUSED_LINEARS) and block != module_group(module):
+        known = module in (*LINEARS, *FUSED_LINEARS) or expert_of(module) or module == "experts"
+        if known and block != module_group(module):
             raise AdapterError(
                 f"{label}: tensor {quoted(name)} puts {shorten(module)} under {block}"
             )

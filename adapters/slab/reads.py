@@ -29,6 +29,11 @@ class SlabReads:
         """The B stack of (layer, module), B transposed per slot: [num_slots, max_rank, out]."""
         return self.stacks.b[layer, module]
 
+    def expert_stacks(self, layer: int, proj: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every expert's A and B stacks of (layer, proj), [E, num_slots, max_rank, in] and
+        [E, num_slots, max_rank, out], paged views (kernels/expert_linear.py reads them)."""
+        return self.stacks.experts[layer, proj]
+
     def serves_outer(self, module: str) -> bool:
         """Whether some slot's adapter has LoRA on module: a step skips its LoRA if none."""
         return self.stacks.ranks.serves_outer(module)

@@ -16,7 +16,9 @@ first rows, the rest zero, and its rank is in `ranks` (adapters/slab/ranks.py) f
 kernels to stop at. With `outer`, the embedding's and LM head's stacks are kept under layer
 -1; the embedding's A is stored [vocab, rows], so that its shrink, a gather of column
 id(t) per token, reads contiguous memory: its view [num_pages, max_rank, vocab] has strides
-(page_rank, 1, rows).
+(page_rank, 1, rows). A mixture of experts' per-expert stacks of one (layer, projection)
+share one tensor, [E, rows, width], so that a grouped kernel reads every expert's from one
+base: `experts[(layer, proj)]` is it viewed [E, num_pages, max_rank, width].
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from adapters.format.adapter import Adapter
-from adapters.format.base_model import BaseModelSpec
+from adapters.format.base_model import BaseModelSpec, expert_of
 from adapters.format.tensor_names import OUTER_LAYER
 from adapters.slab.ranks import SlabRanks
 
@@ -49,6 +51,7 @@ class SlabStacks:
         device: torch.device,
     ) -> None:
         like = {"dtype": dtype, "device": device}
+        self.num_pages, self.max_rank, self.page_rank = num_pages, max_rank, page_rank
         rows = (num_pages - 1) * page_rank + max_rank  # the last page's view ends at the last row
         self.shapes: dict[Key, tuple[int, int]] = {
             (layer, m): spec.shapes[m] for layer in range(spec.num_layers) for m in modules
@@ -57,7 +60,15 @@ class SlabStacks:
         size = (num_pages, max_rank)
         self.a: dict[Key, torch.Tensor] = {}  # [num_pages, max_rank, in], paged
         self.b: dict[Key, torch.Tensor] = {}  # [num_pages, max_rank, out], paged
+        # (layer, proj) -> every expert's A and B stacks of it as one [E, num_pages, max_rank,
+        # width] view, the grouped expert kernels' (kernels/expert_linear.py) operands
+        self.experts: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
+        num_experts = spec.num_experts
         for key, (fan_in, fan_out) in self.shapes.items():
+            expert = expert_of(key[1])
+            if expert is not None:  # each expert's stacks are views of its projection's
+                self._expert_views(key, expert, num_experts, (fan_in, fan_out), rows, like)
+                continue
             if key == (OUTER_LAYER, "embed_tokens"):  # [vocab, rows]: a row's columns adjacent
                 stored = torch.zeros(fan_in, rows, **like)
                 self.a[key] = stored.as_strided((*size, fan_in), (page_rank, 1, rows))
@@ -72,6 +83,22 @@ class SlabStacks:
         # write zeroed them since): a load zeroes only those, so a q/v adapter replacing a
         # q/v adapter writes its own rows and nothing else. Eviction zeroes nothing.
         self._dirty: list[set[Key]] = [set() for _ in range(num_pages)]
+
+    def _expert_views(self, key: Key, expert, num_experts: int, shape, rows: int, like) -> None:
+        """Expert e's A and B stacks as views of [E, rows, width] tensors shared by every
+        expert of (layer, proj), made on the first expert seen."""
+        (e, proj), layer = expert, key[0]
+        if (layer, proj) not in self.experts:
+            grouped = []
+            for width in shape:
+                stored = torch.zeros(num_experts, rows, width, **like)
+                grouped.append(stored.as_strided(
+                    (num_experts, self.num_pages, self.max_rank, width),
+                    (rows * width, self.page_rank * width, width, 1),
+                ))  # fmt: skip
+            self.experts[layer, proj] = (grouped[0], grouped[1])
+        a, b = self.experts[layer, proj]
+        self.a[key], self.b[key] = a[e], b[e]  # [num_pages, max_rank, width], paged
 
     def write(self, slot: int, adapter: Adapter) -> None:
         """A[slot, :r_m] = a; B[slot, :r_m] = (s_m / s) * b.T; rows r_m: zeroed (all of them

@@ -1,8 +1,9 @@
 """The served model's shape and numerics, read from a Hugging Face folder's config.json.
 
-Llama, Mistral, Qwen2, Qwen3, Phi-3 (Phi-4), Gemma 2 and Gemma 3 only: the Llama family this
-runtime implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores q/k/v and
-gate/up fused, split on loading; Gemma's differences are read in serving.model.gemma_config).
+Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3 (Phi-4), Gemma 2 and Gemma 3 only: the Llama
+family this runtime implements (Qwen3 adds an RMSNorm on each head of q and k; Phi-3 stores
+q/k/v and gate/up fused, split on loading; Gemma's differences are read in
+serving.model.gemma_config, Qwen3-MoE's sparse MLP in serving.model.moe_config).
 The RoPE settings are read in either layout by serving.model.rope_config. The checkpoint
 dtype is `torch_dtype` (4.x) or `dtype` (5.x). Precedence follows transformers 5 reading
 either layout.
@@ -21,6 +22,7 @@ from adapters.format.multimodal import MULTIMODAL, TEXT_PREFIXES, text_model_con
 from serving.model.errors import ModelLoadError
 from serving.model.gemma_config import gemma_fields, gemma_rope
 from serving.model.layer_types import sliding_layers
+from serving.model.moe_config import MOE_ARCHITECTURES, moe_fields
 from serving.model.rope_config import RopeScaling, parse_rope
 
 SUPPORTED_ARCHITECTURES = {
@@ -28,6 +30,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
@@ -35,7 +38,8 @@ SUPPORTED_ARCHITECTURES = {
 }
 # attention_bias read from the config, on q, k, v and o
 BIAS_FLAGGED = ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-                *MULTIMODAL)  # fmt: skip
+                *MOE_ARCHITECTURES, *MULTIMODAL)  # fmt: skip
+QK_NORMED = ("Qwen3ForCausalLM", *MOE_ARCHITECTURES)  # an RMSNorm on each head of q and k
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -76,6 +80,11 @@ class ModelConfig:
     attn_softcap: float | None = None  # each attention score s = cap * tanh(s / cap) (Gemma 2)
     # (checkpoint prefix, the text model's) of a multimodal checkpoint's language model
     text_prefixes: tuple[tuple[str, str], ...] = ()
+    # A sparse MLP in every layer (serving.model.moe_config); 0 experts: a dense MLP
+    num_experts: int = 0
+    experts_per_token: int = 0  # how many experts each token's output sums
+    moe_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # the kept experts' weights renormalized to sum 1
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -131,6 +140,8 @@ def parse_model_config(
     theta, scaling = parse_rope(raw, max_pos, where)
     window, window_layers = _sliding_window(raw, arch, num_layers, where)
     family = gemma_fields(raw, hidden, num_layers, where, gemma) if gemma else {}
+    if arch in MOE_ARCHITECTURES:
+        family = moe_fields(raw, where)
     if gemma:
         window_layers = family.pop("sliding_window_layers")
         window = _int(raw, "sliding_window", where) if window_layers else None
@@ -141,7 +152,8 @@ def parse_model_config(
     return ModelConfig(
         architecture=arch,
         hidden_size=hidden,
-        intermediate_size=_int(raw, "intermediate_size", where),
+        # unused by a sparse model's layers, and some MoE configs leave it out
+        intermediate_size=_int(raw, "intermediate_size", where, default=1),
         num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -162,7 +174,7 @@ def parse_model_config(
         fused_linears=arch == "Phi3ForCausalLM",
         local_rope_theta=local_theta,
         text_prefixes=prefixes,
-        **{"qk_norm": arch == "Qwen3ForCausalLM", **family},
+        **{"qk_norm": arch in QK_NORMED, **family},
     )
 
 
@@ -217,7 +229,11 @@ def _sliding_window(
     window = raw.get("sliding_window")
     if arch == "LlamaForCausalLM" or window is None:
         return None, ()
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    if arch in MOE_ARCHITECTURES:  # Qwen3-MoE: every layer slides when one does
+        if not raw.get("use_sliding_window", False):
+            return None, ()
+        layers = tuple(range(num_layers))
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         if not raw.get("use_sliding_window", False):
             return None, ()  # Qwen writes a window it does not use unless use_sliding_window
         types = raw.get("layer_types")

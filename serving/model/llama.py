@@ -1,5 +1,5 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3) over a flat
-varlen batch and a paged KV cache.
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3, and Qwen3-MoE,
+whose MLPs are sparse: serving.model.moe) over a flat varlen batch and a paged KV cache.
 
 Every row of a step may use a different LoRA adapter: q/k/v and gate/up are fused
 linears whose adapters apply through one shrink and one multi-slice expand; o and
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adapters.format.base_model import ROUTER, expert_of
 from adapters.format.tensor_names import OUTER_LAYER
 from kernels import (
     check_paged_attention,
@@ -32,6 +33,7 @@ from serving.model.linear import (
     lora_linear,
     rms_norm,
 )
+from serving.model.moe import ExpertWeights, load_experts, sparse_mlp
 from serving.model.rope import apply_rope, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from serving.model.step_lora import layer_stacks
 from serving.model.step_plan import StepPlan
@@ -50,8 +52,9 @@ class LayerWeights:
     qkv: Linear  # [q + 2 kv, hidden]
     o: Linear  # [hidden, q]
     post_norm: torch.Tensor  # [hidden], before the MLP (Gemma 3's pre_feedforward_layernorm)
-    gate_up: Linear  # [2 inter, hidden]
-    down: Linear  # [hidden, inter]
+    gate_up: Linear | None  # [2 inter, hidden]; None in a sparse layer
+    down: Linear | None  # [hidden, inter]
+    experts: ExpertWeights | None = None  # a sparse layer's router and experts (Qwen3-MoE)
     qk_norm: torch.Tensor | None = None  # [H + Hkv, D]: q's norm per q head, then k's (Qwen3)
     attn_out_norm: torch.Tensor | None = None  # [hidden]: on attention's output (Gemma 3)
     mlp_out_norm: torch.Tensor | None = None  # [hidden]: on the MLP's output (Gemma 3)
@@ -121,6 +124,8 @@ class LlamaModel:
                 "mlp_out_norm": get.norm(f"{p}post_feedforward_layernorm.weight", (hidden,)),
             }
         mlp_norm = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
+        if c.num_experts:
+            sandwich["experts"] = load_experts(get, mlp, c, fp8)
         return LayerWeights(
             qk_norm=qk_norm,
             **sandwich,
@@ -137,7 +142,7 @@ class LlamaModel:
             ),
             o=concat_linears([get.linear(f"{attn}o_proj", (hidden, q), c.o_proj_bias)], fp8=fp8),
             post_norm=get.norm(f"{p}{mlp_norm}.weight", (hidden,)),
-            gate_up=concat_linears(
+            gate_up=None if c.num_experts else concat_linears(
                 get.rows(f"{mlp}gate_up_proj", (inter, inter), hidden)
                 if c.fused_linears
                 else [
@@ -146,10 +151,10 @@ class LlamaModel:
                 ],
                 fp8=fp8,
             ),
-            down=concat_linears(
+            down=None if c.num_experts else concat_linears(
                 [get.linear(f"{mlp}down_proj", (hidden, inter), c.mlp_bias)], fp8=fp8
             ),
-        )
+        )  # fmt: skip
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
         """logits [K, vocab] float32 of the step's logits rows; writes its K/V into plan's caches.
@@ -173,6 +178,10 @@ class LlamaModel:
             local = rope_cos_sin(self.local_inv_freq, step.positions)
             turns[True] = (local[0].to(self.dtype), local[1].to(self.dtype))
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        host_slots = None  # a sparse layer's rows' slots, for grouping them on the host
+        if c.num_experts and lora is not None:
+            listed = step.host is not None and step.host.adapter_slots is not None
+            host_slots = step.host.adapter_slots if listed else step.adapter_slots.tolist()
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             qkv = lora_linear(x, layer.qkv, layer_stacks(slab, i, ATTN_MODULES, lora), lora)
@@ -201,10 +210,13 @@ class LlamaModel:
                 o = rms_norm(o, layer.attn_out_norm, c.rms_norm_eps)
             h = h + o
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
-            gu = lora_linear(x, layer.gate_up, layer_stacks(slab, i, MLP_MODULES, lora), lora)
-            gate, up = gu.chunk(2, dim=-1)
-            d = lora_linear(self.act(gate) * up, layer.down,
-                            layer_stacks(slab, i, ("down_proj",), lora), lora)  # fmt: skip
+            if layer.experts is not None:
+                d = sparse_mlp(x, layer.experts, i, c, self.act, slab, lora, host_slots)
+            else:
+                gu = lora_linear(x, layer.gate_up, layer_stacks(slab, i, MLP_MODULES, lora), lora)
+                gate, up = gu.chunk(2, dim=-1)
+                d = lora_linear(self.act(gate) * up, layer.down,
+                                layer_stacks(slab, i, ("down_proj",), lora), lora)  # fmt: skip
             if layer.mlp_out_norm is not None:
                 d = rms_norm(d, layer.mlp_out_norm, c.rms_norm_eps)
             h = h + d
@@ -224,7 +236,8 @@ class LlamaModel:
     def linears(self) -> list[Linear]:
         """Every dense linear of the forward: each layer's four, and the LM head."""
         layers = [(w.qkv, w.o, w.gate_up, w.down) for w in self.layers]
-        return [linear for four in layers for linear in four] + [self._head]
+        dense = [linear for four in layers for linear in four if linear is not None]
+        return [*dense, self._head]
 
     def allocate_kv(self, num_blocks: int, block_size: int, device=None):
         """Zeroed (k_cache, v_cache) per layer, each [num_blocks, block_size, Hkv, D], on device
@@ -244,6 +257,11 @@ class LlamaModel:
         if layer == OUTER_LAYER:  # the LM head (the embedding takes no DoRA)
             return self.lm_head.to(torch.float32)
         weights = self.layers[layer]
+        expert = expert_of(module)
+        if expert is not None:
+            return weights.experts.served_weight(*expert)
+        if module == ROUTER:
+            return weights.experts.router.weight.to(torch.float32)
         fused, offset, rows = self._module_rows(module)
         linear = getattr(weights, fused)
         w = linear.weight[offset : offset + rows].to(torch.float32)

@@ -1,5 +1,5 @@
-"""Tiny random Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3 checkpoints written by
-transformers' save_pretrained."""
+"""Tiny random Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2 and Gemma 3 checkpoints
+written by transformers' save_pretrained."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from transformers import (
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 COMMON = {"vocab_size": 211, "max_position_embeddings": 256, "rms_norm_eps": 1e-5}
@@ -73,6 +74,21 @@ CONFIGS = {
         num_key_value_heads=2,
         head_dim=16,
         tie_word_embeddings=True,
+        **COMMON,
+    ),
+    # Qwen3's attention, a sparse MLP in every layer: 6 experts, 2 per token, renormalized
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        hidden_size=48,
+        intermediate_size=80,
+        moe_intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
         **COMMON,
     ),
     # q/k/v and gate/up stored fused (qkv_proj, gate_up_proj), GQA 6 / 2
@@ -154,6 +170,8 @@ def save_tiny(kind: str, path: Path, seed: int = 0, **overrides) -> tuple[Path, 
         for name, p in model.named_parameters():
             if name.endswith(".bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("mlp.gate.weight"):  # a router: scores far apart, no ties
+                p.copy_(torch.randn_like(p))
     model.eval()
     model.save_pretrained(path)
     return path, model

@@ -54,3 +54,20 @@ def test_quantize_refuses_twice_and_a_non_empty_destination(tmp_path):
     assert busy.exit_code == 1 and "is not empty" in busy.stderr
     missing = runner.invoke(app, ["quantize", str(tmp_path / "nope"), str(tmp_path / "q3")])
     assert missing.exit_code == 1 and "not found" in missing.stderr
+
+
+def test_a_quantized_mixture_of_experts_loads_its_experts_as_fp8(tmp_path):
+    src, _ = save_tiny("qwen3_moe", tmp_path / "src")
+    done = CliRunner().invoke(app, ["quantize", str(src), str(tmp_path / "dst")])
+    assert done.exit_code == 0, done.output
+    state = load_state_dict(tmp_path / "dst")
+    assert state["model.layers.0.mlp.experts.5.down_proj.weight"].dtype == torch.float8_e4m3fn
+    assert state["model.layers.0.mlp.gate.weight"].dtype == torch.float32  # the router is not
+    prequantized = LlamaModel(load_model_config(tmp_path / "dst"), state, fp8=True,
+                              dtype=torch.float32)  # fmt: skip
+    on_the_fly = LlamaModel(load_model_config(src), load_state_dict(src), fp8=True,
+                            dtype=torch.float32)  # fmt: skip
+    for name in ("gate_up", "down", "gate_up_scale", "down_scale"):
+        a, b = (getattr(m.layers[1].experts, name) for m in (prequantized, on_the_fly))
+        assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                           b.view(torch.uint8) if b.dtype != torch.float32 else b), name  # fmt: skip

@@ -19,7 +19,7 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required
           "additionalProperties": False}  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe"])
 def world(request, tmp_path_factory):
     return build_world(tmp_path_factory.mktemp(f"family-{request.param}"), request.param)
 

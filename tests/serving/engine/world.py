@@ -14,8 +14,10 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     LlamaConfig,
+    MistralConfig,
     Phi3Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from adapters.format.adapter import Adapter, load_adapter
@@ -58,6 +60,8 @@ FAMILIES = {
     "llama": lambda: LlamaConfig(**FIELDS),
     # q/k norms per head, head_dim apart from hidden / heads
     "qwen3": lambda: Qwen3Config(**FIELDS, head_dim=32, tie_word_embeddings=False),
+    # every layer through a sliding window of 8 (the KV behind it is released)
+    "mistral": lambda: MistralConfig(**FIELDS, sliding_window=8),
     # fused q/k/v and gate/up; a sliding window well inside the tests' contexts
     "phi3": lambda: Phi3Config(
         **FIELDS, sliding_window=24, pad_token_id=0, bos_token_id=1, eos_token_id=2
@@ -76,22 +80,48 @@ FAMILIES = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    # Qwen3's attention and a sparse MLP: 4 experts, 2 per token
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        **FIELDS,
+        head_dim=32,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
 }
 # Phi-3's adapters name its fused modules where the others name the parts
 FUSED_NAMES = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}  # fmt: skip
 
 
+# A sparse MLP's stacked expert parameters, which PEFT's target_parameters names
+EXPERT_PARAMS = {"gate_proj": "mlp.experts.gate_up_proj", "up_proj": "mlp.experts.gate_up_proj",
+                 "down_proj": "mlp.experts.down_proj"}  # fmt: skip
+
+
 def base_model(seed: int = 0, family: str = "llama"):
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+    model = AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):  # a router: scores far apart, no near ties
+                p.copy_(torch.randn(p.shape))
+    return model
 
 
-def targets(modules, family: str) -> list[str]:
-    """modules as family's model names them."""
-    if family != "phi3":
-        return list(modules)
-    return sorted({FUSED_NAMES.get(m, m) for m in modules})
+def targets(modules, family: str) -> dict:
+    """LoraConfig's target fields for modules, as family's model names them."""
+    if family == "phi3":
+        return {"target_modules": sorted({FUSED_NAMES.get(m, m) for m in modules})}
+    if family == "qwen3_moe":  # PEFT loads several adapters only if all name the same ones
+        experts = any(m in EXPERT_PARAMS for m in modules)
+        return {
+            "target_modules": [m for m in modules if m not in EXPERT_PARAMS] or None,
+            "target_parameters": sorted(set(EXPERT_PARAMS.values())) if experts else None,
+        }
+    return {"target_modules": list(modules)}
 
 
 @dataclass
@@ -151,7 +181,7 @@ def build_world(root: Path, family: str = "llama") -> World:
             LoraConfig(
                 r=rank,
                 lora_alpha=2 * rank,
-                target_modules=targets(modules, family),
+                **targets(modules, family),
                 use_rslora=rslora,
             ),
         )

@@ -11,8 +11,8 @@ LoRA variants against a plain-LoRA batch (--variants: that table alone, no peers
 --share: 32 adapters against base-only as the adapters' share of a step's bytes varies
 (bench/engine_share.py; no peers). --where: how a decode step's time splits into base
 linears, LoRA ops and the rest, base-only against 4 and 32 adapters (bench/engine_where.py).
---families: a row per base family (Llama, Qwen3, Phi-3, Gemma 2, Gemma 3), mixed adapters
-against HF+PEFT.
+--families: a row per base family (Llama, Qwen3, Phi-3, Gemma 2, Gemma 3, Qwen3-MoE), mixed
+adapters against HF+PEFT.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def family_rows(root: Path) -> list[str]:
     the median of each)."""
     rows = ["| family | prompts | adapters | loraserve tok/s | HF+PEFT tok/s | vs HF+PEFT "
             "| same tokens as HF |", "|---|---:|---:|---:|---:|---:|:-:|"]  # fmt: skip
-    for family in ("llama", "qwen3", "phi3", "gemma2", "gemma3"):
+    for family in ("llama", "qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe"):
         world = build(root / family, num_adapters=4, family=family)
         items = workload(32, sorted(world["adapters"]))
         ours, hf = side_by_side(world, {4: items})[4]

@@ -16,8 +16,9 @@ Rows:
   speculative  verifying k + 1 rows against one decode step, and the 1B draft's cost ratio c
   engine       the demo kit served by the engine on CUDA equals the CPU's greedy tokens
   structured   constrained decoding on the device against free (batch 32), outputs validated
-  family       Qwen3, Phi-3 (fused linears) and Gemma 3 with an adapter per row, windows slid:
-               fp32, bf16 and FP8 logits on the device against the CPU's fp32
+  family       Qwen3, Phi-3 (fused linears), Gemma 2 and 3 and Qwen3-MoE (grouped expert
+               kernels) with an adapter per row, windows slid: fp32, bf16 and FP8 logits on
+               the device against the CPU's fp32
   pytest -m gpu   the test suite's CUDA tests
 """
 
@@ -49,6 +50,7 @@ GPU_TESTS = (
     "tests/kernels/test_paged_attention_window.py",
     "tests/kernels/test_fp8.py",
     "tests/kernels/test_fp8_small_m.py",
+    "tests/kernels/test_expert_linear.py",
     "tests/serving/model/test_graphs_gpu.py",
 )
 

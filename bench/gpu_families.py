@@ -1,6 +1,7 @@
 """The newer base families on the GPU, a check of bench/gpu_all.py: Qwen3 (q/k norms), Phi-3
-(fused linears, adapters on them, a sliding window inside the prompts) and Gemma 3 (sliding
-and global layers) with a different adapter per row, the device's step against the same
+(fused linears, adapters on them, a sliding window inside the prompts), Gemma 3 (sliding
+and global layers) and Qwen3-MoE (the grouped expert kernels, LoRA on every expert) with a
+different adapter per row, the device's step against the same
 model's on the CPU; Gemma 2's attention soft-cap in the Triton kernel too.
 
 Tiny random checkpoints and PEFT adapters made here, so nothing is downloaded. fp32 with TF32
@@ -22,6 +23,7 @@ from transformers import (
     Gemma3TextConfig,
     Phi3Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from adapters.format.adapter import load_adapter
@@ -45,6 +47,13 @@ FAMILIES = {
                                         layer_types=["sliding_attention"] * 3 + ["full_attention"],
                                         pad_token_id=0),
                ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]),
+    # the grouped expert kernels (Triton), a LoRA on every expert and the router
+    "qwen3_moe": (lambda: Qwen3MoeConfig(**SHAPE, head_dim=64, moe_intermediate_size=128,
+                                         num_experts=8, num_experts_per_tok=2,
+                                         norm_topk_prob=True),
+                  {"target_modules": ["q_proj", "o_proj"],
+                   "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj",
+                                         "mlp.gate.weight"]}),
 }  # fmt: skip
 BLOCK = 16
 
@@ -72,12 +81,16 @@ def family_rows(device: str, dry_run: bool):
 def _world(root: Path, make, targets) -> tuple[Path, dict]:
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(make()).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("mlp.gate.weight"):  # a router: scores far apart, no near ties
+                p.copy_(torch.randn(p.shape))
     hf.save_pretrained(root / "base")
     spec = BaseModelSpec.from_dir(root / "base")
     adapters = {}
     for i in range(4):
-        peft = get_peft_model(copy.deepcopy(hf), LoraConfig(r=8, lora_alpha=16,
-                                                            target_modules=targets))  # fmt: skip
+        fields = targets if isinstance(targets, dict) else {"target_modules": targets}
+        peft = get_peft_model(copy.deepcopy(hf), LoraConfig(r=8, lora_alpha=16, **fields))
         gen = torch.Generator().manual_seed(i)
         with torch.no_grad():
             for name, p in peft.named_parameters():

@@ -60,11 +60,38 @@ def run(model, prompts, max_tokens, with_adapters) -> list[list[int]]:
         mask[row, width - len(tokens) :] = 1
     kw = {"attention_mask": mask, "max_new_tokens": max_tokens, "min_new_tokens": max_tokens,
           "do_sample": False, "pad_token_id": 0}  # fmt: skip
+    names = [p["adapter"] or "__base__" for p in prompts]
+    if with_adapters and _stacked(model):
+        return _by_adapter(model, ids, names, kw)
     if with_adapters:
-        kw["adapter_names"] = [p["adapter"] or "__base__" for p in prompts]
+        kw["adapter_names"] = names
     with torch.no_grad():
         out = model.generate(ids, **kw)
     return out[:, width:].tolist()
+
+
+def _stacked(model) -> bool:
+    """Whether an adapter targets parameters (a mixture of experts' stacked experts): PEFT
+    runs no mixed batch (adapter_names) then."""
+    return any(getattr(c, "target_parameters", None) for c in model.peft_config.values())
+
+
+def _by_adapter(model, ids, names, kw) -> list[list[int]]:
+    """The batch's rows one adapter at a time, as PEFT serves stacked-expert LoRA."""
+    out: list = [None] * len(names)
+    for name in dict.fromkeys(names):
+        rows = [i for i, n in enumerate(names) if n == name]
+        sub = {**kw, "attention_mask": kw["attention_mask"][rows]}
+        with torch.no_grad():
+            if name == "__base__":
+                with model.disable_adapter():
+                    got = model.generate(ids[rows], **sub)
+            else:
+                model.set_adapter(name)
+                got = model.generate(ids[rows], **sub)
+        for i, row in zip(rows, got[:, ids.shape[1] :].tolist(), strict=True):
+            out[i] = row
+    return out
 
 
 if __name__ == "__main__":

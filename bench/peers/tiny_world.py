@@ -78,7 +78,7 @@ def build(
     family: str = "llama",
 ) -> dict:
     """Write ``root/model`` (fp32, tokenizer.json; a Llama, or family "qwen3", "phi3",
-    "gemma2" or "gemma3") and
+    "gemma2", "gemma3" or "qwen3_moe") and
     ``root/adapter{i}`` (PEFT LoRA on every linear, as the family's model names them).
 
     Returns {"model": Path, "adapters": {name: Path}, "config": {...}}. Reuses an existing
@@ -94,6 +94,7 @@ def build(
         LlamaConfig,
         Phi3Config,
         Qwen3Config,
+        Qwen3MoeConfig,
     )
 
     root = Path(root).absolute()
@@ -123,8 +124,13 @@ def build(
     torch.manual_seed(seed)
     tok = _build_tokenizer(model_dir, vocab)
     config_class = {"llama": LlamaConfig, "qwen3": Qwen3Config, "phi3": Phi3Config,
-                    "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig}[family]  # fmt: skip
+                    "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig,
+                    "qwen3_moe": Qwen3MoeConfig}[family]  # fmt: skip
+    # Qwen3-MoE: 8 experts of a quarter of the dense width, 2 per token
+    sparse = {"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
+              "moe_intermediate_size": intermediate // 4} if family == "qwen3_moe" else {}  # fmt: skip
     config = config_class(
+        **sparse,
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
@@ -139,17 +145,25 @@ def build(
         torch_dtype="float32",
     )
     model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):  # a router: scores far apart, no near ties
+                p.copy_(torch.randn(p.shape))
     model.save_pretrained(model_dir, safe_serialization=True)
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    params = None
     if family == "phi3":  # its fused linears
         targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    if family == "qwen3_moe":  # attention's linears, and every expert's stacked parameters
+        targets, params = targets[:4], ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
     for i, (_name, path) in enumerate(adapters.items()):
         base = AutoModelForCausalLM.from_pretrained(model_dir)
         lcfg = LoraConfig(
             r=rank,
             lora_alpha=2 * rank,
             target_modules=targets,
+            target_parameters=params,
             lora_dropout=0.0,
             bias="none",
             task_type="CAUSAL_LM",

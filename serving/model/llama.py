@@ -233,6 +233,12 @@ class LlamaModel:
             logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
         return logits.to(torch.float32)
 
+    @property
+    def graphable(self) -> bool:
+        """Whether a decode step may be captured as a CUDA graph: not with a sparse MLP, whose
+        routing is read back to the host to group its rows."""
+        return not self.config.num_experts
+
     def linears(self) -> list[Linear]:
         """Every dense linear of the forward: each layer's four, and the LM head."""
         layers = [(w.qkv, w.o, w.gate_up, w.down) for w in self.layers]

@@ -218,3 +218,32 @@ def test_refusals_name_what_is_missing(setup, tmp_path):
         load_adapter(dirs["experts"], base=BaseModelSpec.from_dir(dense_dir))
     with pytest.raises(AdapterError, match="needs a mixture-of-experts base"):
         load_adapter(dirs["experts"])
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_sparse_model_runs_eagerly_as_the_cpu_does(setup):
+    """Its routing is read back every layer, so no CUDA graph is captured; the Triton expert
+    kernels' logits equal the CPU's."""
+    from serving.engine.runner import Forward
+    from serving.model.step_plan import StepSeq, build_step
+
+    base_dir, _, dirs, cpu, slab, slots = setup
+    state = {k: v.cuda() for k, v in load_state_dict(base_dir).items()}
+    model = LlamaModel(load_model_config(base_dir), state, fp8=False, dtype=torch.float32)
+    assert not model.graphable
+    spec = BaseModelSpec.from_dir(base_dir)
+    adapter = load_adapter(dirs["experts"], base=spec)
+    gpu_slab = AdapterSlab(spec, num_slots=4, max_rank=8, page_rank=4, max_cpu_loras=0,
+                           loader=lambda _: adapter, device="cuda")  # fmt: skip
+    forward = Forward(model, 16, BLOCK, gpu_slab, cuda_graphs=True, max_context=64, max_batch=4)
+    assert forward.graphs is None
+    step = build_step([StepSeq([5, 6, 7, 8, 9], 0, [0, 1], gpu_slab.acquire("experts"))], BLOCK)
+    got = forward(step).cpu()
+    kv = cpu.allocate_kv(num_blocks=16, block_size=BLOCK)
+    want = cpu.forward(
+        plan_step(
+            build_step([StepSeq([5, 6, 7, 8, 9], 0, [0, 1], slots["experts"])], BLOCK), kv, slab
+        )
+    )
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    gpu_slab.close()

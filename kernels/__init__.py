@@ -3,7 +3,7 @@
 from kernels.attention_plan import AttentionPlan, paged_attention_planned, write_kv_planned
 from kernels.cpu_gemm import pack_weight, packed_linear, packed_shapes
 from kernels.device_tables import upload
-from kernels.expert_groups import ExpertGroups, group_routes
+from kernels.expert_groups import ExpertGroups, group_routes, route_groups
 from kernels.expert_linear import expert_linear
 from kernels.fp8 import fp8_linear, quantize_fp8
 from kernels.lora_native import available as cpu_lora_kernel_ready
@@ -51,6 +51,7 @@ __all__ = [
     "paged_attention",
     "paged_attention_planned",
     "quantize_fp8",
+    "route_groups",
     "upload",
     "write_kv",
     "write_kv_planned",

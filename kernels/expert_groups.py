@@ -1,9 +1,11 @@
 """Per-step metadata for the grouped mixture-of-experts linear: rows grouped by (expert, slot).
 
 A routed MoE batch has one row per (token, chosen expert) pair, and each row an adapter
-slot (-1: base model only). `expert_linear` reads an expert's weight once for a whole run
-of its rows, and an adapter's A and B once for a whole group, so the rows are sorted by
-(expert, slot) once per step, here, on the host; every MoE layer of the step reuses it.
+slot (-1: base model only). `expert_linear` runs one group of rows at a time (the torch
+path one matmul per expert run of rows, the Triton kernel tiles that never span groups),
+reading an adapter's A and B once per group, so every sparse layer sorts its rows by
+(expert, slot): `route_groups` sorts on the device and reads back only the groups' keys and
+sizes; `group_routes` does the same from host lists.
 
 Example (slot ranks [8, 4, 16], BLOCK_M = 16):
     expert per row   [1, 0, 1, 0, 1, 0]
@@ -105,6 +107,38 @@ def group_routes(
     groups = make_groups(experts, group_slots, starts, lengths, ranks, len(slots), device,
                          block_m=block_m)  # fmt: skip
     return upload(torch.tensor(order, dtype=torch.int64), device), groups
+
+
+def route_groups(
+    expert_ids: torch.Tensor,
+    slots: torch.Tensor | None,
+    slot_ranks: Sequence[int],
+    *,
+    block_m: int = TILE_ROWS,
+) -> tuple[torch.Tensor, ExpertGroups]:
+    """group_routes for device tensors: (order [N] int64, groups), sorted on the device.
+
+    expert_ids: [N] integer; slots: [N] integer (-1: base only) or None (every row base
+    only); slot_ranks[s]: the rank to read for slot s, 0 where the slot adds nothing here
+    (its group is then base only). One read back: the G groups' keys and sizes.
+    """
+    num_slots = len(slot_ranks)
+    key = expert_ids.to(torch.int64) * (num_slots + 1)  # [N]: (expert, slot + 1) as one int
+    if slots is not None:
+        key = key + slots.to(torch.int64) + 1
+    sorted_keys, order = torch.sort(key, stable=True)
+    uniq, counts = torch.unique_consecutive(sorted_keys, return_counts=True)  # [G] each
+    pairs = torch.stack([uniq, counts]).tolist()  # the one read back
+    experts = [k // (num_slots + 1) for k in pairs[0]]
+    group_slots = [k % (num_slots + 1) - 1 for k in pairs[0]]
+    ranks = [slot_ranks[s] if s >= 0 else 0 for s in group_slots]
+    group_slots = [s if r > 0 else -1 for s, r in zip(group_slots, ranks)]
+    starts = [0]
+    for c in pairs[1][:-1]:
+        starts.append(starts[-1] + c)
+    groups = make_groups(experts, group_slots, starts[: len(experts)], pairs[1], ranks,
+                         expert_ids.numel(), expert_ids.device, block_m=block_m)  # fmt: skip
+    return order, groups
 
 
 def make_groups(

@@ -66,6 +66,14 @@ class BaseModelSpec:
         outer = sum(rank * (i + o) + 2 * o for i, o in self.outer_shapes.values())
         return 4 * (self.num_layers * per_layer + outer)
 
+    def module_names(self) -> str:
+        """The layers' module names for a message, a sparse model's experts folded into one
+        pattern each (experts.{0..127}.gate_proj), not hundreds of names."""
+        dense = [m for m in self.shapes if expert_of(m) is None]
+        if self.num_experts:
+            dense += [f"experts.{{0..{self.num_experts - 1}}}.{m}" for m in _MLP]
+        return ", ".join(dense)
+
     def without_outer(self) -> BaseModelSpec:
         """The same spec with no LoRA on the embedding or the LM head."""
         return dataclasses.replace(self, outer_shapes={})
@@ -84,7 +92,6 @@ class BaseModelSpec:
                 raise AdapterError(f"base model config.json: {exc}") from None
         try:
             hidden = int(config["hidden_size"])
-            inter = int(config["intermediate_size"])
             heads = int(config["num_attention_heads"])
             kv_heads = int(config.get("num_key_value_heads") or heads)
             head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
@@ -92,8 +99,8 @@ class BaseModelSpec:
             vocab = int(config.get("vocab_size") or 0)
             # transformers 5 writes num_local_experts where published configs say num_experts
             experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-            if experts:
-                inter = int(config["moe_intermediate_size"])
+            # a sparse model's MLPs are its experts; some MoE configs write no dense width
+            inter = int(config["moe_intermediate_size" if experts else "intermediate_size"])
         except (KeyError, TypeError, ValueError) as exc:
             raise AdapterError(f"base model config.json: missing or bad field {exc}") from None
         sizes = {

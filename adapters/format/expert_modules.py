@@ -47,6 +47,9 @@ def split_stacked(
             "(--base MODEL_DIR)" if base is None else
             f"{where}: the base model has no experts (num_experts is not in its config)"
         )  # fmt: skip
+    if layer >= base.num_layers:
+        raise AdapterError(f"{where}: layer {layer} is out of range; the base model has "
+                           f"{base.num_layers}")  # fmt: skip
     if module.count("base_layer") > 1:
         raise AdapterError(f"{where}: LoRA on more than two stacked parameters of one module "
                            "has no settled layout in PEFT; only gate_up_proj and down_proj")  # fmt: skip

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from adapters.errors import AdapterError, quoted, shorten
-from adapters.format.base_model import FUSED, ROUTER, BaseModelSpec, expert_of
+from adapters.format.base_model import FUSED, BaseModelSpec, expert_of
 from adapters.format.expert_modules import STACKED, split_stacked
 from adapters.format.peft_config import LoraConfig
 from adapters.format.safetensors_check import check_header
@@ -91,24 +91,29 @@ def parse_weights(
         if param is None:
             ignored.append((layer, module))
     # As PEFT loads it: a module the config does not select gets no LoRA, whatever the file holds.
-    ignored += sorted((layer, m) for layer, m, name in parts if not _selected(config, m, name))
+    chosen = {key: _chosen_as(config, key[2]) for key in parts}
+    ignored += sorted((layer, m) for (layer, m, _), name in chosen.items() if name is None)
     for (layer, module, model_name), found in sorted(parts.items()):
         if (layer, module) in ignored:
             continue
         here = f"{label}: {where(layer, module)}"
         if (layer, module) in modules:
             raise AdapterError(f"{here}: is adapted both on its own and in a stacked parameter")
-        modules[(layer, module)] = _module(here, layer, module, model_name, found, config, base)
+        name = chosen[layer, module, model_name]
+        modules[(layer, module)] = _module(here, layer, module, name, found, config, base)
     if not modules:
         chosen = " that its target_modules select" if ignored else ""
         raise AdapterError(f"{label}: {WEIGHTS} holds no LoRA module (lora_A and lora_B){chosen}")
     return modules, rows, skipped, ignored
 
 
-def _selected(config: LoraConfig, module: str, name: str) -> bool:
-    """Whether PEFT puts LoRA on the module named `name`: by target_modules, or for a router
-    (a parameter in transformers 5, not a linear) by target_parameters too."""
-    return config.selects(name) or (module == ROUTER and config.selects_parameter(f"{name}.weight"))
+def _chosen_as(config: LoraConfig, name: str) -> str | None:
+    """The name PEFT matches the module named `name`'s rank and alpha patterns by, if it puts
+    LoRA on it: `name` where target_modules selects it, `name.weight` where target_parameters
+    does (a 2-D parameter's LoRA is laid out as a linear's: a transformers 5 router); None."""
+    if config.selects(name):
+        return name
+    return f"{name}.weight" if config.selects_parameter(f"{name}.weight") else None
 
 
 def _module(where, layer, module, name, found, config: LoraConfig, base) -> LoraModule:
@@ -160,7 +165,7 @@ def _check_against_base(where, layer, module, a, b, base: BaseModelSpec) -> None
             raise AdapterError(
                 f"{where}: this server serves no LoRA on {module} (lora.embeddings is off)"
             )
-        known = ", ".join(base.shapes)
+        known = base.module_names()
         raise AdapterError(
             f"{where}: the base model has no module {quoted(module)} (it has {known})"
         )

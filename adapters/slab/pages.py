@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.format.base_model import BaseModelSpec
+from adapters.format.base_model import BaseModelSpec, expert_of
 
 # Per page, beside the rows and vectors: scale f32, rank i32, has_bias and has_dora bool,
 # the page's trainable-token slot i32 (adapters/slab/slots.py, adapters/slab/tokens.py).
@@ -72,11 +72,12 @@ def page_costs(
         raise ValueError(f"max_rank and page_rank must be >= 1, got {max_rank}, {page_rank}")
     page_rank = min(page_rank, max_rank)
     size = torch.empty((), dtype=dtype).element_size()
-    names = spec.shapes if modules is None else modules
-    shapes = [spec.shapes[m] for m in names] * spec.num_layers
-    shapes += list(spec.outer_shapes.values()) if embeddings else []
+    names = list(spec.shapes if modules is None else modules) * spec.num_layers
+    names += list(spec.outer_shapes) if embeddings else []
+    shapes = [spec.shapes.get(m) or spec.outer_shapes[m] for m in names]
     row = sum(fan_in + fan_out for fan_in, fan_out in shapes) * size  # one row of every stack
-    vectors = sum(2 * fan_out for _, fan_out in shapes) * size  # bias and dora
+    # bias and dora, which experts have none of (adapters/slab/slots.py)
+    vectors = sum(2 * o for m, (_, o) in zip(names, shapes) if expert_of(m) is None) * size
     per_page = page_rank * row + vectors + _MODULE_RANK_BYTES * len(shapes) + _PAGE_TABLE_BYTES
     tail = (max_rank - page_rank) * row  # the last page's view reaches max_rank rows
     pool = token_pool_bytes(spec, dtype=dtype, max_tokens=max_tokens, token_slots=token_slots)

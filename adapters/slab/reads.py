@@ -34,6 +34,11 @@ class SlabReads:
         [E, num_slots, max_rank, out], paged views (kernels/expert_linear.py reads them)."""
         return self.stacks.experts[layer, proj]
 
+    def expert_host_ranks(self, layer: int) -> list[int]:
+        """Per slot, the most rows of any expert of layer its adapter adapts (0: none), as a
+        list updated in place: the rank an expert group of that slot reads."""
+        return self.stacks.expert_ranks[layer]
+
     def serves_outer(self, module: str) -> bool:
         """Whether some slot's adapter has LoRA on module: a step skips its LoRA if none."""
         return self.stacks.ranks.serves_outer(module)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from adapters.format.adapter import Adapter
-from adapters.format.base_model import BaseModelSpec
+from adapters.format.base_model import BaseModelSpec, expert_of
 from adapters.slab.stacks import SlabStacks
 from adapters.slab.tokens import SlabTokens
 from adapters.slab.vectors import BaseWeight, SlabVectors
@@ -47,7 +47,9 @@ class SlotContents:
     ) -> None:
         like = {"dtype": dtype, "device": device}
         self.stacks = SlabStacks(spec, modules, outer, num_pages, page_rank, max_rank, **like)
-        shapes = ((key, fan_out) for key, (_, fan_out) in self.stacks.shapes.items())
+        # no lora_bias or DoRA on an expert (refused on reading): experts get no vectors
+        shapes = ((key, fan_out) for key, (_, fan_out) in self.stacks.shapes.items()
+                  if expert_of(key[1]) is None)  # fmt: skip
         self.vectors = SlabVectors(shapes, num_pages, base_weight=base_weight, **like)
         self.tokens = SlabTokens(num_pages, spec.vocab_size, spec.hidden_size, max_tokens,
                                  num_slots=token_slots, **like)  # fmt: skip

@@ -63,6 +63,9 @@ class SlabStacks:
         # (layer, proj) -> every expert's A and B stacks of it as one [E, num_pages, max_rank,
         # width] view, the grouped expert kernels' (kernels/expert_linear.py) operands
         self.experts: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
+        # layer -> per slot, the most rows any expert of the slot's adapter has there (0: no
+        # expert LoRA in that layer, so its rows skip the LoRA: the grouping's slot_ranks)
+        self.expert_ranks: dict[int, list[int]] = {}
         num_experts = spec.num_experts
         for key, (fan_in, fan_out) in self.shapes.items():
             expert = expert_of(key[1])
@@ -97,6 +100,7 @@ class SlabStacks:
                     (rows * width, self.page_rank * width, width, 1),
                 ))  # fmt: skip
             self.experts[layer, proj] = (grouped[0], grouped[1])
+            self.expert_ranks.setdefault(layer, [0] * self.num_pages)
         a, b = self.experts[layer, proj]
         self.a[key], self.b[key] = a[e], b[e]  # [num_pages, max_rank, width], paged
 
@@ -106,6 +110,7 @@ class SlabStacks:
         r = adapter.rank
         pages = range(slot, slot + -(-r // self.page_rank))
         whole = range(slot, slot + r // self.page_rank)  # pages rows :r cover entirely
+        most = dict.fromkeys(self.expert_ranks, 0)  # layer -> its experts' largest rank
         # Plain copies on the current stream: they queue behind kernels still reading these
         # pages' previous tenants, so an eviction never races a step already launched.
         for key, a_stack in self.a.items():
@@ -122,6 +127,8 @@ class SlabStacks:
                 continue
             rm = mod.a.shape[0]
             self.ranks.set(key, slot, rm)
+            if key[0] in most and expert_of(key[1]) is not None:
+                most[key[0]] = max(most[key[0]], rm)
             a_stack[slot, :rm].copy_(mod.a)  # [rm, in]
             if mod.scale == adapter.scale:
                 b_stack[slot, :rm].copy_(mod.b.T)  # [out, rm] -> [rm, out]
@@ -132,3 +139,5 @@ class SlabStacks:
                 b_stack[slot, rm:r].zero_()
             for p in pages:
                 self._dirty[p].add(key)
+        for layer, rank in most.items():
+            self.expert_ranks[layer][slot] = rank

@@ -178,10 +178,6 @@ class LlamaModel:
             local = rope_cos_sin(self.local_inv_freq, step.positions)
             turns[True] = (local[0].to(self.dtype), local[1].to(self.dtype))
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        host_slots = None  # a sparse layer's rows' slots, for grouping them on the host
-        if c.num_experts and lora is not None:
-            listed = step.host is not None and step.host.adapter_slots is not None
-            host_slots = step.host.adapter_slots if listed else step.adapter_slots.tolist()
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps)
             qkv = lora_linear(x, layer.qkv, layer_stacks(slab, i, ATTN_MODULES, lora), lora)
@@ -211,7 +207,7 @@ class LlamaModel:
             h = h + o
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps)
             if layer.experts is not None:
-                d = sparse_mlp(x, layer.experts, i, c, self.act, slab, lora, host_slots)
+                d = sparse_mlp(x, layer.experts, i, c, self.act, slab, lora, step.adapter_slots)
             else:
                 gu = lora_linear(x, layer.gate_up, layer_stacks(slab, i, MLP_MODULES, lora), lora)
                 gate, up = gu.chunk(2, dim=-1)

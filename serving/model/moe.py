@@ -11,7 +11,8 @@ follows its tokens into the experts they reach.
 
 A token whose adapter changes attention reaches other experts than the base's would: the
 routing is computed per row from that row's own hidden state, so no row sees another's.
-The routing is read back to the host once per layer to group the rows.
+The rows are sorted by (expert, slot) on the device; only the groups' keys and sizes are read
+back, once per layer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from adapters.format.base_model import ROUTER
-from kernels import expert_linear, group_routes, quantize_fp8
+from kernels import expert_linear, quantize_fp8, route_groups
 from serving.model.checkpoint_weights import CheckpointWeights
 from serving.model.linear import Linear, StepLora, lora_linear
 from serving.model.step_lora import layer_stacks
@@ -55,7 +56,8 @@ class ExpertWeights:
 def load_experts(get: CheckpointWeights, prefix: str, config, fp8: bool) -> ExpertWeights:
     """The router and experts under prefix (model.layers.3.mlp.), stored one expert per
     linear (experts.{e}.gate_proj.weight, as published, FP8 with weight_scale as
-    `loraserve quantize` writes them) or stacked (experts.gate_up_proj, transformers 5's)."""
+    `loraserve quantize` writes them) or stacked (experts.gate_up_proj, transformers 5's).
+    Per-expert tensors are removed from the state as they are stacked."""
     e, h, inter = config.num_experts, config.hidden_size, config.moe_intermediate_size
     router = Linear.make(get(f"{prefix}gate.weight", (e, h)), None, fp8=False)
     if f"{prefix}experts.gate_up_proj" in get.state:
@@ -70,6 +72,10 @@ def load_experts(get: CheckpointWeights, prefix: str, config, fp8: bool) -> Expe
             [get.linear(f"{prefix}experts.{i}.{proj}", shape, False) for proj in projs]
             for i in range(e)
         ]  # [E][projs]: each [rows, in]
+        for i in range(e):  # stacked now: the per-expert tensors leave state, so a layer's
+            for proj in projs:  # experts are never held twice (on a GPU, 2x the model)
+                for suffix in (".weight", ".weight_scale"):
+                    get.state.pop(f"{prefix}experts.{i}.{proj}{suffix}", None)
         if all(p.scale is not None for row in parts for p in row):  # pre-quantized: kept
             weight = torch.stack([torch.cat([p.weight.view(torch.uint8) for p in row])
                                   for row in parts]).view(parts[0][0].weight.dtype)  # fmt: skip
@@ -90,14 +96,15 @@ def _quantized(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sparse_mlp(
     x: torch.Tensor, w: ExpertWeights, layer: int, config, act, slab, lora: StepLora | None,
-    host_slots,
+    slots: torch.Tensor | None,
 ) -> torch.Tensor:  # fmt: skip
     """The sparse MLP's output [T, hidden] for x [T, hidden], each token under its own slot.
 
-    host_slots: the tokens' slab slots as a list (-1: base only), or None with no slab.
+    slots: [T] the tokens' slab slots (-1: base only), or None with no adapter in the step.
     """
     k = config.experts_per_token
-    if lora is not None and (layer, ROUTER) in slab.keys:  # some adapter may adapt it
+    served = lora is not None and slots is not None
+    if served and (layer, ROUTER) in slab.keys:  # some adapter may adapt the router
         logits = lora_linear(x, w.router, layer_stacks(slab, layer, (ROUTER,), lora), lora)
     else:
         logits = w.router(x)  # [T, E]
@@ -106,30 +113,27 @@ def sparse_mlp(
     if config.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     weights = weights.to(x.dtype)
-    # rows n = t * k + j: token t's j-th expert
-    expert_ids = experts.flatten().tolist()  # the one read back of the layer
-    tokens = x.shape[0]
-    slots = [s for s in (host_slots or [-1] * tokens) for _ in range(k)]
-    served = lora is not None
-    ranks = slab.host_ranks if served else []
-    order, groups = group_routes(expert_ids, slots if served else [-1] * len(slots), ranks,
-                                 x.device)  # fmt: skip
-    rows_token = order // k  # [N]: the token of each sorted row
-    xs = x.index_select(0, rows_token)  # [N, hidden]
+    # rows n = t * k + j: token t's j-th expert, sorted by (expert, slot) on the device; a
+    # slot with no expert LoRA in this layer groups as base only
+    row_slots = slots.repeat_interleave(k) if served else None  # [N]
+    ranks = slab.expert_host_ranks(layer) if served else ()
+    order, groups = route_groups(experts.flatten(), row_slots, ranks)
+    xs = x.index_select(0, order // k)  # [N, hidden]
     gate_up_lora = down_lora = (None, None)
-    if served:
+    if groups.max_rank:
         (a_g, b_g), (a_u, b_u) = (slab.expert_stacks(layer, p) for p in PROJS[:2])
         gate_up_lora = ((a_g, a_u), (b_g, b_u))
         a_d, b_d = slab.expert_stacks(layer, "down_proj")
         down_lora = ((a_d,), (b_d,))
-    scales = lora.scales if served else None
+    scales = lora.scales if groups.max_rank else None
     checked = served and lora.checked
     gu = expert_linear(xs, w.gate_up, w.gate_up_scale, *gate_up_lora, scales, groups,
                        checked=checked)  # fmt: skip
     gate, up = gu.chunk(2, dim=-1)
     d = expert_linear(act(gate) * up, w.down, w.down_scale, *down_lora, scales, groups,
                       checked=checked)  # fmt: skip
-    d = d * weights.flatten().index_select(0, order)[:, None]  # [N, hidden]
-    out = torch.zeros_like(x)
-    out.index_add_(0, rows_token, d)
-    return out
+    # Back in token order, then each token's k outputs summed in a fixed order: an atomic
+    # scatter-add would sum them in whatever order the device runs it.
+    unsorted = torch.empty_like(d)
+    unsorted[order] = d  # [N, hidden], row t * k + j
+    return (unsorted.view(-1, k, d.shape[1]) * weights[:, :, None]).sum(dim=1)

@@ -14,7 +14,7 @@ from functools import partial
 import pytest
 import torch
 
-from kernels import expert_linear, group_routes
+from kernels import expert_linear, group_routes, route_groups
 from kernels.expert_groups import make_groups
 from kernels.expert_linear_triton import expert_linear_triton
 from kernels.fp8 import quantize_fp8
@@ -159,6 +159,24 @@ def test_group_routes_worked_example():
     _, long = group_routes([2] * 40, [1] * 40, [0, 4], "cpu", block_m=16)
     assert long.tile_groups.tolist() == [0, 0, 0] and long.tile_rows.tolist() == [0, 16, 32]
     assert long.max_rank == 4
+
+
+def test_route_groups_on_the_device_groups_as_the_host_does():
+    """The same order and groups from device tensors, a rank-0 slot grouped as base only."""
+    gen = torch.Generator().manual_seed(11)
+    experts = torch.randint(0, 5, (97,), generator=gen)
+    slots = torch.randint(-1, 4, (97,), generator=gen, dtype=torch.int32)
+    ranks = [8, 4, 16, 2]
+    order, g = route_groups(experts, slots, ranks)
+    want_order, want = group_routes(experts.tolist(), slots.tolist(), ranks, "cpu")
+    assert order.tolist() == want_order.tolist()
+    for name in ("experts", "slots", "starts", "lengths", "ranks", "tile_groups", "tile_rows"):
+        assert getattr(g, name).tolist() == getattr(want, name).tolist(), name
+    _, g = route_groups(experts, slots, [8, 0, 16, 2])  # slot 1 adds nothing in this layer
+    assert 1 not in g.host_slots and all(r == 0 for s, r in zip(g.host_slots, g.host_ranks)
+                                         if s < 0)  # fmt: skip
+    order, g = route_groups(experts, None, ())  # no adapter: one group per expert
+    assert g.host_slots == (-1,) * len(set(experts.tolist())) and g.max_rank == 0
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,7 @@ def test_fp8_experts_stay_near_the_checkpoint(setup):
     x = torch.randn(5, 48, generator=torch.Generator().manual_seed(2))
     step = plan_step(step_for([Seq([1] * 5, slot=slots["experts"])], BLOCK, BlockPool(4)),
                      fp8.allocate_kv(num_blocks=4, block_size=BLOCK), slab)  # fmt: skip
-    args = (0, fp8.config, fp8.act, slab, step.lora, [slots["experts"]] * 5)
+    args = (0, fp8.config, fp8.act, slab, step.lora, torch.full((5,), slots["experts"], dtype=torch.int32))
     torch.testing.assert_close(sparse_mlp(x, w, *args), sparse_mlp(x, exact, *args),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
@@ -247,3 +247,38 @@ def test_on_the_gpu_a_sparse_model_runs_eagerly_as_the_cpu_does(setup):
     )
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     gpu_slab.close()
+
+
+def served_logits(base_dir, adapter_dir, tokens):
+    """Our logits of tokens [1, n] under the adapter at adapter_dir, alone in its step."""
+    spec = BaseModelSpec.from_dir(base_dir)
+    adapter = load_adapter(adapter_dir, base=spec)
+    model = LlamaModel(load_model_config(base_dir), load_state_dict(base_dir), fp8=False,
+                       dtype=torch.float32)  # fmt: skip
+    slab = AdapterSlab(spec, num_slots=2, max_rank=8, max_cpu_loras=0, loader=lambda _: adapter)
+    seqs = [Seq(tokens[0].tolist(), slot=slab.acquire("a"))]
+    kv = model.allocate_kv(num_blocks=8, block_size=BLOCK)
+    out = model.forward(plan_step(step_for(seqs, BLOCK, BlockPool(8)), kv, slab)).double()
+    slab.close()
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3"])
+def test_parameters_targeted_as_parameters_take_their_own_patterns(family, tmp_path):
+    """A 2-D parameter PEFT targets by target_parameters (a router, or a dense q_proj) is a
+    linear's LoRA, its rank and alpha patterns matched by the parameter's name."""
+    base_dir, hf = save_tiny(family, tmp_path / "base")
+    param = "mlp.gate.weight" if family == "qwen3_moe" else "self_attn.q_proj.weight"
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["o_proj"], target_parameters=[param],
+                        rank_pattern={param: 2}, alpha_pattern={param: 64})  # fmt: skip
+    peft = get_peft_model(copy.deepcopy(hf), config)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.2)
+    peft.save_pretrained(tmp_path / "a")
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.no_grad():
+        want = PeftModel.from_pretrained(copy.deepcopy(hf), tmp_path / "a")(tokens).logits
+    got = served_logits(base_dir, tmp_path / "a", tokens)
+    torch.testing.assert_close(got, want[0].double(), rtol=1e-4, atol=1e-4)

@@ -39,6 +39,7 @@ class ShortBatch:
     queries, decodes and verifications): S sequences, the longest L keys."""
 
     table: torch.Tensor  # [S, L / block_size] int64 block ids, clamped into the cache
+    named: torch.Tensor  # [S, L / block_size] the ids as the step's table names them (-1 too)
     spans: torch.Tensor  # [S, 3] int64: first query row, queries n_s, context length
     num_blocks: int  # the cache's, which table's ids are clamped below
     block_size: int
@@ -126,11 +127,13 @@ def plan_attention(
 
 def _short_batch(block_tables, starts, lens, picked, block_size, num_blocks) -> ShortBatch:
     blocks = -(-max(lens[s] for s in picked) // block_size)
-    # Entries past a context may be -1 or stale: clamp for the gather (and the C kernel's reads)
-    table = block_tables[picked, :blocks].long().clamp(0, num_blocks - 1)
+    # Entries past a context may be -1 or stale, and those below a window -1 (released):
+    # clamp for the gather (and the C kernel's reads)
+    named = block_tables[picked, :blocks]
+    table = named.long().clamp(0, num_blocks - 1)
     spans = torch.tensor([(starts[s], starts[s + 1] - starts[s], lens[s]) for s in picked],
                          dtype=torch.int64, device=block_tables.device)  # fmt: skip
-    return ShortBatch(table, spans, num_blocks, block_size)
+    return ShortBatch(table, named, spans, num_blocks, block_size)
 
 
 def _padded(b: ShortBatch) -> PaddedShort:
@@ -139,6 +142,9 @@ def _padded(b: ShortBatch) -> PaddedShort:
     width = int(n.max())
     keys = torch.arange(b.table.shape[1] * b.block_size, device=device)  # [L]
     live = keys[None, :] < ctx[:, None]  # [S, L]
+    # A released block (-1, wholly below the first query's window) reads block 0 through the
+    # clamp, some other sequence's keys: masked by the window, and zeroed like the stale ones.
+    live &= (b.named >= 0).repeat_interleave(b.block_size, dim=1)
     # query i of seq s (i < n_s) sits at position ctx_s - n_s + i; padded queries are
     # dropped but still need one live key, so they see position 0
     i = torch.arange(width, device=device)  # [W]
@@ -207,16 +213,20 @@ def _attention_cpu(
     starts, lens = plan.starts, plan.lens
     for s in plan.long:  # prefill chunks, one sequence at a time
         a, e, ctx = starts[s], starts[s + 1], lens[s]
-        blocks = plan.block_tables[s, : -(-ctx // block_size)].long()
-        k = gather_one(k_cache, blocks, ctx, compute, 0)  # (Hkv, ctx, D)
-        v = gather_one(v_cache, blocks, ctx, compute, 1)
+        # Keys from the block of the first query's first in its window: the blocks below are
+        # never read (their entries may be -1, released).
+        low = 0 if window is None else max(0, ctx - (e - a) - window + 1) // block_size
+        blocks = plan.block_tables[s, low : -(-ctx // block_size)].long()
+        first = low * block_size  # the first gathered key's position
+        k = gather_one(k_cache, blocks, ctx - first, compute, 0)  # (Hkv, ctx - first, D)
+        v = gather_one(v_cache, blocks, ctx - first, compute, 1)
         qs = q[a:e].transpose(0, 1).to(compute)  # (H, n, D)
         if e - a == ctx and window is None and softcap is None:  # the top-left causal mask
             o = attend(qs, k, v, is_causal=True)
         else:  # query i sits at position ctx - n + i, after the cached prefix
             pos = torch.arange(ctx - (e - a), ctx, device=q.device)
-            keys = torch.arange(ctx, device=q.device)[None, :]
-            mask = keys <= pos[:, None]  # (n, ctx)
+            keys = torch.arange(first, ctx, device=q.device)[None, :]
+            mask = keys <= pos[:, None]  # (n, ctx - first)
             if window is not None:
                 mask &= keys > pos[:, None] - window
             o = attend(qs, k, v, attn_mask=mask)

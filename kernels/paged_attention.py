@@ -12,6 +12,10 @@ Example, block_size 4: seq 0 has 3 cached tokens and 3 new ones, seq 1 decodes i
            (0-3 in block 7, 4-5 in block 2; slots 2-3 of block 2 and entry -1 are never read)
     seq 1: its query at position 9 sees blocks 0 and 5 and the first slot of block 3
 
+With a sliding window, a block wholly below a sequence's first query's window is never read,
+and its entry may be -1 (a block the sequence released: serving/engine/kv_window.py). With
+window 4 above, seq 1 (first query at 9, window from 6) could name [-1, 5, 3].
+
 Prefill (n_s == context_len), prefill on top of cached prefix blocks, chunked
 prefill and decode (n_s == 1) all mix in one batch. The checks read the small
 index tensors on the host, so on CUDA they cost a device sync per call: a model checks a
@@ -104,7 +108,8 @@ def paged_attention(
     concatenated; k_cache, v_cache: [num_blocks, block_size, num_kv_heads,
     head_dim], q's dtype, holding the new tokens already (write_kv first);
     block_tables: [num_seqs, max_blocks_per_seq] int (entries past a context
-    are never read); context_lens: [num_seqs] int, cached tokens including the
+    are never read, nor, with a window, those of blocks wholly below seq s's first query's
+    window, which may be -1: released); context_lens: [num_seqs] int, cached tokens including the
     new ones; query_start_loc: [num_seqs + 1] int, seq s's queries are
     q[query_start_loc[s]:query_start_loc[s + 1]]. Returns a new tensor shaped
     and typed like q.
@@ -131,13 +136,12 @@ def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query
         )
     if not isinstance(scale, Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite float, got {scale!r}")
-    if window is not None and (not isinstance(window, int) or isinstance(window, bool)
-                               or window < 1):  # fmt: skip
-        raise ValueError(f"window: expected a positive int or None, got {window!r}")
+    _check_window(window)
     if softcap is not None and (not isinstance(softcap, Real) or isinstance(softcap, bool)
                                 or not math.isfinite(softcap) or softcap <= 0):  # fmt: skip
         raise ValueError(f"softcap: expected a positive float or None, got {softcap!r}")
-    return _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens)
+    return _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens,
+                        window=window)  # fmt: skip
 
 
 def checked_plan(
@@ -147,19 +151,23 @@ def checked_plan(
     query_start_loc: torch.Tensor,
     slot_mapping: torch.Tensor,
     host: HostIndex | None = None,
+    window: int | None = None,
 ) -> AttentionPlan:
     """A step's AttentionPlan (with its KV writes), once its batch is checked as
     paged_attention and write_kv check theirs: for a model that runs every layer unchecked.
 
     k_cache: one layer's cache (every layer's has its shape). host: the same index tensors
     as Python lists, when the caller built them from lists: then nothing is read back from
-    the device (no sync on CUDA).
+    the device (no sync on CUDA). window: the widest window of the layers when every layer
+    has one (None: some layer reads the whole context): table entries of blocks wholly below
+    a sequence's first query's window may then be -1, as paged_attention allows them.
     """
     num_blocks, block_size = k_cache.shape[:2]
     num_tokens = slot_mapping.shape[0] if slot_mapping.dim() == 1 else -1
     check_tensor("slot_mapping", slot_mapping, dim=1, dtypes=INDEX_DTYPES, device=k_cache.device)
+    _check_window(window)
     starts, lens = _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens,
-                                host)  # fmt: skip
+                                host, window)  # fmt: skip
     slots = list(host.slots) if host is not None else slot_mapping.tolist()
     num_slots = num_blocks * block_size
     if any(not -1 <= x < num_slots for x in slots):
@@ -181,6 +189,12 @@ class HostIndex:
     logits_rows: tuple[int, ...] | None = None  # logits_indices
 
 
+def _check_window(window) -> None:
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                               or window < 1):  # fmt: skip
+        raise ValueError(f"window: expected a positive int or None, got {window!r}")
+
+
 def _check_caches(k_cache, v_cache, *, dtype, device) -> None:
     check_tensor("k_cache", k_cache, dim=4, dtypes=(dtype,), device=device)
     check_tensor("v_cache", v_cache, dim=4, dtypes=(dtype,), device=device)
@@ -189,7 +203,8 @@ def _check_caches(k_cache, v_cache, *, dtype, device) -> None:
         raise ValueError("k_cache: expected a block_size (dimension 1) of at least 1, got 0")
 
 
-def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens, host=None):
+def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_tokens, host=None,
+                 window=None):  # fmt: skip
     """The host copies of query_start_loc and context_lens, once they describe a valid batch
     (read from host, a HostIndex, when given)."""
     device = k_cache.device
@@ -225,19 +240,38 @@ def _check_batch(k_cache, block_tables, context_lens, query_start_loc, num_token
                 f"block_tables: seq {s} needs {-(-lens[s] // block_size)} blocks for "
                 f"{lens[s]} tokens, but a row holds {max_blocks}"
             )
-    # Only the entries a context covers must name real blocks; the rest may be anything.
+    # Only the entries a context covers must name real blocks, but for -1 (released) below
+    # the first query's window; the rest may be anything.
+    unread = [_unread_blocks(lens[s], starts[s + 1] - starts[s], window, block_size)
+              for s in range(num_seqs)]  # fmt: skip
+    where = " (-1 only below its first query's window)" if window is not None else ""
     if host is not None:
         for s, (row, ctx) in enumerate(zip(host.block_tables, lens)):
-            if any(not 0 <= b < num_blocks for b in row[: -(-ctx // block_size)]):
+            low, needed = unread[s], -(-ctx // block_size)
+            if any(not 0 <= b < num_blocks for b in row[low:needed]) or any(
+                b != -1 and not 0 <= b < num_blocks for b in row[:low]
+            ):
                 raise ValueError(f"block_tables: seq {s} names a block outside [0, "
-                                 f"{num_blocks}) within its context")  # fmt: skip
+                                 f"{num_blocks}) within its context{where}")  # fmt: skip
         return starts, lens
     needed = torch.tensor([-(-c // block_size) for c in lens], device=device)
-    used = torch.arange(max_blocks, device=device)[None, :] < needed[:, None]
-    bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+    cols = torch.arange(max_blocks, device=device)[None, :]
+    bad = (cols < needed[:, None]) & ((block_tables < 0) | (block_tables >= num_blocks))
+    if window is not None:
+        below = cols < torch.tensor(unread, device=device)[:, None]
+        bad &= ~(below & (block_tables == -1))
     if num_seqs and bool(bad.any()):
         s = int(bad.any(dim=1).nonzero()[0])
         raise ValueError(
-            f"block_tables: seq {s} names a block outside [0, {num_blocks}) within its context"
+            f"block_tables: seq {s} names a block outside [0, {num_blocks}) within its "
+            f"context{where}"
         )
     return starts, lens
+
+
+def _unread_blocks(ctx: int, n: int, window: int | None, block_size: int) -> int:
+    """How many leading blocks of a context of ctx tokens, n of them new, no query reads:
+    those wholly below the first query's window (none without a window)."""
+    if window is None:
+        return 0
+    return max(0, ctx - n - window + 1) // block_size

@@ -31,6 +31,7 @@ from serving.engine.speculative.decoder import Proposal, SpecDecoder
 from serving.engine.step_loop import StepLoop
 from serving.engine.streams import stream_outputs
 from serving.engine.tracked import Sink, Tracked
+from serving.model.step_plan import window_reach
 
 LOAD_WAIT_S = 0.02  # the longest a step waits for the waiting requests' adapter loads
 IDLE_WAIT_S = 0.05  # the longest a step waits for a load to land, should no wake come
@@ -69,9 +70,14 @@ class Engine:
             max_context=self.max_model_len, max_batch=config.scheduler.max_num_seqs,
         )  # fmt: skip
         self.kv = self.forward.kv
+        # Blocks below every layer's window (of the draft's too) are released as sequences go.
+        spec = config.speculative
+        drafts = draft_model is not None and spec.enabled and spec.method == "draft_model"
+        window = window_reach(model, *([draft_model] if drafts else []))
         self.blocks = BlockManager(
-            config.num_blocks, config.block_size, enable_prefix_caching=config.enable_prefix_caching
-        )
+            config.num_blocks, config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching, window=window, draft_kv=drafts,
+        )  # fmt: skip
         self.vocab_size = model.config.vocab_size
         self._loop = StepLoop(self.step, lambda exc: self.requests.fail_in_flight(exc))
         # A load landing wakes a step that waits for it (see step).

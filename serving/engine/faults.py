@@ -16,7 +16,7 @@ import torch
 
 from serving.engine.grammar.masks import TokenMasks
 from serving.engine.sampler import SampleResult, SamplingState, sample
-from serving.model.step_plan import plan_step
+from serving.model.step_plan import plan_step, window_reach
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def blame_forward(scheduled, build_one, model, kv, slab) -> list[tuple[object, s
 
     def run_alone(item) -> None:
         with torch.inference_mode():
-            model.forward(plan_step(build_one(item), kv, slab))
+            model.forward(plan_step(build_one(item), kv, slab, window_reach(model)))
 
     failed = blame(scheduled, run_alone)
     for item, exc in failed:

@@ -27,6 +27,7 @@ from serving.engine.speculative.config import SpecConfig
 from serving.model.checkpoint import model_folder
 from serving.model.hf_config import load_model_config
 from serving.model.loader import load_model
+from serving.model.step_plan import window_reach
 
 # num_blocks: auto on a CPU takes this share of the memory available at start, at most the
 # cap: the host also holds the weights, the adapter host tier and the server itself.
@@ -203,8 +204,13 @@ def num_kv_blocks(cfg: ServeConfig, models, device: str) -> int:
         budget = min(int(memory_budget.available_ram() * CPU_KV_SHARE), CPU_KV_CAP_BYTES)
     num_blocks = budget // per_block
     # Any more than a full-length sequence needs feed concurrency and the prefix cache;
-    # fewer could never finish a long request, so that is a start-up error.
+    # fewer could never finish a long request, so that is a start-up error. Under a sliding
+    # window a sequence holds the blocks its window spans, whatever its length (kv_window.py),
+    # unless a draft model's KV holds them.
     needed = math.ceil(cfg.model.max_model_len / cfg.cache.block_size)
+    window = window_reach(*models)
+    if window is not None and len(models) == 1:
+        needed = min(needed, math.ceil(window / cfg.cache.block_size) + 1)
     if num_blocks < needed:
         raise RuntimeError(
             f"cache.num_blocks auto: {budget >> 20} MiB of KV memory holds {num_blocks} blocks "

@@ -6,7 +6,7 @@ prefix caching:
 
 - the pool is `num_blocks` blocks of `block_size` token slots; each block has a ref count
   (how many block tables hold it) and is free at 0;
-- a full block whose KV is computed is registered under
+- a full block whose KV is computed is registered under (engine/block_hash.py)
   hash(parent block's hash, its token ids, the adapter's content digest), so a later sequence
   with the same leading tokens under the same adapter version reuses it. Keying on the digest,
   never the name, means two adapters, or a re-uploaded one, never share KV;
@@ -22,50 +22,23 @@ the same prompt under another digest, or the base model (None), hits nothing.
 Simplified: whole blocks only (no partial-block sharing, so no copy-on-write: a shared block is
 full and never written again). Only tokens passed to `mark_computed` are ever registered, so
 speculative positions that get rejected never enter the cache.
+
+Under a sliding window (`window`: every layer of the served models has one, W the widest),
+a block wholly below W of the earliest query a sequence can still issue is released as soon
+as `mark_computed` (or `allocate`, for prefix hits) leaves it behind: freed like a
+deallocated block, registered ones findable still, and its entry named RELEASED
+(engine/kv_window.py; with a draft model, once the draft's KV is past it too). A running
+windowed sequence then holds its window's blocks, not its length's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from adapters.registry.names import version_digest
+from serving.engine.block_hash import BlockKey, hash_block
+from serving.engine.kv_window import RELEASED, KVWindow
 from serving.engine.sequence import Sequence
-
-BlockKey = tuple[int | None, tuple[int, ...], str | None]  # (parent hash, tokens, adapter key)
-
-
-def prefix_key(request) -> str | None:
-    """What a request's blocks are keyed on beside their tokens: adapter digest and cache salt.
-
-    The digest (not the name) keys the adapter's content, so a re-uploaded adapter never reads
-    stale KV; the salt (the tenant) keeps hits within one tenant, so that cached_tokens tells
-    no tenant whether another sent a prompt. None: the base model, unsalted.
-    """
-    adapter = request.adapter
-    digest = version_digest(adapter) if adapter else None
-    salt = request.cache_salt
-    if salt is None:
-        return digest
-    # length-prefixed, so no salt and digest pair reads as another
-    return f"salt:{len(salt)}:{salt}:{digest or ''}"
-
-
-def hash_block(parent: int | None, token_ids: tuple[int, ...], adapter_key: str | None) -> int:
-    """Stable 64-bit hash of one full block, chained on its parent block's hash."""
-    h = hashlib.blake2b(digest_size=8)
-    # Tagged, length-prefixed fields, so no two different inputs encode to the same bytes;
-    # blake2b rather than hash(), whose str hashing is randomized per process.
-    h.update(b"\x00" if parent is None else b"\x01" + parent.to_bytes(8, "little"))
-    if adapter_key is None:
-        h.update(b"\x00")
-    else:
-        key = adapter_key.encode()
-        h.update(b"\x01" + len(key).to_bytes(4, "little") + key)
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    return int.from_bytes(h.digest(), "little")
 
 
 @dataclass
@@ -100,14 +73,18 @@ class CacheStats:
 class BlockManager:
     """Owns the KV block pool: block tables, ref counts, the prefix cache and its LRU."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}"
-            )
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
+                 window: int | None = None, draft_kv: bool = False):  # fmt: skip
+        """window: every layer's attention window is at most this (None: some layer reads the
+        whole context); the blocks behind it are released (engine/kv_window.py), and with
+        draft_kv only once a draft model's KV is past them too."""
+        if num_blocks < 1 or block_size < 1 or (window is not None and window < 1):
+            raise ValueError(f"num_blocks, block_size and window must be >= 1, got "
+                             f"{num_blocks}, {block_size}, {window}")  # fmt: skip
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = KVWindow(window, block_size, draft_kv)
         self._blocks = [_Block(i) for i in range(num_blocks)]
         self._free: deque[int] = deque(range(num_blocks))  # free and holding nothing cached
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # free, findable; oldest first
@@ -168,13 +145,17 @@ class BlockManager:
                 f"KV cache full: sequence {seq.seq_id} needs {num_needed} free blocks, "
                 f"{self.num_free_blocks} are free (check can_allocate first)"
             )
-        for block_id in hits:
+        # Hits wholly below the first query's window are never read: RELEASED, no ref taken.
+        skip = self.window.behind(seq, len(hits) * self.block_size)
+        for block_id in hits[skip:]:
             block = self._blocks[block_id]
             if block.ref_count == 0:
                 del self._free_cached[block_id]
             block.ref_count += 1
-        seq.block_table.extend(hits)
+        seq.block_table.extend([RELEASED] * skip + hits[skip:])
         seq.block_table.extend(self._pop_free() for _ in range(num_new))
+        if skip:
+            seq.num_released_blocks, seq.released_hash = skip, self._blocks[hits[skip - 1]].hash
         seq.num_cached_tokens = seq.num_prefix_hit_tokens = len(hits) * self.block_size
         self._num_queried_tokens += seq.num_tokens
         self._num_hit_tokens += seq.num_prefix_hit_tokens
@@ -193,8 +174,23 @@ class BlockManager:
             )
         seq.block_table.extend(self._pop_free() for _ in range(num_missing))
 
+    def chunk_that_fits(self, seq: Sequence, num_new_tokens: int) -> int:
+        """How many of num_new_tokens more for seq (after its prefix hits, if it holds no
+        blocks yet) to schedule now: all without a window; under one, what its blocks' empty
+        slots and the free blocks hold, at least a block's worth (KVWindow.chunk)."""
+        if not self.window.cuts_chunks:
+            return num_new_tokens
+        bs, free = self.block_size, self.num_free_blocks
+        if seq.block_table:
+            room = (len(seq.block_table) + free) * bs - seq.num_cached_tokens
+        else:  # a hit on a free cached block takes one of the free blocks too
+            taken = self._allocation(seq, 0)[2]
+            room = (free - taken) * bs
+        return self.window.chunk(num_new_tokens, room)
+
     def mark_computed(self, seq: Sequence, num_computed: int) -> None:
-        """Record KV for num_computed more tokens; register the blocks that became full."""
+        """Record KV for num_computed more tokens; register the blocks that became full, and
+        release those that fell wholly behind every window."""
         bs = self.block_size
         start, end = seq.num_cached_tokens, seq.num_cached_tokens + num_computed
         limit = min(seq.num_tokens, len(seq.block_table) * bs)
@@ -204,35 +200,53 @@ class BlockManager:
                 f"{start}; its tokens and blocks reach {limit}"
             )
         seq.num_cached_tokens = end
-        if not self.enable_prefix_caching:
+        if self.enable_prefix_caching:
+            self._register(seq, range(start // bs, end // bs))
+        # The queries to come start at `end`: the blocks below their windows go (after being
+        # registered, so a released block stays findable).
+        behind = self.window.behind(seq, end)
+        for i in range(seq.num_released_blocks, behind):
+            seq.released_hash = self._blocks[seq.block_table[i]].hash
+            self._release(seq.block_table[i])
+            seq.block_table[i] = RELEASED
+        seq.num_released_blocks = max(seq.num_released_blocks, behind)
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release seq's blocks and reset it to uncomputed (also preemption by recompute)."""
+        # Tail first: the LRU then evicts a freed sequence's last blocks before its first,
+        # which more prompts share. RELEASED entries were released already.
+        for block_id in reversed(seq.block_table):
+            if block_id != RELEASED:
+                self._release(block_id)
+        seq.block_table.clear()
+        seq.num_cached_tokens = seq.num_released_blocks = seq.num_draft_tokens = 0
+        seq.released_hash = None
+
+    def _release(self, block_id: int) -> None:
+        """Drop one table's ref; at 0 the block is free (findable still, if registered)."""
+        block = self._blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count > 0:
             return
-        for i in range(start // bs, end // bs):  # blocks whose last slot was just computed
-            block = self._blocks[seq.block_table[i]]
-            # Every earlier block is full and computed, so it carries its hash already.
-            parent = self._blocks[seq.block_table[i - 1]].hash if i else None
+        if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
+            self._free_cached[block_id] = None
+        else:
+            block.hash = block.key = None
+            self._free.append(block_id)
+
+    def _register(self, seq: Sequence, full: range) -> None:
+        """Register seq's blocks at table indices `full`, whose last slots were just computed."""
+        for i in full:
+            block, parent = self._blocks[seq.block_table[i]], None
+            if i:  # every earlier block is full and computed, so it carries its hash already
+                before = seq.block_table[i - 1]  # or was released last, its hash kept
+                parent = seq.released_hash if before == RELEASED else self._blocks[before].hash
             tokens = self._block_tokens(seq, i)
             block.hash = hash_block(parent, tokens, seq.adapter_key)
             block.key = (parent, tokens, seq.adapter_key)
             # Two sequences computed the same block side by side: the first stays the cached
             # copy; this one keeps its hash (for chaining) and is dropped when freed.
             self._hash_to_block.setdefault(block.hash, block.block_id)
-
-    def deallocate(self, seq: Sequence) -> None:
-        """Release seq's blocks and reset it to uncomputed (also preemption by recompute)."""
-        # Tail first: the LRU then evicts a freed sequence's last blocks before its first,
-        # which more prompts share.
-        for block_id in reversed(seq.block_table):
-            block = self._blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count > 0:
-                continue
-            if block.hash is not None and self._hash_to_block.get(block.hash) == block_id:
-                self._free_cached[block_id] = None
-            else:
-                block.hash = block.key = None
-                self._free.append(block_id)
-        seq.block_table.clear()
-        seq.num_cached_tokens = 0
 
     def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
         return tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -260,8 +274,9 @@ class BlockManager:
         """(prefix hits, new blocks to pop, free blocks consumed) for allocate."""
         hits = self._match_prefix(seq)
         num_new = max(0, -(-num_tokens // self.block_size) - len(hits))
-        # A hit on a free cached block takes it out of the free pool too.
-        num_free_hits = sum(1 for b in hits if self._blocks[b].ref_count == 0)
+        # A hit on a free cached block takes it out of the free pool too (unless released).
+        skip = self.window.behind(seq, len(hits) * self.block_size)
+        num_free_hits = sum(1 for b in hits[skip:] if self._blocks[b].ref_count == 0)
         return hits, num_new, num_new + num_free_hits
 
     def _num_missing(self, seq: Sequence, num_new_tokens: int) -> int:

@@ -11,8 +11,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from adapters.errors import AdapterError, RegistryCorrupt, RegistryUnavailable
+from serving.engine.block_hash import prefix_key
 from serving.engine.intake import Intake
-from serving.engine.kv_cache import prefix_key
 from serving.engine.prompt_logprobs import score_tokens
 from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.sampler import RowFault, SamplingState

@@ -26,7 +26,7 @@ from kernels import cpu_lora_kernel_ready
 from serving.engine.scheduler import Scheduled
 from serving.engine.sequence import Sequence
 from serving.model.decode_graphs import DecodeGraphs
-from serving.model.step_plan import StepInputs, StepSeq, build_step, plan_step
+from serving.model.step_plan import StepInputs, StepSeq, build_step, plan_step, window_reach
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,13 @@ class Forward:
     def __init__(self, model, num_blocks: int, block_size: int, slab, *, cuda_graphs: bool,
                  max_context: int, max_batch: int) -> None:  # fmt: skip
         embed = getattr(model, "embed", None)
-        on_gpu = cuda_graphs and isinstance(embed, torch.Tensor) and embed.is_cuda
+        # A sparse MLP reads its routing back to the host every layer: no graph captures it.
+        graphable = getattr(model, "graphable", True)
+        on_gpu = cuda_graphs and graphable and isinstance(embed, torch.Tensor) and embed.is_cuda
         # The graphs' padding rows write their keys to one spare block past the managed ones.
         self.kv = model.allocate_kv(num_blocks + int(on_gpu), block_size)
         self.model, self.slab, self.graphs = model, slab, None
+        self.window = window_reach(model)  # table entries below it may be released (-1)
         if on_gpu:
             self.graphs = DecodeGraphs(model, self.kv, slab, scratch_block=num_blocks,
                                        block_size=block_size, max_context=max_context,
@@ -103,4 +106,4 @@ class Forward:
     def __call__(self, inputs: StepInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.covers(inputs):
             return self.graphs.forward(inputs)
-        return self.model.forward(plan_step(inputs, self.kv, self.slab))
+        return self.model.forward(plan_step(inputs, self.kv, self.slab, self.window))

@@ -7,7 +7,9 @@ waiting one gets admitted when the budgets allow:
   seqs     max_num_seqs running at once
   KV       free blocks; when a running sequence cannot grow, the lowest-priority,
            newest running sequence is preempted: its blocks are freed and it waits
-           to be recomputed (its tokens are kept, so its output does not change)
+           to be recomputed (its tokens are kept, so its output does not change).
+           Under a sliding window a sequence releases the blocks behind it as it goes
+           (engine/kv_window.py), so a prompt chunk is cut to what the free blocks hold
   adapters resident in the slab (its pages decide how many), and at most max_loras
            distinct ones among the running sequences when that legacy cap is set
 Order: interactive before batch, first come first served within a class; a waiting
@@ -153,6 +155,7 @@ class Scheduler:
             n = min(seq.num_uncomputed, budget)
             if n == 0:
                 continue
+            n = self.blocks.chunk_that_fits(seq, n)  # under a window, what fits now
             while not self.blocks.can_append(seq, n):
                 # never one already scheduled this step: ties in rank would otherwise pick it
                 done = {id(s.seq) for s in scheduled}
@@ -178,8 +181,7 @@ class Scheduler:
             seq = next(joinable, None)
             if seq is None:
                 break
-            hits = self.blocks.num_prefix_hit_tokens(seq)  # a look-up; nothing changes yet
-            n = min(seq.num_tokens - hits, budget)
+            hits, n = self._first_chunk(seq, budget)  # a look-up; nothing changes yet
             if not self.blocks.can_allocate(seq, hits + n):
                 break  # FCFS: no smaller request jumps the queue for KV
             self.blocks.allocate(seq, hits + n)  # sets num_cached_tokens to the hits
@@ -236,11 +238,17 @@ class Scheduler:
             level = self._rank(seq)[0]
             if level >= lowest:
                 return None  # nothing running ranks below the best candidate
-            hits = self.blocks.num_prefix_hit_tokens(seq)
-            if self.blocks.can_allocate(seq, hits + min(seq.num_tokens - hits, budget)):
+            hits, n = self._first_chunk(seq, budget)
+            if self.blocks.can_allocate(seq, hits + n):
                 return level
             return None  # FCFS within the queue: no later request is admitted first
         return None
+
+    def _first_chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
+        """(prefix-hit tokens, tokens to compute) of a waiting sequence's first step: up to
+        the budget, and under a sliding window what the free blocks hold."""
+        hits = self.blocks.num_prefix_hit_tokens(seq)
+        return hits, self.blocks.chunk_that_fits(seq, min(seq.num_tokens - hits, budget))
 
     def _joinable(self, adapters: set[str], held: list[Sequence]) -> Iterator[Sequence]:
         """The waiting sequences whose adapters let them join the running ones (`adapters`,

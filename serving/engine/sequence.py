@@ -29,6 +29,11 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # tokens whose KV is in the cache (prefix hits + computed)
     num_prefix_hit_tokens: int = 0  # of those, how many came from the prefix cache (for usage)
+    # Under a sliding window: its leading table entries that are RELEASED (engine/kv_window.py),
+    # and the prefix-cache hash of the last of them (the parent of the next block's)
+    num_released_blocks: int = 0
+    released_hash: int | None = None
+    num_draft_tokens: int = 0  # leading tokens with a draft model's KV (speculative/draft.py)
     arrival: int = 0  # the step it arrived in, for FCFS
     queued: int = 0  # the step it last joined the waiting queue (its wait, for starve_steps)
     # Its prompt's logits are wanted (prompt_logprobs not yet delivered): every prompt

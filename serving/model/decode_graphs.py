@@ -28,7 +28,7 @@ from serving.model.padded_decode import (
     padded_values,
     static_views,
 )
-from serving.model.step_plan import StepInputs, StepPlan, plan_step
+from serving.model.step_plan import StepInputs, StepPlan, plan_step, window_reach
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -54,6 +54,9 @@ class DecodeGraphs:
     ) -> None:  # fmt: skip
         """scratch_block: a block of kv_caches the block manager never hands out (padding
         rows write their key there); max_context: the longest sequence, in tokens."""
+        if not getattr(model, "graphable", True):
+            raise ValueError("this model's decode step cannot be captured as a CUDA graph: its "
+                             "sparse MLP reads its routing back to the host every layer")  # fmt: skip
         top = next((s for s in SIZES if s >= max_batch), SIZES[-1])
         self.sizes = tuple(s for s in SIZES if s <= top)
         self.model, self.kv, self.slab, self.capture = model, kv_caches, slab, capture
@@ -93,7 +96,9 @@ class DecodeGraphs:
         values = padded_values(self._pad(size), step.token_ids.tolist(), step.positions.tolist(),
                                step.host, ranks)  # fmt: skip
         if not self.capture:
-            plan = plan_step(self._eager_step(values, size), self.kv, self.slab)
+            plan = plan_step(
+                self._eager_step(values, size), self.kv, self.slab, window_reach(self.model)
+            )
             return self.model.forward(plan)[:n]
         captured = self._graphs[size]
         # One copy from pinned memory; the graph's kernels follow it on the same stream.

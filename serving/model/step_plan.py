@@ -116,11 +116,21 @@ def build_step(seqs: Sequence[StepSeq], block_size: int, *, adapters: bool = Tru
     )
 
 
-def plan_step(inputs: StepInputs, kv_caches, slab: SlabReads | None = None) -> StepPlan:
+def window_reach(*models) -> int | None:
+    """The widest attention window of every layer of models, or None when some layer (or a
+    model that names no windows) reads the whole context."""
+    windows = [w for m in models for w in getattr(m, "windows", None) or (None,)]
+    return None if not windows or None in windows else max(windows)
+
+
+def plan_step(
+    inputs: StepInputs, kv_caches, slab: SlabReads | None = None, window: int | None = None
+) -> StepPlan:
     """The plan of running inputs on kv_caches (per layer (k_cache, v_cache)) and slab.
 
     The batch is checked once here, not in every layer (each check reads index tensors back
     from the device, unless the step carries its host lists); ValueError names what is wrong.
+    window: the model's window_reach; table entries below it may then be -1 (released blocks).
     """
     k_cache = kv_caches[0][0]  # every layer's cache has its shape
     step = inputs.to(k_cache.device)
@@ -130,7 +140,7 @@ def plan_step(inputs: StepInputs, kv_caches, slab: SlabReads | None = None) -> S
         host = step.host.adapter_slots if step.host is not None else None
         lora = step_lora(step.adapter_slots, slab, host, checks)
     attention = checked_plan(k_cache, step.block_tables, step.context_lens,
-                             step.query_start_loc, step.slot_mapping, step.host)  # fmt: skip
+                             step.query_start_loc, step.slot_mapping, step.host, window)  # fmt: skip
     if lora is not None and slab.serves_outer("lm_head"):
         head = _head_lora(step, slab, checks)
     return StepPlan(step, kv_caches, slab, attention, lora, head, checks)

@@ -1,10 +1,11 @@
 """paged_attention with a sliding window and a soft-cap on the scores, on every backend, against
-the float64 oracle; and that the Triton kernel reads nothing below its queries' windows."""
+the float64 oracle; that no backend reads below its queries' windows, where a sequence's table
+may name -1 (blocks it released); and that the checks allow -1 there only."""
 
 import pytest
 import torch
 
-from kernels import paged_attention
+from kernels import HostIndex, attention_native, checked_plan, paged_attention
 from tests.kernels.attention_oracle import attention_oracle, make_batch
 from tests.kernels.test_paged_attention import BACKENDS, CASES, batch_for
 
@@ -50,6 +51,89 @@ def test_triton_never_reads_below_the_windows(backend, window):
     got = BACKENDS[backend](*forget_below_windows(batch, window).args(), window=window)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def nan_at_block_zero(batch):
+    """The batch with block 0 a NaN block no context reads (ids swapped with a spare one):
+    a path that maps -1 onto block 0 and lets its values through shows NaN."""
+    spare = int(batch.block_tables[0, -1])  # past every context: a NaN block (make_batch)
+    for cache in (batch.k_cache, batch.v_cache):
+        cache[[0, spare]] = cache[[spare, 0]]
+    zero, other = batch.block_tables == 0, batch.block_tables == spare
+    batch.block_tables[zero], batch.block_tables[other] = spare, 0
+    assert batch.k_cache[0].isnan().all()
+    return batch
+
+
+@pytest.mark.parametrize("window", [1, 6])
+@pytest.mark.parametrize("backend", ["torch", "native", "triton", "triton16"])
+def test_released_blocks_below_the_windows_change_nothing(backend, window, monkeypatch):
+    """Tables with -1 (released) for every block wholly below a sequence's windows, those
+    blocks NaN: the same output as the full tables, on the torch path (short queries padded
+    and masked, prefill chunks gathered from the window's first block), the C kernel, and
+    Triton (fp32, in the interpreter here)."""
+    if backend == "native" and not attention_native.available():
+        pytest.skip("no compiled CPU attention kernel here")
+    if backend == "torch":
+        monkeypatch.setattr(attention_native, "available", lambda: False)
+    run = paged_attention if backend in ("torch", "native") else BACKENDS[backend]
+    batch = make_batch(WINDOWED, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32, seed=13)  # fmt: skip
+    batch = nan_at_block_zero(batch)
+    full = run(*batch.args(), window=window)
+    released = forget_below_windows(batch, window)
+    assert (released.block_tables == -1).sum() >= 10  # (20, 41) alone releases 5 blocks
+    got = run(*released.args(), window=window)
+    assert torch.isfinite(got).all(), "read a released block"
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.double(), attention_oracle(*batch.args(), window),
+                               atol=1e-5, rtol=1e-5)  # fmt: skip
+
+
+def _host_index(batch) -> HostIndex:
+    """The batch's index tensors as lists, with the slots of its new tokens."""
+    block_size = batch.k_cache.shape[1]
+    starts, lens = batch.query_start_loc.tolist(), batch.context_lens.tolist()
+    tables = [tuple(row) for row in batch.block_tables.tolist()]
+    slots = [tables[s][p // block_size] * block_size + p % block_size
+             for s, ctx in enumerate(lens) for p in range(ctx - starts[s + 1] + starts[s], ctx)]  # fmt: skip
+    return HostIndex(tuple(starts), tuple(lens), tuple(slots), tuple(tables))
+
+
+def _plan(batch, window, host: bool):
+    index = _host_index(batch)
+    return checked_plan(batch.k_cache, batch.block_tables, batch.context_lens,
+                        batch.query_start_loc, torch.tensor(index.slots),
+                        index if host else None, window)  # fmt: skip
+
+
+@pytest.mark.parametrize("host", [True, False], ids=["host", "device"])
+def test_the_checks_allow_released_blocks_below_the_window_only(host):
+    window = 6
+    batch = forget_below_windows(make_batch(WINDOWED, num_heads=2, num_kv_heads=1,
+                                            head_dim=8, block_size=4, dtype=torch.float32),
+                                 window)  # fmt: skip
+    _plan(batch, window, host)  # below every window: allowed
+    paged_attention(*batch.args(), window=window)
+    bad = "names a block outside .* within its context"
+    with pytest.raises(ValueError, match=bad):  # without a window, -1 is never allowed
+        _plan(batch, None, host)
+    with pytest.raises(ValueError, match=bad):
+        paged_attention(*batch.args())
+    with pytest.raises(ValueError, match=bad):  # a wider window reads the released blocks
+        _plan(batch, window + 4, host)
+    # Seq 4 (20 new tokens of 41): its first query at 21 sees keys from 16, block 4 on.
+    for entry in (4, 5, 10):  # the window's first block, a later one, the query's own
+        table = batch.block_tables.clone()
+        batch.block_tables[4, entry] = -1
+        with pytest.raises(ValueError, match=r"seq 4 names a block outside"):
+            _plan(batch, window, host)
+        with pytest.raises(ValueError, match=r"seq 4 names a block outside"):
+            paged_attention(*batch.args(), window=window)
+        batch.block_tables = table
+    batch.block_tables[4, 3] = -2  # below the window, but only -1 means released
+    with pytest.raises(ValueError, match=r"seq 4 names a block outside"):
+        _plan(batch, window, host)
 
 
 def test_a_window_must_be_a_positive_int():

@@ -56,7 +56,7 @@ class SpecDecoder:
         draft = None
         if config.method == "draft_model" and draft_model is not None:
             draft = DraftModelProposer(
-                draft_model, blocks.num_blocks, blocks.block_size, draft_slab
+                draft_model, blocks.num_blocks, blocks.block_size, draft_slab, blocks.window
             )
         return SpecDecoder(config, blocks, draft)
 

@@ -4,7 +4,9 @@ Its paged KV cache is its own tensors, addressed by the target's block tables: p
 a sequence lives in the same block and offset in both caches, so allocation, prefix hits and
 preemption need no second block manager. The draft's KV may lag the target's (speculation
 was off, or a prefix hit brought target KV only); each proposal first catches the draft up
-from `cached` to the sequence's last token, in the same forward as its first draft token.
+from seq.num_draft_tokens to the sequence's last token, in the same forward as its first
+draft token. Under a sliding window (every layer of both models has one) the block manager
+keeps the blocks that catch-up reads (engine/kv_window.py).
 
 A request whose adapter was uploaded with a draft companion runs the draft under that
 companion (from the draft's own slab); every other request drafts base-only.
@@ -27,10 +29,11 @@ import torch
 from adapters.slab.stats import SlabFull
 from serving.engine.grammar.masks import grammar_masks
 from serving.engine.grammar.matcher import RowGrammar
+from serving.engine.kv_window import KVWindow
 from serving.engine.logits_processors import apply_penalties, sampling_probs
 from serving.engine.sampler import RowFault, SamplingState, draw, keyed
 from serving.engine.sequence import Sequence
-from serving.model.step_plan import StepPlan, StepSeq, build_step, plan_step
+from serving.model.step_plan import StepPlan, StepSeq, build_step, plan_step, window_reach
 
 # Adapter versions the draft remembers as drafting base-only (no companion, or one that failed
 # to load), at most: the one asked about least recently is forgotten first, and costs one more
@@ -84,19 +87,22 @@ class DraftRequest:
 
 
 class DraftModelProposer:
-    def __init__(self, model, num_blocks: int, block_size: int, slab=None):
+    def __init__(self, model, num_blocks: int, block_size: int, slab=None,
+                 window: KVWindow | None = None):  # fmt: skip
+        """window: the block manager's, whose released blocks the draft must not read."""
         self.model, self.block_size, self.slab = model, block_size, slab
+        self.window = window or KVWindow(None, block_size)
+        self.reach = window_reach(model)  # its own layers' widest window, for plan_step
         self.kv = model.allocate_kv(num_blocks, block_size)
-        self._cached: dict[int, int] = {}  # seq_id -> leading tokens with draft KV
         self.base_only = BaseOnly()  # versions whose companion is absent or failed to load
 
     def forget(self, seq: Sequence) -> None:
         """seq's blocks are gone (finished or preempted): its draft KV starts again from 0."""
-        self._cached.pop(seq.seq_id, None)
+        seq.num_draft_tokens = 0
 
     def accepted(self, seq: Sequence, num_tokens_before: int, k: int, num_accepted: int) -> None:
         """After verification: drafts d1..d(k-1) got draft KV; those kept stay valid."""
-        self._cached[seq.seq_id] = num_tokens_before + min(num_accepted, k - 1)
+        seq.num_draft_tokens = num_tokens_before + min(num_accepted, k - 1)
 
     def propose(self, requests: list[DraftRequest]) -> None:
         """Fill each request's tokens (and probs when sampled) with k drafts."""
@@ -116,7 +122,7 @@ class DraftModelProposer:
                 if r.grammar is not None:
                     r.grammar.rollback(len(r.tokens))
         for r in requests:  # the committed tokens; `accepted` adds the kept drafts
-            self._cached[r.seq.seq_id] = r.seq.num_tokens
+            r.seq.num_draft_tokens = r.seq.num_tokens
 
     def _plan(self, active: list[DraftRequest], rnd: int, slots: dict[int, int]) -> StepPlan:
         """Round 0: every token from the draft's cached count to the last one; then one draft."""
@@ -124,13 +130,17 @@ class DraftModelProposer:
         for r in active:
             seq = r.seq
             if rnd == 0:
-                first = min(self._cached.get(seq.seq_id, 0), seq.num_tokens - 1)
+                first = min(seq.num_draft_tokens, seq.num_tokens - 1)
+                # Never below where a query's window misses the blocks the sequence released
+                # (they are kept for the draft, unless a failed step made it forget): the
+                # draft's KV between is stale then, which costs acceptance, not tokens.
+                first = max(first, self.window.first_query_clear_of(seq.num_released_blocks))
                 toks, start = seq.token_ids[first:], first
             else:
                 toks, start = [r.tokens[-1]], seq.num_tokens + rnd - 1
             seqs.append(StepSeq(toks, start, seq.block_table, slots.get(seq.seq_id, -1)))
         inputs = build_step(seqs, self.block_size, adapters=self.slab is not None)
-        return plan_step(inputs, self.kv, self.slab)
+        return plan_step(inputs, self.kv, self.slab, self.reach)
 
     def _choose(self, active: list[DraftRequest], logits: torch.Tensor) -> None:
         """Each request's next draft: the penalized argmax, or a draw from its own sampling

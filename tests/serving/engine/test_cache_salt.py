@@ -3,7 +3,7 @@ cached_tokens tells no tenant whether another sent a prompt; unsalted requests s
 
 import pytest
 
-from serving.engine.kv_cache import prefix_key
+from serving.engine.block_hash import prefix_key
 from serving.engine.request import GenerateRequest
 from tests.serving.engine.test_engine_peft import Collector, greedy
 from tests.serving.engine.world import build_world

@@ -13,9 +13,9 @@ from serving.engine.from_config import num_kv_blocks
 DEMO_DRAFT = Path(__file__).resolve().parents[3] / "models" / "demo" / "draft"
 
 
-def fake_model(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32):
+def fake_model(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32, window=None):
     config = SimpleNamespace(num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim)
-    return SimpleNamespace(config=config, dtype=dtype)
+    return SimpleNamespace(config=config, dtype=dtype, windows=(window,) * layers)
 
 
 def test_a_number_is_used_as_given():
@@ -44,6 +44,19 @@ def test_auto_refuses_a_budget_below_one_full_length_sequence(monkeypatch):
     cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
     with pytest.raises(RuntimeError, match=r"set cache\.num_blocks"):
         num_kv_blocks(cfg, [fake_model()], "cpu")
+
+
+def test_auto_under_a_sliding_window_needs_the_windows_blocks_only(monkeypatch):
+    """Every layer slides (window 64 = 4 blocks of 16): a sequence holds about 5 blocks,
+    whatever max_model_len (2048 here, 128 blocks)."""
+    monkeypatch.setattr(memory_budget, "available_ram", lambda: 4 * 5 * 8192)  # 5 blocks
+    cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 16}})
+    assert num_kv_blocks(cfg, [fake_model(window=64)], "cpu") == 5
+    with pytest.raises(RuntimeError, match=r"set cache\.num_blocks"):  # a global layer
+        num_kv_blocks(cfg, [fake_model(window=None)], "cpu")
+    cfg = parse_config({"cache": {"num_blocks": "auto", "block_size": 8}})  # 6, with the draft
+    with pytest.raises(RuntimeError, match=r"set cache\.num_blocks"):  # a draft's KV lags
+        num_kv_blocks(cfg, [fake_model(window=64), fake_model(layers=1, window=64)], "cpu")
 
 
 def test_draft_companions_load_into_the_draft_slab(tmp_path):

@@ -1,4 +1,5 @@
-"""Block manager invariants under random allocate / append / compute / deallocate sequences."""
+"""Block manager invariants under random allocate / append / compute / deallocate sequences,
+with every block kept and under a sliding window (blocks behind it released)."""
 
 import pytest
 from hypothesis import settings
@@ -6,6 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from serving.engine.kv_cache import BlockManager
+from serving.engine.kv_window import RELEASED
 from serving.engine.sequence import Sequence
 from tests.serving.engine.kv_helpers import make_seq
 
@@ -17,9 +19,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
     and every token up to it); a reused or evicted block that served wrong KV shows up there.
     """
 
+    WINDOW: int | None = None  # every layer's attention window; None: every block is kept
+
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(num_blocks=8, block_size=4)
+        self.bm = BlockManager(num_blocks=8, block_size=4, window=self.WINDOW)
         self.seqs: list[Sequence] = []
         self.kv: dict[tuple[int, int], tuple] = {}  # (block id, slot) -> what its KV encodes
 
@@ -84,9 +88,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         live = [s for s in self.seqs if s.block_table]
         holders: dict[int, list[tuple[Sequence, int]]] = {}
         for seq in live:
-            assert len(set(seq.block_table)) == len(seq.block_table)
+            held = [b for b in seq.block_table if b != RELEASED]
+            assert len(set(held)) == len(held)
             assert seq.num_cached_tokens <= len(seq.block_table) * 4
-            for i, block in enumerate(seq.block_table):
+            # Released: a leading run, and never a block a query still to come reads.
+            released = seq.num_released_blocks
+            assert seq.block_table[:released] == [RELEASED] * released
+            assert RELEASED not in seq.block_table[released:]
+            lowest = 0 if self.WINDOW is None else seq.num_cached_tokens - self.WINDOW + 1
+            assert released * 4 <= max(0, lowest)
+            for i, block in enumerate(seq.block_table[released:], released):
                 holders.setdefault(block, []).append((seq, i))
         for block in range(self.bm.num_blocks):
             assert self.bm.ref_count(block) == len(holders.get(block, []))
@@ -101,7 +112,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def cached_kv_is_what_each_sequence_would_compute(self):
         for seq in self.seqs:
-            for pos in range(seq.num_cached_tokens):
+            for pos in range(seq.num_released_blocks * 4, seq.num_cached_tokens):
                 expected = (seq.adapter_key, tuple(seq.token_ids[: pos + 1]))
                 assert self.kv[seq.block_table[pos // 4], pos % 4] == expected
 
@@ -110,3 +121,14 @@ BlockManagerMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=40, deadline=None
 )
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+class WindowedMachine(BlockManagerMachine):
+    """The same under a window of 3, shorter than a block: blocks go behind it at every
+    step, and a block is registered with its parent released already."""
+
+    WINDOW = 3
+
+
+WindowedMachine.TestCase.settings = BlockManagerMachine.TestCase.settings
+TestWindowedMachine = WindowedMachine.TestCase

@@ -200,7 +200,14 @@ def test_fp8_experts_stay_near_the_checkpoint(setup):
     x = torch.randn(5, 48, generator=torch.Generator().manual_seed(2))
     step = plan_step(step_for([Seq([1] * 5, slot=slots["experts"])], BLOCK, BlockPool(4)),
                      fp8.allocate_kv(num_blocks=4, block_size=BLOCK), slab)  # fmt: skip
-    args = (0, fp8.config, fp8.act, slab, step.lora, torch.full((5,), slots["experts"], dtype=torch.int32))
+    args = (
+        0,
+        fp8.config,
+        fp8.act,
+        slab,
+        step.lora,
+        torch.full((5,), slots["experts"], dtype=torch.int32),
+    )
     torch.testing.assert_close(sparse_mlp(x, w, *args), sparse_mlp(x, exact, *args),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 

@@ -173,6 +173,7 @@ def test_llama3_and_yarn_fields(tmp_path):
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel is not supported; supported: "
          "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+         "Qwen3MoeForCausalLM, "
          "Phi3ForCausalLM, Gemma2ForCausalLM"),
         ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "'longrope' is not supported"),
         ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "needs 'low_freq_factor'"),

@@ -31,10 +31,13 @@ from serving.deploy.app import publish_preloads
 from serving.engine.from_config import build_engine
 
 STREAMS = 32  # requests in flight, and the engine's max_num_seqs
-WARM_UP, MEASURED = 256, 768
+# The heap settles after about a thousand requests of this load (oneDNN builds the last of
+# its primitives as late batches hit new row buckets): measured 1.7 and 2.8 MiB over the
+# 384 requests after 256 and after 640, then 0.0 and 0.04 MiB.
+WARM_UP, MEASURED = 1024, 512
 # Heap the process may gain per measured request. Warm, it gains under 1 KB a request (well
 # under 1 MB in all, once, then flat); before ROW_BUCKETS it gained ~65 KB a request under
-# 64 streams of 64 tokens and ~180 KB under this load. 4 KB (3 MB in all) also leaves room
+# 64 streams of 64 tokens and ~180 KB under this load. 4 KB (2 MB in all) also leaves room
 # for a few oneDNN primitives (~0.6 MB each) that the warm-up happened not to build.
 HEAP_PER_REQUEST = 4 << 10
 # Objects of one type the process may gain over the measured requests: the app's recent

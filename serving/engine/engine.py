@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from serving.engine.adapter_gate import NoAdapters
 from serving.engine.admission import check_request
 from serving.engine.faults import blame_forward, sample_each
 from serving.engine.grammar.masks import grammar_masks, verify_masks
@@ -24,7 +25,7 @@ from serving.engine.request import GenerateRequest, RequestOutput
 from serving.engine.residency import Residency
 from serving.engine.runner import Forward, build_batch
 from serving.engine.sampler import sample
-from serving.engine.scheduler import NoAdapters, Scheduler, SchedulerConfig
+from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import SeqStatus, Sequence
 from serving.engine.speculative.config import SpecConfig
 from serving.engine.speculative.decoder import Proposal, SpecDecoder

@@ -41,11 +41,10 @@ waits, in addition, for those ahead of it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
+from serving.engine.adapter_gate import AdapterGate, Wait
 from serving.engine.kv_cache import BlockManager
 from serving.engine.sequence import SeqStatus, Sequence
 
@@ -57,39 +56,6 @@ class SchedulerConfig:
     max_loras: int | None = None  # distinct adapters running at once; None: the slab decides
     aging_steps: int = 64
     starve_steps: int = 32  # a request turned away this long for want of room holds back others
-
-
-class AdapterGate(Protocol):
-    """What the scheduler asks of the adapters' residency (engine/residency.py)."""
-
-    def ready(self, version: str) -> bool:
-        """Resident now (then held for this step's decisions)? If not, its load is started."""
-
-    def short_of_room(self, version: str) -> bool:
-        """The slab had no room for its last load (and it has not been resident since)."""
-
-    def load_ahead(self, versions: list[str]) -> None:
-        """Start loading these, in order, as far as the slab has room for them."""
-
-
-class NoAdapters:
-    """The gate of an engine without a slab: no adapter is ever resident."""
-
-    def ready(self, version: str) -> bool:
-        return False
-
-    def short_of_room(self, version: str) -> bool:
-        return False
-
-    def load_ahead(self, versions: list[str]) -> None:
-        pass
-
-
-class Wait(enum.Enum):
-    """Why a request's adapter keeps it from joining the running sequences this step."""
-
-    LOADING = "loading"  # its load is under way (a fetch, however long, ends)
-    NO_ROOM = "no room"  # the slab had no room for its last load, or max_loras is reached
 
 
 @dataclass(frozen=True)

@@ -79,3 +79,22 @@ def in_threads(fn, n: int, meanwhile=None) -> list:
         if meanwhile is not None:
             meanwhile()
         return [f.exception(timeout=20) or f.result() for f in futures]
+
+
+def device_bytes(slab) -> int:
+    """Every tensor the slab holds on its device, each storage once (walked, not computed)."""
+    seen, total, todo = set(), 0, [slab.contents]
+    while todo:
+        obj = todo.pop()
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(obj, dict):
+            todo += obj.values()
+        elif isinstance(obj, (list, tuple)):
+            todo += [v for v in obj if not isinstance(v, (int, float, bool))]
+        elif type(obj).__module__.startswith("adapters."):
+            todo += vars(obj).values()
+    return total

@@ -21,26 +21,15 @@ from kernels import (
     lora_shrink,
 )
 from tests.adapters.factory import TINY_SPEC
-from tests.adapters.slab.helpers import ALL, ATTN, Registry, assert_holds, cycle, make_adapter
-
-
-def device_bytes(slab) -> int:
-    """Every tensor the slab holds on its device, each storage once (walked, not computed)."""
-    seen, total, todo = set(), 0, [slab.contents]
-    while todo:
-        obj = todo.pop()
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        elif isinstance(obj, dict):
-            todo += obj.values()
-        elif isinstance(obj, (list, tuple)):
-            todo += [v for v in obj if not isinstance(v, (int, float, bool))]
-        elif type(obj).__module__.startswith("adapters."):
-            todo += vars(obj).values()
-    return total
+from tests.adapters.slab.helpers import (
+    ALL,
+    ATTN,
+    Registry,
+    assert_holds,
+    cycle,
+    device_bytes,
+    make_adapter,
+)
 
 
 @pytest.mark.parametrize(
@@ -297,25 +286,3 @@ def test_poisoned_mixed_ranks_through_triton(poisoned):
         lora_expand_triton(t, (b,), y, segments, slab.scales)
         torch.testing.assert_close(y.double(), oracle(x, slots, adapters, 0, m),
                                    rtol=1e-4, atol=1e-3)  # fmt: skip
-
-
-def test_a_mixture_of_experts_slab_holds_what_page_costs_counts():
-    """Each expert's stacks (views of one tensor per layer and projection) and no bias or
-    DoRA vectors for them: the bytes counted are the bytes allocated."""
-    from adapters.format.base_model import BaseModelSpec
-    from adapters.slab.slab import AdapterSlab
-
-    spec = BaseModelSpec.from_config({
-        "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-        "vocab_size": 50, "num_experts": 5,
-    })  # fmt: skip
-    assert spec.num_experts == 5 and "experts.4.down_proj" in spec.shapes
-    costs = page_costs(spec, max_rank=8, page_rank=4)
-    slab = AdapterSlab(spec, max_rank=8, page_rank=4, slab_bytes=costs.bytes_for(6),
-                       loader=lambda _: None, max_cpu_loras=0)  # fmt: skip
-    assert slab.num_pages == 6 and device_bytes(slab) == costs.bytes_for(6)
-    a, b = slab.expert_stacks(1, "up_proj")
-    assert a.shape == (5, 6, 8, 32) and b.shape == (5, 6, 8, 16)
-    assert slab.lora_a(1, "experts.3.up_proj").data_ptr() == a[3].data_ptr()
-    slab.close()

@@ -29,6 +29,7 @@ from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
 from serving.model.tokenizer import load_tokenizer
 from tests.serving.model.hf_folders import save_tokenizer
+from tests.serving.model.hf_models import spread_routers
 
 FIELDS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=512, max_position_embeddings=512)  # fmt: skip
@@ -103,12 +104,7 @@ EXPERT_PARAMS = {"gate_proj": "mlp.experts.gate_up_proj", "up_proj": "mlp.expert
 
 def base_model(seed: int = 0, family: str = "llama"):
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(FAMILIES[family]()).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # a router: scores far apart, no near ties
-                p.copy_(torch.randn(p.shape))
-    return model
+    return spread_routers(AutoModelForCausalLM.from_config(FAMILIES[family]()).eval())
 
 
 def targets(modules, family: str) -> dict:

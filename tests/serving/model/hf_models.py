@@ -170,8 +170,19 @@ def save_tiny(kind: str, path: Path, seed: int = 0, **overrides) -> tuple[Path, 
         for name, p in model.named_parameters():
             if name.endswith(".bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("mlp.gate.weight"):  # a router: scores far apart, no ties
+            elif name.endswith("mlp.gate.weight"):  # a router: as spread_routers, in turn
                 p.copy_(torch.randn_like(p))
+
     model.eval()
     model.save_pretrained(path)
     return path, model
+
+
+def spread_routers(model: torch.nn.Module) -> torch.nn.Module:
+    """model with each sparse MLP's router drawn at unit scale: its scores far apart, so no
+    near tie between experts turns on rounding. Returns model."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.copy_(torch.randn_like(p))
+    return model

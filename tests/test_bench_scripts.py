@@ -215,6 +215,15 @@ def test_grammar_cost_bench_quick():
 
 
 @pytest.mark.slow
+def test_grammar_fairness_bench_one_round():
+    # acme's flood against globex's and initech's requests, one alone/flooded pair, one run.
+    out = _run("bench.grammar_fairness", "--rounds", "1", "--runs", "1")
+    rows = [line for line in out.splitlines() if line.startswith(("| globex", "| initech"))]
+    assert len(rows) == 2 and all(line.endswith("| 1.2x |") for line in rows), out
+    assert "acme sent 0" not in out, out
+
+
+@pytest.mark.slow
 def test_structured_bench_libraries_quick():
     out = _run("bench.structured", "--libraries", "--quick")
     assert out.count("| demo (4096) | ") == 2 + 4, out  # 2 batches, 4 formats

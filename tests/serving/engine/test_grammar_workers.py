@@ -8,7 +8,6 @@ import dataclasses
 import json
 import os
 import random
-import statistics
 import threading
 import time
 
@@ -192,87 +191,88 @@ def test_a_waiting_request_hashes_its_format_once_not_every_step(world, monkeypa
         engine.shutdown()
 
 
-def timed(engine, request) -> float:
-    """Seconds from submitting request to its last output (the engine's loop running)."""
-    finished = threading.Event()
-    engine.submit(request, lambda out: out.finished and finished.set())
-    began = time.perf_counter()
+def tokens_of(engine, request) -> tuple[list[int], str | None]:
+    """request's output tokens and its error, once it ended (the engine's loop running)."""
+    finished, tokens, error = threading.Event(), [], []
+
+    def sink(out) -> None:
+        tokens.extend(out.new_token_ids)
+        if out.finished:
+            error.append(out.error)
+            finished.set()
+
+    engine.submit(request, sink)
     assert finished.wait(120)
-    return time.perf_counter() - began
-
-
-# The alone and flooded phases alternate, each going first in turn (A L L A A L ...), so that
-# a drift in the machine's other load weighs on both; each phase times both requests SAMPLES
-# times. Where the medians so far are past the ratio (a burst of other work on a shared host
-# is enough), ROUNDS more are taken, up to BATCHES times, and the medians are of them all.
-ROUNDS, SAMPLES, BATCHES = 16, 2, 3
+    return tokens, error[0]
 
 
 @pytest.mark.slow
-def test_one_tenant_resubmitting_costly_schemas_slows_no_other_tenant(world):
-    """acme keeps sending new schemas just under the cost budget; globex's plain completion
-    and initech's small structured request take (medians) at most 1.2x their time alone."""
+def test_one_tenant_resubmitting_costly_schemas_slows_no_other_tenant(world, monkeypatch):
+    """While acme floods costly schemas (two of its compiles running, more queued behind them),
+    initech's schema starts compiling before every one of acme's queued ahead of it, acme never
+    holds more than its two workers, and initech's request and globex's plain completion end
+    as they do alone, token for token. Their time against alone is a figure of
+    bench/grammar_fairness.py, not a test's (within 1.2x)."""
     engine = world.engine()
     engine.start()
-    compiler = engine.grammars.compiler
-    sent, ended = [], set()
+    pool = engine.grammars.compiler._pool
+    submitted, most_running = [], [0]  # (owner, job, acme's jobs queued when it came)
+    submit, next_job = pool.submit, pool._next_job
 
-    def flood(stop: threading.Event) -> None:
+    def spied_submit(schema, strict, deadline, owner=None, kind="json_schema"):
+        with pool._cond:
+            ahead = list(pool._queues.get("acme", ()))
+        job = submit(schema, strict, deadline, owner, kind)
+        submitted.append((owner, job, ahead))
+        return job
+
+    def spied_next_job():  # called with the pool's lock held, as a worker takes a job
+        job = next_job()
+        running = [j.owner for j in pool._running.values()] + [job.owner if job else None]
+        most_running[0] = max(most_running[0], running.count("acme"))
+        return job
+
+    monkeypatch.setattr(pool, "submit", spied_submit)
+    monkeypatch.setattr(pool, "_next_job", spied_next_job)
+    sent, stop = [], threading.Event()
+
+    def flood() -> None:
         while not stop.is_set():
             n = len(sent)
             costly = {"type": "object", "properties": {
                 f"p{n}_{i}": {"type": "string", "pattern": "^.{1,1000}$"} for i in range(5)}}  # fmt: skip
             sent.append(f"acme{n}")
-            engine.submit(tenant_req(world, sent[-1], costly, "acme"),
-                          lambda out: out.finished and ended.add(out.request_id))  # fmt: skip
+            engine.submit(tenant_req(world, sent[-1], costly, "acme"), lambda out: None)
             time.sleep(0.05)
 
-    def flooded(stop: threading.Event) -> threading.Thread:
-        flooder = threading.Thread(target=flood, args=(stop,), daemon=True)
-        flooder.start()
-        assert wait_for(lambda: compiler.threads() >= 2)  # acme's share of the workers busy
-        return flooder
-
-    def quiet() -> None:
-        """acme's requests all ended (the rest aborted), every worker idle and up."""
-        for rid in sent:
-            engine.abort(rid)
-        assert wait_for(lambda: ended >= set(sent) and compiler.threads() == 0
-                        and len(compiler.pids()) == compiler._pool.workers)  # fmt: skip
-
-    def both(tag: str) -> tuple[float, float]:
+    def both(tag: str) -> tuple:
         plain = dataclasses.replace(req(world, f"g{tag}", (5, 6, 7), params(0, 48, ignore_eos=True)), cache_salt="globex")  # fmt: skip
         small = CHOICES | {"title": tag}  # a new schema each time: compiled, not cached
-        return timed(engine, plain), timed(engine, tenant_req(world, f"i{tag}", small, "initech"))
+        return tokens_of(engine, plain), tokens_of(engine, tenant_req(world, f"i{tag}", small, "initech"))  # fmt: skip
 
-    def ratios() -> list[tuple[str, float, float]]:
-        return [(what, statistics.median(a[k] for a in alone), statistics.median(b[k] for b in loaded))
-                for k, what in enumerate(("plain", "structured"))]  # fmt: skip
-
-    alone, loaded = [], []
+    flooder = threading.Thread(target=flood, daemon=True)
     try:
-        for i in range(3):  # warm-up: the processes, the vocabulary, the first steps
-            both(f"warm{i}")
-        for r in range(ROUNDS * BATCHES):
-            for phase in ("alone", "loaded") if r % 2 == 0 else ("loaded", "alone"):
-                if phase == "alone":
-                    quiet()
-                    alone += [both(f"alone{r}.{i}") for i in range(SAMPLES)]
-                    continue
-                stop = threading.Event()
-                flooder = flooded(stop)
-                try:
-                    loaded += [both(f"loaded{r}.{i}") for i in range(SAMPLES)]
-                finally:
-                    stop.set()
-                    flooder.join()
-            if (r + 1) % ROUNDS == 0 and all(after <= 1.2 * before for _, before, after in ratios()):  # fmt: skip
-                break
+        alone = both("alone")
+        assert alone[0][1] is None and alone[1][1] is None and alone[1][0], alone
+        flooder.start()
+        waits = []
+        for i in range(3):
+            # acme's share of the workers busy and its next schemas queued
+            assert wait_for(lambda: pool.threads() >= 2 and len(pool._queues.get("acme", ())) >= 2)  # fmt: skip
+            assert both(f"loaded{i}") == alone
+            [(initech, ahead)] = [(j, a) for o, j, a in submitted if o == "initech" and j.schema.find(f"loaded{i}") >= 0]  # fmt: skip
+            waits.append(len(ahead))
+            assert all(j.started is None or j.started > initech.started for j in ahead), i
     finally:
+        stop.set()
+        if flooder.is_alive():
+            flooder.join()
+        for rid in sent:
+            engine.abort(rid)
         engine.shutdown()
-    assert len(sent) > 2 * ROUNDS  # (about 20 a second while flooding)
-    for what, before, after in ratios():
-        assert after <= 1.2 * before, (what, before, after, len(alone))
+    assert max(waits) >= 2, waits  # acme's schemas were queued ahead of initech's
+    assert most_running[0] == 2  # acme filled its share, never more
+    assert len(sent) > 10
 
 
 def tenant_req(world, rid: str, schema: dict, tenant: str):

@@ -1,8 +1,8 @@
 """The HTTP side of a ModelServer replica: serve a request here, or forward it to a peer.
 
 ReplicaGenerator is the app's Generator in each replica (serving.deploy.replica): a request
-whose routing id this replica holds, or that has none, runs on this replica's engine; any
-other goes through PeerReplicas, a handle to the same deployment whose AdapterRouter picks
+whose routing id this replica holds, or that has none, or any request where this replica is
+the deployment's only one, runs on this replica's engine; any other goes through PeerReplicas, a handle to the same deployment whose AdapterRouter picks
 the replica that holds the id. A forwarded call is cancelled when its stream is left early
 (a client disconnect, an error), which aborts the request in that replica's engine.
 """
@@ -83,10 +83,12 @@ class PeerReplicas:
 class ReplicaGenerator:
     """serving.api's Generator of one ModelServer replica: its engine, else a peer's."""
 
-    def __init__(self, server, peers: PeerReplicas, num_session_ids: int):
+    def __init__(self, server, peers: PeerReplicas, num_session_ids: int, alone: bool = False):
+        """alone: the deployment has this one replica, so no peer can hold an id it lacks."""
         self._server = server  # the ModelServer: serve_here(request, model_id), held
         self._peers = peers
         self._num_session_ids = num_session_ids
+        self._alone = alone
 
     async def generate(
         self, request: GenerateRequest, *, session: str | None = None
@@ -100,7 +102,10 @@ class ReplicaGenerator:
         model_id = None
         if request.priority != Priority.BATCH:
             model_id = routing_id(request.adapter, session, self._num_session_ids)
-        if model_id is None or model_id in self._server.held:
+        # A lone replica serves an id it does not hold yet itself: forwarding would only reach
+        # it again over Ray, once Serve lists it as running (seconds after it listens, when
+        # it has just replaced a replica that died).
+        if model_id is None or self._alone or model_id in self._server.held:
             stream = self._server.serve_here(request, model_id)
         else:
             stream = self._peers.forward(request, model_id)

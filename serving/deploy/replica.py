@@ -112,7 +112,8 @@ class EngineReplica:
         if self.tenancy is not None:  # what it cannot hand over waits in this node's outbox
             tenancy = HandleTenancy(self.tenancy, outbox_for(self.cfg.usage.store))
         batch = HandleBatch(self.batch) if self.batch is not None else None
-        generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg))
+        generator = ReplicaGenerator(self, peers, num_session_ids(self.cfg),
+                                     alone=self.cfg.deploy.num_replicas == 1)  # fmt: skip
         app = create_app(generator, settings, tenancy, batch)
         self.metrics = app.state.context.metrics  # its request counts go out with figures()
         self.http_app = app  # batch items from the feeder are served through it

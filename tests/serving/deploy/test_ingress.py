@@ -116,14 +116,31 @@ def test_a_replica_refusal_arrives_as_the_api_knows_it(raised, expected):
 
 
 class Server:
-    """The ModelServer as ReplicaGenerator sees it: its own readiness, no ids held."""
+    """The ModelServer as ReplicaGenerator sees it: its own readiness, no ids held, the
+    requests it served itself."""
 
-    def __init__(self, ready: bool):
+    def __init__(self, ready: bool = True):
         self._ready = ready
         self.held: set[str] = set()
+        self.served: list[tuple[str, str | None]] = []
 
     async def ready(self) -> bool:
         return self._ready
+
+    async def serve_here(self, request: GenerateRequest, model_id: str | None):
+        self.served.append((request.request_id, model_id))
+        yield RequestOutput(request.request_id, (7,), "x", finished=True)
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_lone_replica_serves_an_id_it_does_not_hold_itself(alone):
+    # With peers, an id this replica lacks goes to the replica Ray routes it to; a lone
+    # replica (one that has just replaced a dead one, say) has none to ask, and serves it.
+    server, response = Server(), Response([RequestOutput("r", (9,), "y", finished=True)])
+    generator = ReplicaGenerator(server, PeerReplicas(Handle(response)), 4, alone=alone)
+    got = asyncio.run(collect(generator.generate(REQUEST)))
+    assert got[0].new_token_ids == ((7,) if alone else (9,))
+    assert server.served == ([(REQUEST.request_id, REQUEST.adapter)] if alone else [])
 
 
 @pytest.mark.parametrize("own", [True, False])

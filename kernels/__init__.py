@@ -5,7 +5,8 @@ from kernels.cpu_gemm import pack_weight, packed_linear, packed_shapes
 from kernels.device_tables import upload
 from kernels.expert_groups import ExpertGroups, group_routes, route_groups
 from kernels.expert_linear import expert_linear
-from kernels.fp8 import fp8_linear, quantize_fp8
+from kernels.fp8 import dequantize_fp8, fp8_linear, quantize_fp8
+from kernels.fp8_block import dequantize_fp8_blocks, fp8_block_linear, quantize_fp8_blocks
 from kernels.lora_native import available as cpu_lora_kernel_ready
 from kernels.lora_ops import (
     lora_apply_planned,
@@ -35,8 +36,11 @@ __all__ = [
     "check_write_kv",
     "checked_plan",
     "cpu_lora_kernel_ready",
+    "dequantize_fp8",
+    "dequantize_fp8_blocks",
     "dora_rescale",
     "expert_linear",
+    "fp8_block_linear",
     "fp8_linear",
     "group_routes",
     "lora_apply_planned",
@@ -51,6 +55,7 @@ __all__ = [
     "paged_attention",
     "paged_attention_planned",
     "quantize_fp8",
+    "quantize_fp8_blocks",
     "route_groups",
     "upload",
     "write_kv",

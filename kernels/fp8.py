@@ -28,6 +28,15 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Each row's largest magnitude maps to 448 (saturating: nothing rounds to
     inf or NaN). An all-zero row gets scale 1 and zeros, never 0/0.
     """
+    w = checked_weight(weight)
+    amax = w.abs().amax(dim=1)  # [out]
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    w_q = (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return w_q, scale
+
+
+def checked_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight [out, in] in float32 to quantize; ValueError naming what is wrong with it."""
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
     if weight.dim() != 2:
@@ -39,10 +48,7 @@ def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = weight.to(torch.float32)
     if not torch.isfinite(w).all():
         raise ValueError("weight: contains NaN or Inf")
-    amax = w.abs().amax(dim=1)  # [out]
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    w_q = (w / scale[:, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return w_q, scale
+    return w
 
 
 def dequantize_fp8(w_q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,25 +1,39 @@
 """A checkpoint's tensors by name, checked against the shapes its config implies, as the model
 takes them: in the model's dtype, its norms with their offset (Gemma 3's (1 + w)), its
-linears FP8 with their scales where the checkpoint is pre-quantized."""
+linears FP8 with their scales where the checkpoint is pre-quantized (in any of
+serving.model.fp8_formats' layouts: per row, per tensor, per block)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from serving.model.errors import ModelLoadError
+from serving.model.fp8_formats import Fp8Format
 from serving.model.linear import LinearPart
+
+_FP8 = torch.float8_e4m3fn
 
 
 class CheckpointWeights:
     """Checkpoint tensors by name, checked against the shapes the config implies."""
 
     def __init__(
-        self, state: dict[str, torch.Tensor], dtype: torch.dtype, norm_offset: float = 0.0
+        self,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        norm_offset: float = 0.0,
+        fp8: Fp8Format | None = None,
     ):
-        self.state, self.dtype, self.norm_offset = state, dtype, norm_offset
+        self.state, self.dtype, self.norm_offset, self.fp8 = state, dtype, norm_offset, fp8
 
     def __call__(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        return self.raw(name, shape).to(self.dtype)
+        t = self.raw(name, shape)
+        if t.dtype == _FP8 and name.endswith(".weight"):  # a quantized linear read whole
+            part = self.linear(name.removesuffix(".weight"), tuple(t.shape), False)
+            return part.dequantized(self.dtype)
+        return t.to(self.dtype)
 
     def norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """An RMSNorm's scale as the model multiplies by it: w in the model's dtype, or with an
@@ -43,20 +57,53 @@ class CheckpointWeights:
         output rows into its parts, in order."""
         whole = self.linear(prefix, (sum(sizes), in_features), False)
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        bo = whole.block[0] if whole.block else 1  # a block scale covers bo rows
+        if any(start % bo for start in starts):
+            raise ModelLoadError(f"checkpoint: {prefix} splits into {sizes} rows, across its "
+                                 f"scales' blocks of {bo}")  # fmt: skip
         return [
             LinearPart(
                 whole.weight[start : start + n],
-                None if whole.scale is None else whole.scale[start : start + n],
+                None if whole.scale is None else whole.scale[start // bo : -(-(start + n) // bo)],
                 None,
+                whole.block,
             )
             for start, n in zip(starts, sizes, strict=True)
         ]
 
+    def scale_name(self, prefix: str) -> str:
+        """The name of the scale of the linear at prefix, in this checkpoint's format."""
+        return prefix + (self.fp8.scale_suffix if self.fp8 else ".weight_scale")
+
     def linear(self, prefix: str, shape: tuple[int, int], bias: bool) -> LinearPart:
         """A linear as stored: FP8 with its scale when pre-quantized, else in the model dtype."""
-        scale_name = f"{prefix}.weight_scale"
         b = self(f"{prefix}.bias", (shape[0],)) if bias else None
-        if scale_name in self.state:
-            scale = self.raw(scale_name, (shape[0],)).to(torch.float32)
-            return LinearPart(self.raw(f"{prefix}.weight", shape), scale, b)
-        return LinearPart(self(f"{prefix}.weight", shape), None, b)
+        weight = self.raw(f"{prefix}.weight", shape)
+        if self.scale_name(prefix) not in self.state:
+            if weight.dtype == _FP8:
+                raise ModelLoadError(f"checkpoint: {prefix}.weight is FP8 but "
+                                     f"{self.scale_name(prefix)} is missing")  # fmt: skip
+            return LinearPart(weight.to(self.dtype), None, b)
+        if weight.dtype != _FP8:
+            raise ModelLoadError(f"checkpoint: {self.scale_name(prefix)} is stored beside "
+                                 f"{prefix}.weight of {weight.dtype}, not float8_e4m3fn")  # fmt: skip
+        block = self.fp8.block if self.fp8 else None
+        return LinearPart(weight, self._scale(prefix, shape, block), b, block)
+
+    def _scale(self, prefix: str, shape: tuple[int, int], block: tuple[int, int] | None):
+        """float32: [out] per row (from [out], [out, 1], or one per tensor), or
+        [ceil(out/bo), ceil(in/bi)] per block."""
+        name, (out, inp) = self.scale_name(prefix), shape
+        scale = self.raw(name).to(torch.float32)
+        if block is not None:
+            want = (math.ceil(out / block[0]), math.ceil(inp / block[1]))
+            if tuple(scale.shape) != want:
+                raise ModelLoadError(f"checkpoint: {name} has shape {tuple(scale.shape)}, "
+                                     f"blocks of {block} over [{out}, {inp}] imply {want}")  # fmt: skip
+            return scale
+        if scale.numel() == 1:  # one per tensor: the same for every row
+            return scale.reshape(1).expand(out).contiguous()
+        if tuple(scale.shape) not in ((out,), (out, 1)):
+            raise ModelLoadError(f"checkpoint: {name} has shape {tuple(scale.shape)}, "
+                                 f"expected [{out}] or [{out}, 1] (per row) or one value")  # fmt: skip
+        return scale.reshape(out)

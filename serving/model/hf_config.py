@@ -20,6 +20,7 @@ import torch
 
 from adapters.format.multimodal import MULTIMODAL, TEXT_PREFIXES, text_model_config
 from serving.model.errors import ModelLoadError
+from serving.model.fp8_formats import Fp8Format, fp8_format
 from serving.model.gemma_config import gemma_fields, gemma_rope
 from serving.model.layer_types import sliding_layers
 from serving.model.moe_config import MOE_ARCHITECTURES, moe_fields
@@ -85,6 +86,8 @@ class ModelConfig:
     experts_per_token: int = 0  # how many experts each token's output sums
     moe_intermediate_size: int = 0  # each expert's MLP width
     norm_topk_prob: bool = False  # the kept experts' weights renormalized to sum 1
+    # How a pre-quantized checkpoint stores its FP8 linears (serving.model.fp8_formats)
+    fp8: Fp8Format | None = None
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
@@ -112,6 +115,7 @@ def parse_model_config(
 ) -> ModelConfig:
     """A ModelConfig from a parsed config.json; `where` names the source in error messages."""
     arch = _architecture(raw, where)
+    fp8 = fp8_format(raw, where)  # at the top level, a multimodal checkpoint's too
     prefixes = ()
     if arch in MULTIMODAL:
         try:
@@ -174,6 +178,7 @@ def parse_model_config(
         fused_linears=arch == "Phi3ForCausalLM",
         local_rope_theta=local_theta,
         text_prefixes=prefixes,
+        fp8=fp8,
         **{"qk_norm": arch in QK_NORMED, **family},
     )
 

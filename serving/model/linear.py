@@ -14,7 +14,10 @@ import torch
 
 from kernels import (
     Segments,
+    dequantize_fp8,
+    dequantize_fp8_blocks,
     dora_rescale,
+    fp8_block_linear,
     fp8_linear,
     lora_apply_planned,
     lora_bias_add,
@@ -25,16 +28,19 @@ from kernels import (
     quantize_fp8,
 )
 from kernels.cpu_gemm import ROW_BUCKETS
+from serving.model.errors import ModelLoadError
 
 
 @dataclass(frozen=True)
 class Linear:
-    """y = x @ W.T (+ bias); W stored either as-is or as FP8 with per-output-channel scales."""
+    """y = x @ W.T (+ bias); W stored either as-is or as FP8 with per-output-channel scales
+    (or per block of `block` rows and columns, as a checkpoint stored them)."""
 
     weight: torch.Tensor  # [out, in]: the dtype of the model, or float8_e4m3fn
-    scale: torch.Tensor | None  # [out] float32 when weight is FP8
+    scale: torch.Tensor | None  # float32 when weight is FP8: [out], or [out/bo, in/bi] by block
     bias: torch.Tensor | None  # [out]
     packed: torch.Tensor | None = None  # the weight prepacked for the CPU (kernels.cpu_gemm)
+    block: tuple[int, int] | None = None  # (bo, bi) rows and columns per scale; None: per row
 
     @staticmethod
     def make(weight: torch.Tensor, bias: torch.Tensor | None, *, fp8: bool) -> Linear:
@@ -47,7 +53,19 @@ class Linear:
     def out_features(self) -> int:
         return self.weight.shape[0]
 
+    def dequantized_rows(self, start: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """W[start : start + rows] [rows, in] in dtype, as this linear computes with it."""
+        weight = self.weight[start : start + rows]
+        if self.scale is None or self.block is None:
+            scale = None if self.scale is None else self.scale[start : start + rows]
+            return dequantized(weight, scale, None, dtype)
+        bo = self.block[0]  # a fused part starts on a block of rows (concat_linears)
+        scale = self.scale[start // bo : -(-(start + rows) // bo)]
+        return dequantized(weight, scale, self.block, dtype)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block is not None:
+            return fp8_block_linear(x, self.weight, self.scale, self.block, self.bias)
         if self.scale is not None:
             return fp8_linear(x, self.weight, self.scale, self.bias)
         if self.packed is not None and x.dtype == torch.float32 and x.device.type == "cpu":
@@ -143,23 +161,54 @@ def packed_primitives_bound(linears: Iterable[Linear]) -> int:
 
 @dataclass(frozen=True)
 class LinearPart:
-    """A checkpoint's linear: weight [out, in] (FP8 when scale is set), scale [out], bias [out]."""
+    """A checkpoint's linear: weight [out, in] (FP8 when scale is set), scale [out] or
+    [out/bo, in/bi] by block, bias [out]."""
 
     weight: torch.Tensor
     scale: torch.Tensor | None
     bias: torch.Tensor | None
+    block: tuple[int, int] | None = None  # (bo, bi) of a block-scaled FP8 weight
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in dtype: w * its scales when FP8."""
+        return dequantized(self.weight, self.scale, self.block, dtype)
+
+
+def dequantized(
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    block: tuple[int, int] | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """weight [out, in] in dtype: times its scales ([out], or [out/bo, in/bi] by block) when FP8."""
+    if scale is None:
+        return weight.to(dtype)
+    if block is not None:
+        return dequantize_fp8_blocks(weight, scale, block, dtype)
+    return dequantize_fp8(weight, scale, dtype)
 
 
 def concat_linears(parts: Sequence[LinearPart], *, fp8: bool) -> Linear:
     """One Linear over [W_0; W_1; ...] (rows stacked), biases concatenated when present.
 
-    Pre-quantized parts stay FP8 (per-row scales concatenate); others are quantized
-    here when fp8 is asked for.
+    Pre-quantized parts stay FP8 (per-row scales concatenate, and per-block ones where every
+    part but the last fills whole blocks of rows); others are quantized here when fp8 is
+    asked for.
     """
     biases = [p.bias for p in parts]
     bias = torch.cat(biases) if all(b is not None for b in biases) else None
     if all(p.scale is not None for p in parts):
         weight = torch.cat([p.weight.view(torch.uint8) for p in parts]).view(parts[0].weight.dtype)
-        return Linear(weight, torch.cat([p.scale for p in parts]), bias)
+        block = parts[0].block
+        if any(p.block != block for p in parts) or (
+            block is not None and any(p.weight.shape[0] % block[0] for p in parts[:-1])
+        ):
+            shapes = [(tuple(p.weight.shape), p.block) for p in parts]
+            raise ModelLoadError(f"checkpoint: the FP8 parts of one fused linear must fill "
+                                 f"whole blocks of rows: (shape, block) {shapes}")  # fmt: skip
+        return Linear(weight, torch.cat([p.scale for p in parts]), bias, block=block)
+    if any(p.scale is not None for p in parts):
+        raise ModelLoadError("checkpoint: the parts of one fused linear (q|k|v or gate|up) "
+                             "must all be FP8 or all not; the quantization ignores some")  # fmt: skip
     weight = torch.cat([p.weight for p in parts], dim=0)
     return Linear.make(weight, bias, fp8=fp8)

@@ -68,7 +68,7 @@ class LlamaModel:
         self.dtype = dtype
         if config.text_prefixes:  # a multimodal checkpoint: its language model alone
             state = text_weights(state, config.text_prefixes)
-        get = CheckpointWeights(state, dtype, config.norm_offset)
+        get = CheckpointWeights(state, dtype, config.norm_offset, config.fp8)
         vocab_hidden = (config.vocab_size, config.hidden_size)
         self.embed = get("model.embed_tokens.weight", vocab_hidden)  # [vocab, hidden]
         self.norm = get.norm("model.norm.weight", (config.hidden_size,))
@@ -265,11 +265,7 @@ class LlamaModel:
         if module == ROUTER:
             return weights.experts.router.weight.to(torch.float32)
         fused, offset, rows = self._module_rows(module)
-        linear = getattr(weights, fused)
-        w = linear.weight[offset : offset + rows].to(torch.float32)
-        if linear.scale is not None:
-            w = w * linear.scale[offset : offset + rows, None]
-        return w
+        return getattr(weights, fused).dequantized_rows(offset, rows, torch.float32)
 
     def _module_rows(self, module: str) -> tuple[str, int, int]:
         """(the fused linear holding module, its first row there, its number of rows)."""

@@ -5,12 +5,12 @@
                   none: the checkpoint dtype
     dtype         auto: the checkpoint dtype (bfloat16 on CUDA for a float32 checkpoint)
 
-A checkpoint that `loraserve quantize` wrote is already FP8 and is never quantized again.
+A checkpoint already in FP8 (`loraserve quantize`'s, or a published one: see
+serving.model.fp8_formats) loads as stored and is never quantized again.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,6 @@ from serving.model.errors import ModelLoadError
 from serving.model.gemma_config import text_weights
 from serving.model.hf_config import ModelConfig, load_model_config
 from serving.model.llama import LlamaModel
-from serving.model.quantize import QUANT_METHOD
 from serving.model.tokenizer import Tokenizer
 
 QUANTIZATIONS = ("auto", "fp8", "none")
@@ -51,7 +50,7 @@ def load_model(
         )
     folder = model_folder(path) if cache_dir is None else resolve_model_path(path, cache_dir)
     config = load_model_config(folder)
-    prequantized = _prequantized(folder)
+    prequantized = config.fp8 is not None  # FP8 as stored (serving.model.fp8_formats)
     if prequantized and quantization == "none":
         raise ModelLoadError(
             f"{folder}: the checkpoint is FP8; serve it with quantization fp8 or auto"
@@ -70,19 +69,6 @@ def load_model(
         state = {name: t.to(device) for name, t in state.items()}
     model = LlamaModel(config, state, fp8=fp8, dtype=_dtype(dtype, config, device))
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder)
-
-
-def _prequantized(folder: Path) -> bool:
-    config = json.loads((folder / "config.json").read_text())
-    quant = config.get("quantization_config")
-    if not quant:
-        return False
-    if quant.get("quant_method") != QUANT_METHOD:
-        raise ModelLoadError(
-            f"{folder}: quantization {quant.get('quant_method')!r} is not supported; "
-            f"load the original weights (quantization fp8 quantizes them) or use `loraserve quantize`"
-        )
-    return True
 
 
 def _fp8_capable(device: str) -> bool:

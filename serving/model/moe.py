@@ -24,6 +24,7 @@ import torch
 from adapters.format.base_model import ROUTER
 from kernels import expert_linear, quantize_fp8, route_groups
 from serving.model.checkpoint_weights import CheckpointWeights
+from serving.model.errors import ModelLoadError
 from serving.model.linear import Linear, StepLora, lora_linear
 from serving.model.step_lora import layer_stacks
 
@@ -74,8 +75,13 @@ def load_experts(get: CheckpointWeights, prefix: str, config, fp8: bool) -> Expe
         ]  # [E][projs]: each [rows, in]
         for i in range(e):  # stacked now: the per-expert tensors leave state, so a layer's
             for proj in projs:  # experts are never held twice (on a GPU, 2x the model)
-                for suffix in (".weight", ".weight_scale"):
-                    get.state.pop(f"{prefix}experts.{i}.{proj}{suffix}", None)
+                name = f"{prefix}experts.{i}.{proj}"
+                for key in (f"{name}.weight", get.scale_name(name)):
+                    get.state.pop(key, None)
+        if any(p.block is not None for row in parts for p in row):
+            raise ModelLoadError(f"checkpoint: {prefix}experts are FP8 with block-wise scales, "
+                                 f"which experts do not take (per-row scales: compressed-tensors "
+                                 f"channel or `loraserve quantize`)")  # fmt: skip
         if all(p.scale is not None for row in parts for p in row):  # pre-quantized: kept
             weight = torch.stack([torch.cat([p.weight.view(torch.uint8) for p in row])
                                   for row in parts]).view(parts[0][0].weight.dtype)  # fmt: skip

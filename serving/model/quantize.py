@@ -1,9 +1,12 @@
 """`loraserve quantize SRC DST`: write an FP8 copy of a Hugging Face checkpoint that loads as is.
 
-Each linear of the decoder (q/k/v/o, gate/up/down) becomes `<name>.weight` in
-float8_e4m3fn plus `<name>.weight_scale`, float32 [out] (per output channel);
-everything else (embeddings, norms, LM head, biases) keeps its dtype. config.json
-gains a `quantization_config` that the loader recognises, so it never quantizes twice.
+The copy is a compressed-tensors checkpoint, as llm-compressor's FP8-dynamic scheme writes
+one, so it loads in vLLM, SGLang and transformers too: each linear of the decoder (q/k/v/o,
+gate/up/down, and each expert's) becomes `<name>.weight` in float8_e4m3fn plus
+`<name>.weight_scale`, float32 [out, 1] (per output channel), with activations quantized per
+token as they come; everything else (embeddings, norms, LM head, router, biases) keeps its
+dtype. config.json gains the `quantization_config` that says so, which the loader reads
+(serving.model.fp8_formats), so it never quantizes twice.
 """
 
 from __future__ import annotations
@@ -19,12 +22,32 @@ from safetensors.torch import save_file
 from kernels import quantize_fp8
 from serving.model.checkpoint import load_state_dict
 from serving.model.errors import ModelLoadError
+from serving.model.fp8_formats import COMPRESSED_TENSORS
 
-QUANT_METHOD = "loraserve-fp8"
 SCALE_SUFFIX = ".weight_scale"
 # and Phi-3's fused qkv_proj and gate_up_proj (split by rows on loading, scales with them)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
            "qkv_proj", "gate_up_proj")  # fmt: skip
+_FP8_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None}
+# compressed-tensors' FP8-dynamic scheme over exactly the modules quantized here (a regex on
+# module names: the LM head, a router or a vision tower's linears stay as stored)
+QUANTIZATION_CONFIG = {
+    "quant_method": COMPRESSED_TENSORS,
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": [f"re:.*\\.({'|'.join(LINEARS)})$"],
+        "weights": {**_FP8_ARGS, "strategy": "channel", "dynamic": False},
+        "input_activations": {**_FP8_ARGS, "strategy": "token", "dynamic": True},
+        "output_activations": None,
+        "format": "float-quantized",
+    }},
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": None,
+    "sparsity_config": {},
+    "transform_config": {},
+    "global_compression_ratio": None,
+}  # fmt: skip
 _COPIED = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -56,18 +79,14 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, *, show_progress: bool
         task = progress.add_task("quantizing", total=len(state))
         for name, tensor in state.items():
             if is_quantized_linear(name):
-                w_q, scale = quantize_fp8(tensor)
-                out[name], out[name[: -len(".weight")] + SCALE_SUFFIX] = w_q, scale
+                w_q, scale = quantize_fp8(tensor)  # scale [out]: stored [out, 1], per channel
+                out[name], out[name[: -len(".weight")] + SCALE_SUFFIX] = w_q, scale[:, None]
                 count += 1
             else:
                 out[name] = tensor.contiguous()
             progress.advance(task)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    config["quantization_config"] = {
-        "quant_method": QUANT_METHOD,
-        "weight_dtype": "float8_e4m3fn",
-        "scale": "per output channel, float32, <linear>.weight_scale",
-    }
+    config["quantization_config"] = QUANTIZATION_CONFIG
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in _COPIED:
         if (src / name).is_file():

@@ -1,4 +1,5 @@
-"""`loraserve quantize` writes an FP8 checkpoint that loads as FP8 without quantizing again."""
+"""`loraserve quantize` writes a compressed-tensors FP8 checkpoint that loads as FP8 without
+quantizing again, here and in transformers; what it wrote before (loraserve-fp8) still loads."""
 
 import json
 
@@ -9,7 +10,9 @@ from serving.cli import app
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.quantize import quantize_checkpoint
 from serving.model.step_plan import plan_step
+from tests.serving.model.fp8_checkpoints import dequantized_reference
 from tests.serving.model.hf_models import save_tiny
 from tests.serving.model.steps import BlockPool, Seq, step_for
 
@@ -20,10 +23,10 @@ def test_quantized_checkpoint_loads_as_the_same_fp8_model(tmp_path):
     assert done.exit_code == 0, done.output
     dst = tmp_path / "dst"
     config = json.loads((dst / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "loraserve-fp8"
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"
     state = load_state_dict(dst)
     assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
-    assert state["model.layers.0.self_attn.q_proj.weight_scale"].shape == (48,)
+    assert state["model.layers.0.self_attn.q_proj.weight_scale"].shape == (48, 1)
     assert state["model.embed_tokens.weight"].dtype == torch.float32  # stays high precision
     assert state["model.layers.0.self_attn.q_proj.bias"].dtype == torch.float32
 
@@ -71,3 +74,34 @@ def test_a_quantized_mixture_of_experts_loads_its_experts_as_fp8(tmp_path):
         a, b = (getattr(m.layers[1].experts, name) for m in (prequantized, on_the_fly))
         assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
                            b.view(torch.uint8) if b.dtype != torch.float32 else b), name  # fmt: skip
+
+
+def test_quantized_checkpoint_loads_in_transformers_as_the_same_weights(tmp_path):
+    src, _ = save_tiny("qwen2", tmp_path / "src")
+    quantize_checkpoint(src, tmp_path / "dst", show_progress=False)
+    reference = dequantized_reference(tmp_path / "dst")  # read by compressed-tensors
+    ours = LlamaModel(load_model_config(tmp_path / "dst"), load_state_dict(tmp_path / "dst"),
+                      fp8=True, dtype=torch.float32)  # fmt: skip
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    got = ours.forward(plan_step(step_for([Seq(tokens)], 4, BlockPool(8)), ours.allocate_kv(8, 4)))
+    with torch.no_grad():
+        want = reference(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(got.view(len(tokens), -1), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_checkpoint_in_the_earlier_loraserve_fp8_format_still_loads(tmp_path):
+    src, _ = save_tiny("llama", tmp_path / "src")
+    quantize_checkpoint(src, tmp_path / "dst", show_progress=False)
+    state = load_state_dict(tmp_path / "dst")
+    earlier = {k: v.reshape(-1) if k.endswith("weight_scale") else v for k, v in state.items()}
+    raw = json.loads((tmp_path / "dst" / "config.json").read_text())
+    raw["quantization_config"] = {"quant_method": "loraserve-fp8", "weight_dtype": "float8_e4m3fn"}
+    (tmp_path / "dst" / "config.json").write_text(json.dumps(raw))
+    config = load_model_config(tmp_path / "dst")
+    now, before = (LlamaModel(config, s, fp8=True, dtype=torch.float32) for s in (state, earlier))
+    for a, b in (
+        (now.layers[1].qkv, before.layers[1].qkv),
+        (now.layers[0].down, before.layers[0].down),
+    ):
+        assert torch.equal(a.scale, b.scale) and a.scale.shape == (a.weight.shape[0],)
+        assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))

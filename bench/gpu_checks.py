@@ -9,9 +9,11 @@ import torch
 from bench.timing import copier, interleaved_seconds, replayed
 from kernels import (
     build_segments,
+    fp8_block_linear,
     fp8_linear,
     lora_apply_planned,
     quantize_fp8,
+    quantize_fp8_blocks,
 )
 from kernels.fp8 import _scaled_mm_linear, dequantize_fp8
 from kernels.lora_expand_triton import lora_expand_triton
@@ -141,6 +143,7 @@ def fp8_rows(device: str, dry_run: bool):
     if dry_run:
         return []
     rows = [_fp8_case(tokens, device) for tokens in (1, 4, 32, 64, 2048)]
+    rows += [_fp8_case(tokens, device, block=(128, 128)) for tokens in (1, 16, 64, 2048)]
     return rows + [_small_m_case(tokens, device) for tokens in (16, 32, 64)]
 
 
@@ -161,22 +164,35 @@ def _small_m_case(tokens, device):
             f"{ratio:.2f}x", "(report: SMALL_M)", "-")  # fmt: skip
 
 
-def _fp8_case(tokens, device):
+def _fp8_case(tokens, device, block=None):
+    """fp8_linear (per-row scales), or with block (bo, bi) fp8_block_linear (a published
+    checkpoint's block-wise scales), against a bf16 matmul."""
     x = torch.randn(tokens, 4096, device=device, dtype=torch.bfloat16)
     # Four weights in turn: one FP8 weight (50 MB) alone would stay in the H200's 60 MB L2.
     weights = [torch.randn(4096 * 3, 4096, device=device) / 64 for _ in range(4)]
-    fp8 = itertools.cycle([quantize_fp8(w) for w in weights])
+    quantized = [
+        quantize_fp8(w) if block is None else quantize_fp8_blocks(w, block) for w in weights
+    ]
+    fp8 = itertools.cycle(quantized)
+
+    def run():
+        if block is None:
+            return fp8_linear(x, *next(fp8))
+        return fp8_block_linear(x, *next(fp8), block)
+
     bf16 = itertools.cycle([w.to(torch.bfloat16) for w in weights])
     del weights
     # The GPU's time, replayed from a graph: timed from the host, a decode-size call is
     # mostly its launch (an H200 ran this one at 83 us against 25 us of kernel).
-    fns = {"fp8": lambda: fp8_linear(x, *next(fp8)), "bf16": lambda: x @ next(bf16).T}
+    fns = {"fp8": run, "bf16": lambda: x @ next(bf16).T}
     s = interleaved_seconds({k: replayed(f, REPEATS, device) for k, f in fns.items()}, rounds=3)
     s = {k: v / REPEATS for k, v in s.items()}
     decode = tokens <= 32  # where the weights' bytes set the time, FP8 should halve it
     ratio = s["fp8"] / s["bf16"]
     return (
-        "fp8 linear / bf16 matmul",
+        "fp8 linear / bf16 matmul"
+        if block is None
+        else f"fp8 {block[0]}x{block[1]}-block linear / bf16 matmul",
         f"T{tokens} 4096 -> 12288",
         f"{s['fp8'] * 1e6:.0f} us vs {s['bf16'] * 1e6:.0f} us",
         f"{ratio:.2f}x",

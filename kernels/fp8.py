@@ -7,13 +7,15 @@ On CUDA sm_89+ a batch of up to SMALL_M rows streams the FP8 weight through a Tr
 kernel that widens it in registers (kernels/fp8_small_m_triton.py); a larger one runs
 in FP8 through `torch._scaled_mm`, with each token's activations scaled on the fly
 (dynamic per-token scales), or with LARGE_M_PATH = "triton" through a Triton FP8 GEMM that
-quantizes the activations inside it (kernels/fp8_rowwise_triton.py); elsewhere
+quantizes the activations inside it (kernels/fp8_rowwise_triton.py), or with "fbgemm" through
+FBGEMM GenAI's row-wise GEMM where installed (kernels/fp8_fbgemm.py); elsewhere
 the weight is dequantized to x's dtype and multiplied normally, which is the
 same arithmetic up to the activation rounding.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 
 import torch
@@ -22,10 +24,13 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 _WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # What runs more than SMALL_M rows on sm_89+: "scaled_mm" (_scaled_mm_linear: x quantized by
-# separate torch ops, each reading x, then torch._scaled_mm) or "triton" (fp8_linear_rowwise:
-# the quantization fused into the GEMM). "scaled_mm" until a GPU run measures both
-# (bench/gpu_checks.py, fp8_rows: "fp8 fused-quant triton / _scaled_mm").
+# separate torch ops, each reading x, then torch._scaled_mm), "triton" (fp8_linear_rowwise:
+# the quantization fused into the GEMM) or "fbgemm" (FBGEMM GenAI's row-wise GEMM, where that
+# package is installed; else "scaled_mm", said once). "scaled_mm" until a GPU run measures
+# them side by side (bench/gpu_checks.py, fp8_rows: "... / _scaled_mm").
 LARGE_M_PATH = "scaled_mm"
+LARGE_M_PATHS = ("scaled_mm", "triton", "fbgemm")
+logger = logging.getLogger(__name__)
 
 
 def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,15 +86,40 @@ def fp8_linear(
         if rows <= SMALL_M and same_dtype_bias:
             y = fp8_linear_small_m(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
             return y.reshape(*x.shape[:-1], w_q.shape[0])
-        if rows > SMALL_M and LARGE_M_PATH == "triton" and same_dtype_bias:
-            from kernels.fp8_rowwise_triton import fp8_linear_rowwise
-
-            y = fp8_linear_rowwise(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
+        large = large_m_kernel() if rows > SMALL_M and same_dtype_bias else None
+        if large is not None:
+            y = large(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
             return y.reshape(*x.shape[:-1], w_q.shape[0])
         if _scaled_mm_shapes_ok(w_q):
             return _scaled_mm_linear(x, w_q, scale, bias)
     y = x @ dequantize_fp8(w_q, scale, x.dtype).T
     return y + bias if bias is not None else y
+
+
+def large_m_kernel():
+    """The kernel LARGE_M_PATH names for more than SMALL_M rows, as fn(x2d, w_q, scale,
+    bias) -> y; None for _scaled_mm_linear (as "scaled_mm", or "fbgemm" without FBGEMM)."""
+    if LARGE_M_PATH not in LARGE_M_PATHS:
+        raise ValueError(f"LARGE_M_PATH: expected one of {LARGE_M_PATHS}, got {LARGE_M_PATH!r}")
+    if LARGE_M_PATH == "triton":
+        from kernels.fp8_rowwise_triton import fp8_linear_rowwise
+
+        return fp8_linear_rowwise
+    if LARGE_M_PATH == "fbgemm":
+        from kernels.fp8_fbgemm import fp8_linear_fbgemm, missing
+
+        why = missing()
+        if why is None:
+            return fp8_linear_fbgemm
+        _say_once(
+            f"LARGE_M_PATH fbgemm: FP8 linears of many rows run torch._scaled_mm instead: {why}"
+        )
+    return None
+
+
+@cache
+def _say_once(message: str) -> None:
+    logger.warning(message)
 
 
 def _scaled_mm_linear(x, w_q, scale, bias):

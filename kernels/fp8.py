@@ -86,7 +86,7 @@ def fp8_linear(
         if rows <= SMALL_M and same_dtype_bias:
             y = fp8_linear_small_m(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
             return y.reshape(*x.shape[:-1], w_q.shape[0])
-        large = large_m_kernel() if rows > SMALL_M and same_dtype_bias else None
+        large = large_m_kernel(w_q) if rows > SMALL_M and same_dtype_bias else None
         if large is not None:
             y = large(x.reshape(rows, x.shape[-1]), w_q, scale, bias)
             return y.reshape(*x.shape[:-1], w_q.shape[0])
@@ -96,16 +96,17 @@ def fp8_linear(
     return y + bias if bias is not None else y
 
 
-def large_m_kernel():
-    """The kernel LARGE_M_PATH names for more than SMALL_M rows, as fn(x2d, w_q, scale,
-    bias) -> y; None for _scaled_mm_linear (as "scaled_mm", or "fbgemm" without FBGEMM)."""
+def large_m_kernel(w_q: torch.Tensor):
+    """The kernel LARGE_M_PATH names for more than SMALL_M rows of w_q, as fn(x2d, w_q,
+    scale, bias) -> y; None for _scaled_mm_linear (as "scaled_mm", or "fbgemm" without
+    FBGEMM or with w_q's dimensions not multiples of 16, which its GEMM needs too)."""
     if LARGE_M_PATH not in LARGE_M_PATHS:
         raise ValueError(f"LARGE_M_PATH: expected one of {LARGE_M_PATHS}, got {LARGE_M_PATH!r}")
     if LARGE_M_PATH == "triton":
         from kernels.fp8_rowwise_triton import fp8_linear_rowwise
 
         return fp8_linear_rowwise
-    if LARGE_M_PATH == "fbgemm":
+    if LARGE_M_PATH == "fbgemm" and _scaled_mm_shapes_ok(w_q):
         from kernels.fp8_fbgemm import fp8_linear_fbgemm, missing
 
         why = missing()

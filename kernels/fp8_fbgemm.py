@@ -9,9 +9,9 @@ _scaled_mm, having said once why (missing()).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from functools import cache
+from importlib import import_module
+from importlib.util import find_spec
 
 import torch
 
@@ -24,13 +24,13 @@ def missing() -> str | None:
     """Why the FBGEMM path cannot run here (the package absent, or its ops unregistered);
     None when it can."""
     try:
-        found = importlib.util.find_spec(MODULE) is not None
+        found = find_spec(MODULE) is not None
     except ModuleNotFoundError:  # its parent package is absent
         found = False
     if not found:
         return f"{MODULE} is not installed (pip install fbgemm-gpu-genai, on CUDA)"
     try:
-        importlib.import_module(MODULE)
+        import_module(MODULE)
     except Exception as exc:  # a build for another torch or CUDA fails at import
         return f"{MODULE} does not import: {type(exc).__name__}: {exc}"
     absent = [op for op in OPS if not hasattr(torch.ops.fbgemm, op)]

@@ -2,8 +2,9 @@
 
 ReplicaGenerator is the app's Generator in each replica (serving.deploy.replica): a request
 whose routing id this replica holds, or that has none, or any request where this replica is
-the deployment's only one, runs on this replica's engine; any other goes through PeerReplicas, a handle to the same deployment whose AdapterRouter picks
-the replica that holds the id. A forwarded call is cancelled when its stream is left early
+the deployment's only one, runs on this replica's engine; any other goes through
+PeerReplicas, a handle to the same deployment whose AdapterRouter picks the replica that
+holds the id. A forwarded call is cancelled when its stream is left early
 (a client disconnect, an error), which aborts the request in that replica's engine.
 """
 

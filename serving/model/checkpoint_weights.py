@@ -30,10 +30,13 @@ class CheckpointWeights:
 
     def __call__(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         t = self.raw(name, shape)
-        if t.dtype == _FP8 and name.endswith(".weight"):  # a quantized linear read whole
-            part = self.linear(name.removesuffix(".weight"), tuple(t.shape), False)
-            return part.dequantized(self.dtype)
-        return t.to(self.dtype)
+        if t.dtype != _FP8:
+            return t.to(self.dtype)
+        if not name.endswith(".weight") or t.dim() != 2:
+            raise ModelLoadError(f"checkpoint: {name} is stored in FP8 where no FP8 format "
+                                 f"gives it a scale")  # fmt: skip
+        part = self.linear(name.removesuffix(".weight"), tuple(t.shape), False)  # read whole
+        return part.dequantized(self.dtype)
 
     def norm(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """An RMSNorm's scale as the model multiplies by it: w in the model's dtype, or with an

@@ -55,7 +55,7 @@ def load_model(
         raise ModelLoadError(
             f"{folder}: the checkpoint is FP8; serve it with quantization fp8 or auto"
         )
-    fp8 = prequantized or quantization == "fp8" or (quantization == "auto" and _fp8_capable(device))
+    fp8 = quantize_on_load(quantization, prequantized, device)
     tokenizer = Tokenizer.from_dir(folder)
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelLoadError(
@@ -69,6 +69,15 @@ def load_model(
         state = {name: t.to(device) for name, t in state.items()}
     model = LlamaModel(config, state, fp8=fp8, dtype=_dtype(dtype, config, device))
     return LoadedModel(config=config, model=model, tokenizer=tokenizer, path=folder)
+
+
+def quantize_on_load(quantization: str, prequantized: bool, device: str) -> bool:
+    """Whether linears stored in high precision are quantized to FP8 as they load. A
+    pre-quantized checkpoint's FP8 linears stay FP8 either way; those it kept in high
+    precision (its ignore list) stay so unless quantization is fp8."""
+    if quantization == "fp8":
+        return True
+    return quantization == "auto" and not prequantized and _fp8_capable(device)
 
 
 def _fp8_capable(device: str) -> bool:

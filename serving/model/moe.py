@@ -78,6 +78,9 @@ def load_experts(get: CheckpointWeights, prefix: str, config, fp8: bool) -> Expe
                 name = f"{prefix}experts.{i}.{proj}"
                 for key in (f"{name}.weight", get.scale_name(name)):
                     get.state.pop(key, None)
+        scaled = [p.scale is not None for row in parts for p in row]
+        if any(scaled) and not all(scaled):
+            raise ModelLoadError(f"checkpoint: {prefix}experts are stored some in FP8, some not")
         if any(p.block is not None for row in parts for p in row):
             raise ModelLoadError(f"checkpoint: {prefix}experts are FP8 with block-wise scales, "
                                  f"which experts do not take (per-row scales: compressed-tensors "

@@ -12,6 +12,7 @@ dtype. config.json gains the `quantization_config` that says so, which the loade
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -29,20 +30,22 @@ SCALE_SUFFIX = ".weight_scale"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
            "qkv_proj", "gate_up_proj")  # fmt: skip
 _FP8_ARGS = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None}
-# compressed-tensors' FP8-dynamic scheme over exactly the modules quantized here (a regex on
-# module names: the LM head, a router or a vision tower's linears stay as stored)
+# Modules kept as stored, as llm-compressor's recipes name them: the LM head, a sparse MLP's
+# router, and a multimodal checkpoint's vision tower and projector.
+IGNORED = ("lm_head", "re:.*mlp\\.gate$", "re:.*vision_tower.*", "re:.*multi_modal_projector.*")
+# compressed-tensors' FP8-dynamic scheme as llm-compressor writes it: every Linear but IGNORED
 QUANTIZATION_CONFIG = {
     "quant_method": COMPRESSED_TENSORS,
     "format": "float-quantized",
     "quantization_status": "compressed",
     "config_groups": {"group_0": {
-        "targets": [f"re:.*\\.({'|'.join(LINEARS)})$"],
+        "targets": ["Linear"],
         "weights": {**_FP8_ARGS, "strategy": "channel", "dynamic": False},
         "input_activations": {**_FP8_ARGS, "strategy": "token", "dynamic": True},
         "output_activations": None,
         "format": "float-quantized",
     }},
-    "ignore": ["lm_head"],
+    "ignore": list(IGNORED),
     "kv_cache_scheme": None,
     "sparsity_config": {},
     "transform_config": {},
@@ -58,8 +61,12 @@ _COPIED = (
 
 
 def is_quantized_linear(name: str) -> bool:
-    """Whether `name` is a decoder linear's weight, the tensors quantize writes in FP8."""
-    return name.endswith(".weight") and name.rsplit(".", 2)[-2] in LINEARS
+    """Whether `name` is a decoder linear's weight, the tensors quantize writes in FP8 (a
+    vision tower's are IGNORED)."""
+    module = name.removesuffix(".weight")
+    if module == name or any(re.fullmatch(p[3:], module) for p in IGNORED if p.startswith("re:")):
+        return False
+    return module.rsplit(".", 1)[-1] in LINEARS
 
 
 def quantize_checkpoint(src: str | Path, dst: str | Path, *, show_progress: bool = True) -> int:

@@ -9,6 +9,8 @@ import torch
 import kernels.fp8 as fp8
 from kernels import fp8_fbgemm
 
+W_Q = torch.zeros(32, 64, dtype=torch.float8_e4m3fn)  # dimensions as GEMMs take them
+
 
 @pytest.fixture
 def path(monkeypatch):
@@ -24,7 +26,7 @@ def test_without_fbgemm_the_path_falls_back_to_scaled_mm_and_says_why_once(path,
         pytest.skip("FBGEMM GenAI is installed here")
     path("fbgemm")
     with caplog.at_level(logging.WARNING, logger="kernels.fp8"):
-        assert fp8.large_m_kernel() is None and fp8.large_m_kernel() is None
+        assert fp8.large_m_kernel(W_Q) is None and fp8.large_m_kernel(W_Q) is None
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1, said
     assert "run torch._scaled_mm instead" in said[0]
@@ -32,12 +34,12 @@ def test_without_fbgemm_the_path_falls_back_to_scaled_mm_and_says_why_once(path,
 
 
 def test_a_package_that_does_not_import_is_named(monkeypatch, path):
-    monkeypatch.setattr(fp8_fbgemm.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(fp8_fbgemm, "find_spec", lambda name: object())
 
     def broken(name):
         raise OSError("undefined symbol: _ZN3c10")
 
-    monkeypatch.setattr(fp8_fbgemm.importlib, "import_module", broken)
+    monkeypatch.setattr(fp8_fbgemm, "import_module", broken)
     assert fp8_fbgemm.missing() == (
         "fbgemm_gpu.experimental.gen_ai does not import: OSError: undefined symbol: _ZN3c10"
     )
@@ -47,12 +49,12 @@ def test_each_path_picks_its_kernel(path):
     from kernels.fp8_rowwise_triton import fp8_linear_rowwise
 
     path("triton")
-    assert fp8.large_m_kernel() is fp8_linear_rowwise
+    assert fp8.large_m_kernel(W_Q) is fp8_linear_rowwise
     path("scaled_mm")
-    assert fp8.large_m_kernel() is None
+    assert fp8.large_m_kernel(W_Q) is None
     path("cutlass")
     with pytest.raises(ValueError, match="LARGE_M_PATH: expected one of"):
-        fp8.large_m_kernel()
+        fp8.large_m_kernel(W_Q)
 
 
 @pytest.mark.gpu

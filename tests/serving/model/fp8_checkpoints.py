@@ -41,16 +41,21 @@ def block_scheme(block: tuple[int, int]) -> QuantizationScheme:
     )
 
 
-def write_compressed_tensors(kind: str, folder: Path, scheme: str | QuantizationScheme) -> Path:
+def write_compressed_tensors(
+    kind: str,
+    folder: Path,
+    scheme: str | QuantizationScheme,
+    ignore: tuple[str, ...] = ("lm_head",),
+) -> Path:
     """A tiny `kind` model (hf_models) in compressed-tensors FP8: `scheme` a preset's name
     (FP8_DYNAMIC: per channel; FP8: per tensor, with a static input scale) or a scheme.
     Weight scales as a minmax observer sets them, then compressed and saved as
-    llm-compressor does."""
+    llm-compressor does; the modules `ignore` names stay as stored."""
     src, model = save_tiny(kind, folder / "src")
     if isinstance(scheme, str):
         scheme = preset_name_to_scheme(scheme, ["Linear"])
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
-                                                        ignore=["lm_head"]))  # fmt: skip
+                                                        ignore=list(ignore)))  # fmt: skip
     for module in model.modules():
         args = getattr(getattr(module, "quantization_scheme", None), "weights", None)
         if args is None:

@@ -18,6 +18,7 @@ from serving.model.checkpoint import load_state_dict
 from serving.model.errors import ModelLoadError
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
+from serving.model.loader import quantize_on_load
 from serving.model.step_plan import plan_step
 from tests.adapters.peft_models import save_peft_adapter
 from tests.serving.model.fp8_checkpoints import (
@@ -98,6 +99,29 @@ def test_fp8_checkpoints_load_as_stored_and_serve_an_adapter(served):
         got = model.forward(plan_step(step_for(seqs, BLOCK, pool, all_logits=False), kv, slab))
         torch.testing.assert_close(got.double(), _reference(reference, tokens)[0][:, -1],
                                    rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+def test_linears_the_checkpoint_kept_in_high_precision_load_as_stored(tmp_path):
+    folder = write_compressed_tensors("qwen2", tmp_path, "FP8_DYNAMIC", ignore=("lm_head", "re:.*down_proj$"))  # fmt: skip
+    fp8 = quantize_on_load("auto", prequantized=True, device="cpu")
+    model = LlamaModel(load_model_config(folder), load_state_dict(folder), fp8=fp8,
+                       dtype=torch.float32)  # fmt: skip
+    layer = model.layers[1]
+    assert layer.down.weight.dtype == torch.float32 and layer.down.scale is None
+    assert layer.gate_up.weight.dtype == torch.float8_e4m3fn
+    tokens = [3, 1, 4, 1, 5, 9]
+    got = model.forward(plan_step(step_for([Seq(tokens)], BLOCK, BlockPool(8)), model.allocate_kv(8, BLOCK)))  # fmt: skip
+    with torch.no_grad():
+        want = dequantized_reference(folder)(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(got.view(len(tokens), -1), want, rtol=1e-4, atol=1e-4)
+
+
+def test_only_quantization_fp8_quantizes_what_a_prequantized_checkpoint_kept():
+    assert not quantize_on_load("auto", prequantized=True, device="cpu")
+    assert quantize_on_load("fp8", prequantized=True, device="cpu")
+    assert quantize_on_load("fp8", prequantized=False, device="cpu")
+    assert not quantize_on_load("auto", prequantized=False, device="cpu")  # no FP8 cores
+    assert not quantize_on_load("none", prequantized=False, device="cpu")
 
 
 def _quantization(folder, config: dict) -> None:

@@ -3,6 +3,7 @@ quantizing again, here and in transformers; what it wrote before (loraserve-fp8)
 
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -10,7 +11,7 @@ from serving.cli import app
 from serving.model.checkpoint import load_state_dict
 from serving.model.hf_config import load_model_config
 from serving.model.llama import LlamaModel
-from serving.model.quantize import quantize_checkpoint
+from serving.model.quantize import is_quantized_linear, quantize_checkpoint
 from serving.model.step_plan import plan_step
 from tests.serving.model.fp8_checkpoints import dequantized_reference
 from tests.serving.model.hf_models import save_tiny
@@ -24,6 +25,8 @@ def test_quantized_checkpoint_loads_as_the_same_fp8_model(tmp_path):
     dst = tmp_path / "dst"
     config = json.loads((dst / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "compressed-tensors"
+    # as llm-compressor writes FP8-dynamic: every Linear but those ignored (vLLM reads it so)
+    assert config["quantization_config"]["config_groups"]["group_0"]["targets"] == ["Linear"]
     state = load_state_dict(dst)
     assert state["model.layers.0.self_attn.q_proj.weight"].dtype == torch.float8_e4m3fn
     assert state["model.layers.0.self_attn.q_proj.weight_scale"].shape == (48, 1)
@@ -105,3 +108,21 @@ def test_a_checkpoint_in_the_earlier_loraserve_fp8_format_still_loads(tmp_path):
     ):
         assert torch.equal(a.scale, b.scale) and a.scale.shape == (a.weight.shape[0],)
         assert torch.equal(a.weight.view(torch.uint8), b.weight.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    ("name", "quantized"),
+    [
+        ("model.layers.0.self_attn.q_proj.weight", True),
+        ("model.language_model.layers.3.mlp.down_proj.weight", True),
+        ("model.layers.0.mlp.experts.7.up_proj.weight", True),
+        ("model.layers.0.self_attn.qkv_proj.weight", True),
+        ("model.layers.0.self_attn.q_proj.bias", False),
+        ("model.layers.0.mlp.gate.weight", False),  # a router: ignored
+        ("lm_head.weight", False),
+        ("model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight", False),
+        ("model.multi_modal_projector.mm_input_projection_weight", False),
+    ],
+)
+def test_what_quantize_writes_in_fp8_is_what_its_config_does_not_ignore(name, quantized):
+    assert is_quantized_linear(name) is quantized

@@ -129,8 +129,8 @@ def quantize(
     src: Path = typer.Argument(..., help="A Hugging Face model folder."),
     dst: Path = typer.Argument(..., help="Where to write the FP8 checkpoint (new or empty)."),
 ) -> None:
-    """Write an FP8 checkpoint (compressed-tensors, per-channel e4m3 linears) that loads without
-    quantizing again, here and in vLLM, SGLang and transformers."""
+    """Write an FP8 checkpoint (compressed-tensors FP8-dynamic, per-channel e4m3 linears) that
+    loads without quantizing again, here and in transformers."""
     from serving.model.errors import ModelLoadError
     from serving.model.quantize import quantize_checkpoint
 

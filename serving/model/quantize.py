@@ -1,11 +1,12 @@
 """`loraserve quantize SRC DST`: write an FP8 copy of a Hugging Face checkpoint that loads as is.
 
 The copy is a compressed-tensors checkpoint, as llm-compressor's FP8-dynamic scheme writes
-one (the layout vLLM and SGLang read; transformers loads it: tests/serving/model/
-test_quantize.py): each linear of the decoder (q/k/v/o, gate/up/down, and each expert's) becomes `<name>.weight` in float8_e4m3fn plus
-`<name>.weight_scale`, float32 [out, 1] (per output channel), with activations quantized per
-token as they come; everything else (embeddings, norms, LM head, router, biases) keeps its
-dtype. config.json gains the `quantization_config` that says so, which the loader reads
+one: the layout vLLM and SGLang read, and transformers loads (tests/serving/model/
+test_quantize.py). Each linear of the decoder (q/k/v/o, gate/up/down, and each expert's)
+becomes `<name>.weight` in float8_e4m3fn plus `<name>.weight_scale`, float32 [out, 1] (per
+output channel), with activations quantized per token as they come; everything else
+(embeddings, norms, LM head, router, biases) keeps its dtype. config.json gains the
+`quantization_config` that says so, which the loader reads
 (serving.model.fp8_formats), so it never quantizes twice.
 """
 

@@ -154,16 +154,8 @@ def _small_m_case(tokens, device):
     (_scaled_mm with its activation quantization): where SMALL_M should sit."""
     from kernels.fp8_small_m_triton import fp8_linear_small_m
 
-    x = torch.randn(tokens, 4096, device=device, dtype=torch.bfloat16)
-    weights = itertools.cycle([quantize_fp8(torch.randn(4096 * 3, 4096, device=device) / 64)
-                               for _ in range(4)])  # fmt: skip
-    fns = {"stream": lambda: fp8_linear_small_m(x, *next(weights)),
-           "scaled_mm": lambda: _scaled_mm_linear(x, *next(weights), None)}  # fmt: skip
-    s = interleaved_seconds({k: replayed(f, REPEATS, device) for k, f in fns.items()}, rounds=3)
-    ratio = s["stream"] / s["scaled_mm"]
-    return ("fp8 streaming kernel / _scaled_mm", f"T{tokens} 4096 -> 12288",
-            f"{s['stream'] / REPEATS * 1e6:.0f} us vs {s['scaled_mm'] / REPEATS * 1e6:.0f} us",
-            f"{ratio:.2f}x", "(report: SMALL_M)", "-")  # fmt: skip
+    return _against_scaled_mm(tokens, device, "fp8 streaming kernel / _scaled_mm",
+                              fp8_linear_small_m, "(report: SMALL_M)")  # fmt: skip
 
 
 def _rowwise_case(tokens, device, kind):
@@ -177,16 +169,22 @@ def _rowwise_case(tokens, device, kind):
     if kind == "fbgemm" and missing() is not None:
         return (check, f"T{tokens}", f"not run: {missing()}"[:160], "-", "(report)", "-")
     kernel = fp8_linear_rowwise if kind == "triton" else fp8_linear_fbgemm
+    return _against_scaled_mm(tokens, device, check, kernel, f"(report: LARGE_M_PATH {kind} if < 1)")  # fmt: skip
+
+
+def _against_scaled_mm(tokens, device, check, kernel, target):
+    """kernel(x, w_q, scale, None) against _scaled_mm_linear, T tokens 4096 -> 12288, GPU time
+    of replayed graphs, four weights in turn: one row."""
     x = torch.randn(tokens, 4096, device=device, dtype=torch.bfloat16)
     weights = itertools.cycle([quantize_fp8(torch.randn(4096 * 3, 4096, device=device) / 64)
                                for _ in range(4)])  # fmt: skip
-    fns = {kind: lambda: kernel(x, *next(weights), None),
+    fns = {"kernel": lambda: kernel(x, *next(weights), None),
            "scaled_mm": lambda: _scaled_mm_linear(x, *next(weights), None)}  # fmt: skip
     s = interleaved_seconds({k: replayed(f, REPEATS, device) for k, f in fns.items()}, rounds=3)
-    ratio = s[kind] / s["scaled_mm"]
+    ratio = s["kernel"] / s["scaled_mm"]
     return (check, f"T{tokens} 4096 -> 12288",
-            f"{s[kind] / REPEATS * 1e6:.0f} us vs {s['scaled_mm'] / REPEATS * 1e6:.0f} us",
-            f"{ratio:.2f}x", f"(report: LARGE_M_PATH {kind} if < 1)", "-")  # fmt: skip
+            f"{s['kernel'] / REPEATS * 1e6:.0f} us vs {s['scaled_mm'] / REPEATS * 1e6:.0f} us",
+            f"{ratio:.2f}x", target, "-")  # fmt: skip
 
 
 def _fp8_case(tokens, device, block=None):

@@ -100,6 +100,8 @@ def large_m_kernel(w_q: torch.Tensor):
     """The kernel LARGE_M_PATH names for more than SMALL_M rows of w_q, as fn(x2d, w_q,
     scale, bias) -> y; None for _scaled_mm_linear (as "scaled_mm", or "fbgemm" without
     FBGEMM or with w_q's dimensions not multiples of 16, which its GEMM needs too)."""
+    if LARGE_M_PATH == "scaled_mm":  # the default, asked on every large linear: checked first
+        return None
     if LARGE_M_PATH not in LARGE_M_PATHS:
         raise ValueError(f"LARGE_M_PATH: expected one of {LARGE_M_PATHS}, got {LARGE_M_PATH!r}")
     if LARGE_M_PATH == "triton":

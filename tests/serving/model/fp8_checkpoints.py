@@ -51,7 +51,7 @@ def write_compressed_tensors(
     (FP8_DYNAMIC: per channel; FP8: per tensor, with a static input scale) or a scheme.
     Weight scales as a minmax observer sets them, then compressed and saved as
     llm-compressor does; the modules `ignore` names stay as stored."""
-    src, model = save_tiny(kind, folder / "src")
+    _, model = save_tiny(kind, folder / "src")
     if isinstance(scheme, str):
         scheme = preset_name_to_scheme(scheme, ["Linear"])
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
@@ -79,9 +79,6 @@ def write_compressed_tensors(
     out = folder / "fp8"
     model.save_pretrained(out)
     compressor.update_config(str(out))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (src / name).is_file():
-            (out / name).write_bytes((src / name).read_bytes())
     return out
 
 
